@@ -1,0 +1,32 @@
+# zero-lab: the two commands of the README are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A CPU build of torch by default; for CUDA install your torch into the venv first
+# (e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124").
+TORCH_SPEC ?= torch==2.13.0
+# Official DeepSpeed JIT-builds ops into this folder; one per checkout keeps builds out of $HOME.
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
+
+.PHONY: setup test demo bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+test: setup
+	$(BIN)/pytest -q
+
+demo: setup
+	$(BIN)/zero-lab compare --gpus 2 --device cpu --stages 1,2 --report reports/cpu-demo.md
+
+bench: setup
+	$(BIN)/python bench/memory_vs_official.py
+
+clean:
+	rm -rf $(VENV) .torch_extensions .pytest_cache
