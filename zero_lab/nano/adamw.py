@@ -1,0 +1,63 @@
+"""AdamW (and Adam) over fp32 master partitions: the one place nano's optimizer math lives.
+
+The update is torch.optim.AdamW's single-tensor algorithm, operation for operation, so a nano run
+can be compared element by element with a single-process torch.optim.AdamW reference.
+Per parameter group the optimizer sees one tensor: this rank's fp32 master partition; its
+exp_avg and exp_avg_sq (the optimizer-state partition) are created at the first step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+@torch.no_grad()
+def adam_update(parameter: torch.Tensor, gradient: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                step: int, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                decoupled_weight_decay: bool) -> None:
+    """One Adam step in place on `parameter`; decoupled decay is AdamW, otherwise L2 (Adam)."""
+    beta1, beta2 = betas
+    if decoupled_weight_decay:
+        parameter.mul_(1 - lr * weight_decay)
+    elif weight_decay != 0:
+        gradient = gradient.add(parameter, alpha=weight_decay)
+    exp_avg.lerp_(gradient, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(gradient, gradient, value=1 - beta2)
+    step_size = lr / (1 - beta1 ** step)
+    denominator = torch.sqrt(exp_avg_sq).div_(math.sqrt(1 - beta2 ** step)).add_(eps)
+    parameter.addcdiv_(exp_avg, denominator, value=-step_size)
+
+
+class PartitionedAdam(torch.optim.Optimizer):
+    """torch.optim-compatible holder of hyper-parameters (so LR schedulers work) and Adam states.
+
+    param_groups[i]["params"] == [master partition of group i]; `step(gradients)` takes the fp32
+    gradient partitions in the same order.
+    """
+
+    def __init__(self, master_partitions: list[torch.Tensor], group_options: list[dict], lr: float,
+                 betas: tuple[float, float], eps: float, weight_decay: float, decoupled_weight_decay: bool):
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        groups = [{**options, "params": [master]} for master, options in zip(master_partitions, group_options)]
+        super().__init__(groups, defaults)
+        self.decoupled_weight_decay = decoupled_weight_decay
+
+    @torch.no_grad()
+    def step(self, gradients: list[torch.Tensor]) -> None:  # type: ignore[override]
+        for group, gradient in zip(self.param_groups, gradients):
+            master = group["params"][0]
+            state = self.state[master]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(master)
+                state["exp_avg_sq"] = torch.zeros_like(master)
+            state["step"] += 1
+            adam_update(master, gradient, state["exp_avg"], state["exp_avg_sq"], state["step"], group["lr"],
+                        group["betas"], group["eps"], group["weight_decay"], self.decoupled_weight_decay)
+
+    def state_bytes(self) -> int:
+        """Bytes of the optimizer-state partition (exp_avg + exp_avg_sq of every group)."""
+        return sum(tensor.numel() * tensor.element_size() for state in self.state.values()
+                   for tensor in state.values() if isinstance(tensor, torch.Tensor))

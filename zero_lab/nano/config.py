@@ -1,0 +1,251 @@
+"""The typed DeepSpeed config that nano honours, with DeepSpeed's own key names.
+
+Loading runs in phases:
+    Phase 1: read the source (dict, JSON path, or `args.deepspeed_config`).
+    Phase 2: reject keys nano does not know, saying whether official DeepSpeed knows them.
+    Phase 3: resolve "auto" values that can be derived; reject the rest.
+    Phase 4: validate types and ranges (pydantic), turning the first error into one line.
+    Phase 5: infer and check train_batch_size = micro batch x accumulation steps x world size.
+Every error is a `NanoConfigError` whose message names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from zero_lab.nano import config_keys
+from zero_lab.nano.errors import NanoConfigError
+
+DEFAULT_BUCKET_SIZE = 500_000_000
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+BUCKET_KEYS = ("reduce_bucket_size", "allgather_bucket_size")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class OptimizerParams(_Strict):
+    lr: float = Field(1e-3, gt=0, description="Learning rate (a scheduler may override it).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam's (beta1, beta2).")
+    eps: float = Field(1e-8, gt=0, description="Added to the denominator for stability.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled (AdamW) or L2 (Adam) decay; DeepSpeed's default is 0.")
+    adam_w_mode: bool = Field(True, description="True: AdamW's decoupled decay; False: Adam with L2 decay.")
+    torch_adam: bool = Field(False, description="Official DeepSpeed's switch to torch.optim; nano's math always equals torch.optim.AdamW's.")
+
+
+class OptimizerConfig(_Strict):
+    type: Literal["Adam", "AdamW"] = Field(description="Adam or AdamW (case-insensitive, as in DeepSpeed).")
+    params: OptimizerParams = Field(default_factory=OptimizerParams, description="Hyper-parameters.")
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _canonical_name(cls, name: Any) -> Any:
+        if isinstance(name, str):
+            return {"adam": "Adam", "adamw": "AdamW"}.get(name.lower(), name)
+        return name
+
+    @property
+    def decoupled_weight_decay(self) -> bool:
+        """DeepSpeed: type AdamW always decouples; type Adam decouples unless adam_w_mode is false."""
+        return self.type == "AdamW" or self.params.adam_w_mode
+
+
+class SchedulerConfig(_Strict):
+    type: Literal["WarmupLR", "WarmupDecayLR", "WarmupCosineLR"] = Field(description="DeepSpeed scheduler name.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments; checked by the scheduler.")
+
+
+class Fp16Config(_Strict):
+    enabled: bool = Field(False, description="fp16 parameters with dynamic (or static) loss scaling.")
+    loss_scale: float = Field(0.0, ge=0, description="0 = dynamic loss scaling; > 0 = this static scale.")
+    initial_scale_power: int = Field(16, ge=0, description="Dynamic scaling starts at 2**initial_scale_power.")
+    loss_scale_window: int = Field(1000, ge=1, description="Overflow-free steps before the scale doubles.")
+    hysteresis: int = Field(2, ge=1, description="Overflows tolerated before the scale is halved.")
+    consecutive_hysteresis: bool = Field(False, description="Refill hysteresis after each overflow-free step.")
+    min_loss_scale: float = Field(1.0, gt=0, description="The scale never drops below this.")
+
+
+class Bf16Config(_Strict):
+    enabled: bool = Field(False, description="bf16 parameters with fp32 master partitions; no loss scaling.")
+
+
+class ZeroConfig(_Strict):
+    stage: int = Field(0, description="0: data parallel; 1: partition optimizer states; 2: also gradients.")
+    reduce_scatter: bool = Field(True, description="Stage 1/2: reduce-scatter (True) or all-reduce + local scatter-back (False).")
+    reduce_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per gradient bucket.")
+    allgather_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per parameter all-gather.")
+    overlap_comm: bool = Field(False, description="Stage 2: reduce buckets asynchronously while backward runs.")
+    contiguous_gradients: bool = Field(True, description="Accepted as true only: nano always packs gradients contiguously.")
+    allgather_partitions: bool = Field(True, description="Accepted as true only: nano always all-gathers whole partitions.")
+    ignore_unused_parameters: bool = Field(True, description="Stage 2: a parameter with no gradient counts as zero (False: error).")
+
+    @field_validator("stage")
+    @classmethod
+    def _implemented_stage(cls, stage: int) -> int:
+        if stage == 3:
+            raise ValueError("nano does not support stage 3 yet; use stage 0, 1 or 2, or official DeepSpeed")
+        if stage not in (0, 1, 2):
+            raise ValueError(f"must be 0, 1 or 2, not {stage}")
+        return stage
+
+    @field_validator("contiguous_gradients", "allgather_partitions")
+    @classmethod
+    def _only_true(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("false is not implemented by nano (it always behaves as true); remove the key")
+        return value
+
+
+class NanoConfig(_Strict):
+    train_batch_size: Optional[int] = Field(None, gt=0, description="Global batch: micro x accumulation x world size.")
+    train_micro_batch_size_per_gpu: Optional[int] = Field(None, gt=0, description="Samples per rank per forward.")
+    gradient_accumulation_steps: Optional[int] = Field(None, gt=0, description="Micro-steps per optimizer step.")
+    gradient_clipping: float = Field(0.0, ge=0, description="Clip by the global gradient norm; 0 = off.")
+    optimizer: Optional[OptimizerConfig] = Field(None, description="Required unless the engine is only used for inference.")
+    scheduler: Optional[SchedulerConfig] = Field(None, description="Learning-rate schedule, stepped after each applied step.")
+    fp16: Fp16Config = Field(default_factory=Fp16Config, description="fp16 mixed precision.")
+    bf16: Bf16Config = Field(default_factory=Bf16Config, alias="bfloat16", description="bf16 mixed precision.")
+    zero_optimization: ZeroConfig = Field(default_factory=ZeroConfig, description="ZeRO stage and buckets.")
+    communication_data_type: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
+        None, description="dtype gradients travel in; default: the parameters' dtype.")
+    steps_per_print: int = Field(10, ge=1, description="Rank 0 prints a progress line every this many steps.")
+    wall_clock_breakdown: Literal[False] = Field(False, description="Accepted as false only (nano has no timers).")
+
+    @model_validator(mode="after")
+    def _one_precision(self) -> "NanoConfig":
+        if self.fp16.enabled and self.bf16.enabled:
+            raise ValueError("fp16.enabled and bf16.enabled are both true; enable at most one")
+        return self
+
+    @property
+    def precision(self) -> str:
+        """'fp16', 'bf16' or 'fp32': the dtype of parameters, activations and full-size gradients."""
+        return "fp16" if self.fp16.enabled else "bf16" if self.bf16.enabled else "fp32"
+
+
+def read_config_source(config: Any = None, args: Any = None) -> dict:
+    """Phase 1: the raw dict from a dict, a JSON path, or `args.deepspeed_config`."""
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None)
+    if config is None:
+        raise NanoConfigError("no DeepSpeed config given; pass config=dict or path, or --deepspeed_config PATH")
+    if isinstance(config, dict):
+        return json.loads(json.dumps(config))  # a deep copy that also proves it is JSON
+    path = Path(config)
+    if not path.is_file():
+        raise NanoConfigError(f"config file {path} does not exist; pass an existing JSON path")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise NanoConfigError(f"config file {path} is not valid JSON ({error.msg} at line {error.lineno}); fix the file")
+
+
+def _reject_unknown_keys(raw: dict) -> None:
+    """Phase 2: every key must be one nano reads; DeepSpeed-only keys get their own message."""
+    def check(section: dict, known: set, deepspeed_only: frozenset, prefix: str) -> None:
+        for key in section:
+            if key in known:
+                continue
+            if key in deepspeed_only:
+                raise NanoConfigError(f"config key '{prefix}{key}' is known to official DeepSpeed but not implemented "
+                                      "by nano; remove it or run with --impl official")
+            raise NanoConfigError(f"unknown config key '{prefix}{key}'; check its spelling against DeepSpeed's docs")
+
+    top_level = {field.alias or name for name, field in NanoConfig.model_fields.items()} | set(NanoConfig.model_fields)
+    check(raw, top_level, config_keys.DEEPSPEED_ONLY_TOP_LEVEL, "")
+    zero = raw.get("zero_optimization")
+    if isinstance(zero, dict):
+        if zero.get("stage") == 3 or any(key.startswith("offload") for key in zero):
+            what = "stage 3" if zero.get("stage") == 3 else "offload"
+            raise NanoConfigError(f"zero_optimization: nano does not support {what} yet; use stage 0, 1 or 2 without "
+                                  "offload, or run with --impl official")
+        check(zero, set(ZeroConfig.model_fields), config_keys.DEEPSPEED_ONLY_ZERO, "zero_optimization.")
+    for section, names in (("optimizer", config_keys.DEEPSPEED_ONLY_OPTIMIZERS),
+                           ("scheduler", config_keys.DEEPSPEED_ONLY_SCHEDULERS)):
+        kind = raw.get(section, {}).get("type") if isinstance(raw.get(section), dict) else None
+        if kind in names:
+            raise NanoConfigError(f"{section}.type '{kind}' is known to official DeepSpeed but not implemented by "
+                                  f"nano; use {'AdamW or Adam' if section == 'optimizer' else 'WarmupLR, WarmupDecayLR or WarmupCosineLR'}")
+
+
+def _resolve_auto(raw: dict, hidden_size: Optional[int]) -> None:
+    """Phase 3: "auto" batch sizes are inferred, "auto" buckets follow the HF Trainer's rule."""
+    for key in BATCH_KEYS:
+        if raw.get(key) == "auto":
+            del raw[key]
+    zero = raw.get("zero_optimization", {})
+    for key in BUCKET_KEYS:
+        if isinstance(zero, dict) and zero.get(key) == "auto":
+            zero[key] = hidden_size * hidden_size if hidden_size else DEFAULT_BUCKET_SIZE
+
+    def find_auto(node: Any, path: str) -> Optional[str]:
+        if node == "auto":
+            return path
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in children:
+            found = find_auto(child, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+        return None
+
+    leftover = find_auto(raw, "")
+    if leftover:
+        raise NanoConfigError(f"config value '{leftover}' is \"auto\", which only the Hugging Face Trainer fills in; "
+                              "give a number")
+
+
+def _first_error_line(error: ValidationError) -> str:
+    """Phase 4 helper: the first pydantic error as 'field.path: message'."""
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "config"
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{location}'; check its spelling against DeepSpeed's docs"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"config field '{location}': {message} (got {first.get('input')!r})"
+
+
+def _infer_batch_sizes(config: NanoConfig, world_size: int) -> None:
+    """Phase 5: DeepSpeed's rule, train_batch_size == micro x accumulation x world size."""
+    total, micro, accumulation = (config.train_batch_size, config.train_micro_batch_size_per_gpu,
+                                  config.gradient_accumulation_steps)
+    if total is None and micro is None:
+        raise NanoConfigError("config needs train_batch_size or train_micro_batch_size_per_gpu; add one")
+    if total is not None and micro is not None and accumulation is not None:
+        if total != micro * accumulation * world_size:
+            raise NanoConfigError(
+                f"train_batch_size {total} != train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps "
+                f"{accumulation} x world size {world_size}; fix one of them or drop train_batch_size")
+    elif total is not None and micro is not None:
+        accumulation = total // (micro * world_size)
+    elif total is not None:
+        accumulation = accumulation or 1
+        micro = total // (accumulation * world_size)
+    else:
+        accumulation = accumulation or 1
+        total = micro * accumulation * world_size
+    if micro < 1 or accumulation < 1 or total != micro * accumulation * world_size:
+        raise NanoConfigError(f"train_batch_size {total} is not divisible into micro batches over world size "
+                              f"{world_size}; make it a multiple of micro batch x world size")
+    config.train_batch_size, config.train_micro_batch_size_per_gpu = total, micro
+    config.gradient_accumulation_steps = accumulation
+
+
+def load_config(config: Any = None, args: Any = None, world_size: int = 1,
+                hidden_size: Optional[int] = None) -> NanoConfig:
+    """Read, check and complete a DeepSpeed config for `world_size` ranks (see the module phases)."""
+    raw = read_config_source(config, args)
+    if not isinstance(raw, dict):
+        raise NanoConfigError("config must be a JSON object at the top level; wrap the keys in {}")
+    _reject_unknown_keys(raw)
+    _resolve_auto(raw, hidden_size)
+    try:
+        parsed = NanoConfig.model_validate(raw)
+    except ValidationError as error:
+        raise NanoConfigError(_first_error_line(error)) from None
+    _infer_batch_sizes(parsed, world_size)
+    return parsed

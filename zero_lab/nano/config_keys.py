@@ -1,0 +1,43 @@
+"""Which DeepSpeed config keys nano reads, and which it knows of but does not implement.
+
+An unknown key is a typo or a feature nano lacks; the two get different one-line errors so the
+user learns which it is.
+"""
+
+# Top-level keys official DeepSpeed accepts that nano does not implement (yet).
+DEEPSPEED_ONLY_TOP_LEVEL = frozenset({
+    "activation_checkpointing", "aio", "amp", "autotuning", "checkpoint", "comms_logger",
+    "compile", "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency",
+    "data_types", "dataloader_drop_last", "disable_allgather", "dump_state", "eigenvalue",
+    "elasticity", "flops_profiler", "fp8", "gradient_predivide_factor", "graph_harvesting",
+    "hybrid_engine", "load_universal_checkpoint", "memory_breakdown", "monitor_config",
+    "nebula", "pipeline", "prescale_gradients", "progressive_layer_drop", "quantize_training",
+    "seq_parallel_communication_data_type", "sequence_parallel_size", "sparse_attention",
+    "sparse_gradients", "tensorboard", "tensor_parallel", "timers", "torch_autocast",
+    "use_data_before_expert_parallelism", "use_node_local_storage", "wandb", "weight_quantization",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+})
+
+# zero_optimization keys official DeepSpeed accepts that nano does not implement (yet).
+DEEPSPEED_ONLY_ZERO = frozenset({
+    "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint",
+    "ignore_unused_parameters_in_stage3", "load_from_fp32_weights", "memory_efficient_linear",
+    "mics_hierarchical_params_gather", "mics_shard_size", "offload_optimizer", "offload_param",
+    "override_module_apply", "pipeline_loading_checkpoint", "reduce_scatter_dtype",
+    "round_robin_gradients", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce",
+    "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
+    "zero_quantized_weights", "zeropp_loco_param", "log_trace_cache_warnings",
+    "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_model_persistence_threshold",
+    "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "sub_group_size",
+    "module_granularity_threshold", "legacy_stage1",
+})
+
+# Optimizer types official DeepSpeed accepts that nano does not implement.
+DEEPSPEED_ONLY_OPTIMIZERS = frozenset({
+    "Adagrad", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam", "MuAdam", "MuAdamW", "MuSGD",
+    "Lion", "Muon", "AdaMuon",
+})
+
+# Scheduler types official DeepSpeed accepts that nano does not implement.
+DEEPSPEED_ONLY_SCHEDULERS = frozenset({"LRRangeTest", "OneCycle", "WarmupCosineDecayLR"})

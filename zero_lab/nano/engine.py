@@ -1,0 +1,136 @@
+"""The engine facade: DeepSpeed's engine calls over one ZeRO optimizer.
+
+Per micro-step the training loop calls, as with DeepSpeed:
+    Phase 1 `engine(batch)`: the module's forward, unchanged (the model knows nothing of ZeRO).
+    Phase 2 `engine.backward(loss)`: the loss is divided by the accumulation steps (and multiplied
+             by the fp16 loss scale); the stage attaches or collects gradients around backward.
+    Phase 3 `engine.step()`: at an accumulation boundary the ZeRO optimizer steps, the learning-rate
+             schedule advances unless the step was skipped (fp16 overflow), and global_steps
+             counts it; micro_steps counts every call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.config import NanoConfig
+from zero_lab.nano.zero_optimizer import ZeroOptimizer
+
+
+class NanoEngine(torch.nn.Module):
+    """What `zero_lab.nano.initialize` returns first; mirrors DeepSpeedEngine's training API."""
+
+    def __init__(self, module: torch.nn.Module, config: NanoConfig, optimizer: ZeroOptimizer, lr_scheduler: Any,
+                 collectives: Collectives, device: torch.device, training_dataloader: Any = None):
+        super().__init__()
+        self.module = module
+        self.config = config
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.collectives = collectives
+        self.device = device
+        self.training_dataloader = training_dataloader
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._step_applied = False
+
+    # Phase 1
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    # Phase 2
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        scaled = loss
+        if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
+            scaled = scaled / self.gradient_accumulation_steps()
+        if self.config.fp16.enabled:
+            scaled = scaled * self.optimizer.cur_scale
+        self.optimizer.before_backward()
+        scaled.backward(retain_graph=retain_graph)
+        self.optimizer.after_backward(self.is_gradient_accumulation_boundary())
+        return loss
+
+    # Phase 3
+    def step(self, lr_kwargs: Optional[dict] = None) -> None:
+        self._step_applied = False
+        if self.is_gradient_accumulation_boundary():
+            self.optimizer.step()
+            if self.optimizer.overflow:
+                self.skipped_steps += 1
+            else:
+                self._step_applied = True
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step(**(lr_kwargs or {}))
+            self.global_steps += 1
+            self.global_samples += self.train_batch_size()
+            self._print_progress()
+        self.micro_steps += 1
+
+    def _print_progress(self) -> None:
+        if self.collectives.rank == 0 and self.global_steps % self.config.steps_per_print == 0:
+            print(f"[nano] step={self.global_steps} skipped={self.skipped_steps} lr={self.get_lr()} "
+                  f"loss_scale={self.optimizer.cur_scale:g}", flush=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients between accumulation windows (step() already does); mid-window the
+        accumulated gradients are kept, so a loop that calls this every micro-step stays correct."""
+        if self.micro_steps % self.gradient_accumulation_steps() == 0:
+            self.optimizer.zero_grad()
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def was_step_applied(self) -> bool:
+        """False when the last boundary step was skipped (fp16 overflow) or step() was not at a boundary."""
+        return self._step_applied
+
+    # DeepSpeed's accessors
+    def get_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self) -> Optional[float]:
+        return self.optimizer.global_grad_norm
+
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    def zero_optimization_stage(self) -> int:
+        return self.config.zero_optimization.stage
+
+    def loss_scale(self) -> float:
+        """The configured static loss scale (0 = dynamic), as DeepSpeed's engine.loss_scale()."""
+        return self.config.fp16.loss_scale
+
+    def current_loss_scale(self) -> float:
+        """The scale the next backward will use (1.0 unless fp16)."""
+        return self.optimizer.cur_scale
+
+    def fp16_enabled(self) -> bool:
+        return self.config.fp16.enabled
+
+    def bfloat16_enabled(self) -> bool:
+        return self.config.bf16.enabled
+
+    # nano's observability
+    def comm_stats(self) -> dict[str, dict[str, int]]:
+        """Calls and bytes per collective type (all_reduce, reduce_scatter, ...) since the last reset."""
+        return self.collectives.stats()
+
+    def reset_comm_stats(self) -> None:
+        self.collectives.reset_stats()
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this rank holds per category: parameters, gradients, fp32_master_partition,
+        optimizer_states, gradient_partition, communication_buckets, and their total."""
+        return self.optimizer.memory_breakdown()

@@ -1,0 +1,103 @@
+"""Reducing one gradient bucket across ranks and keeping this rank's share in fp32.
+
+A bucket is a flat range [start, end) of one parameter group's gradients, held in a tensor of the
+communication dtype. Reducing it runs in two phases:
+    Phase 1 (launch): either reduce-scatter, where the bucket is cut at partition boundaries and
+             each rank receives only the sum of its own share, or all-reduce, where every rank
+             receives the whole sum and keeps its share ("scatter-back"). Stage 0 owns everything,
+             so it always all-reduces.
+    Phase 2 (finish): wait for the collective, divide the sum by the world size (SUM then divide),
+             and copy the share into the fp32 gradient partition (stages 0/1: one reduction per
+             optimizer step) or add it (stage 2: one reduction per micro-step, accumulated).
+With overlap, Phase 1 is asynchronous and at most `max_in_flight` buckets wait for Phase 2.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.flat_buffer import FlatParameterGroup
+
+
+@dataclass
+class PendingReduction:
+    work: Any  # the async handle, or None once finished
+    share: torch.Tensor  # this rank's summed share (comm dtype)
+    destination: torch.Tensor  # the matching slice of the fp32 gradient partition
+    bucket: torch.Tensor  # kept alive until the collective is done
+
+
+class BucketReducer:
+    """Launches bucket reductions and lands each rank's share in its gradient partition."""
+
+    def __init__(self, collectives: Collectives, use_reduce_scatter: bool, accumulate: bool, max_in_flight: int):
+        self.collectives = collectives
+        self.use_reduce_scatter = use_reduce_scatter
+        self.accumulate = accumulate
+        self.max_in_flight = max_in_flight
+        self.pending: deque[PendingReduction] = deque()
+
+    def launch(self, group: FlatParameterGroup, bucket: torch.Tensor, start: int, end: int,
+               gradient_partition: torch.Tensor) -> None:
+        """Phase 1 for the bucket holding flat range [start, end) of `group`."""
+        owner_ranges = group.owner_ranges(start, end)
+        own_low, own_high = owner_ranges[group.rank if group.partition_count > 1 else 0]
+        destination = gradient_partition[own_low - group.partition_start:own_high - group.partition_start]
+        asynchronous = self.max_in_flight > 0
+        if self.use_reduce_scatter and group.partition_count > 1:
+            inputs = [bucket[low - start:high - start] for low, high in owner_ranges]
+            share = torch.empty(own_high - own_low, dtype=bucket.dtype, device=bucket.device)
+            work = self.collectives.reduce_scatter(share, inputs, async_op=asynchronous)
+        else:
+            work = self.collectives.all_reduce(bucket, async_op=asynchronous)
+            share = bucket[own_low - start:own_high - start]
+        self.pending.append(PendingReduction(work, share, destination, bucket))
+        while len(self.pending) > self.max_in_flight:
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        """Phase 2 for the oldest launched bucket."""
+        reduction = self.pending.popleft()
+        if reduction.work is not None:
+            reduction.work.wait()
+        world_size = self.collectives.world_size
+        if self.accumulate:
+            reduction.destination.add_(reduction.share.to(torch.float32).div_(world_size))
+        else:
+            reduction.destination.copy_(reduction.share).div_(world_size)
+
+    def finish_all(self) -> None:
+        while self.pending:
+            self._finish_oldest()
+
+    def in_flight_bytes(self) -> int:
+        """Bytes of buckets and shares still waiting for Phase 2."""
+        return sum(item.bucket.untyped_storage().nbytes() + (item.share.untyped_storage().nbytes()
+                   if item.share.untyped_storage().data_ptr() != item.bucket.untyped_storage().data_ptr() else 0)
+                   for item in self.pending)
+
+
+def gather_partitions(collectives: Collectives, group: FlatParameterGroup, bucket_numel: int) -> None:
+    """Every rank's partition of `group.flat` to every rank, `bucket_numel` elements per rank at a time."""
+    if group.partition_count == 1:
+        return
+    for offset in range(0, group.partition_numel, bucket_numel):
+        length = min(bucket_numel, group.partition_numel - offset)
+        outputs = [group.flat[owner * group.partition_numel + offset:owner * group.partition_numel + offset + length]
+                   for owner in range(group.partition_count)]
+        collectives.all_gather(outputs, outputs[group.rank])
+
+
+def bucket_for_range(gradients: torch.Tensor, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+    """The bucket for [start, end) of a full gradient buffer: a view, or a copy in the comm dtype."""
+    view = gradients[start:end]
+    return view if view.dtype == dtype else view.to(dtype)
+
+
+def optional_bytes(tensor: Optional[torch.Tensor]) -> int:
+    return 0 if tensor is None else tensor.numel() * tensor.element_size()

@@ -1,0 +1,121 @@
+"""`initialize` and `add_config_arguments`: DeepSpeed's entry points, building a NanoEngine.
+
+`initialize` runs in phases:
+    Phase 1: refuse what nano does not do (a user-built torch optimizer, model parallelism).
+    Phase 2: join the process group if needed, then load and check the config for its world size.
+    Phase 3: move the module to its device, and to fp16/bf16 when the config asks (as DeepSpeed does).
+    Phase 4: collect trainable parameter groups from `model_parameters` (params or dicts).
+    Phase 5: build the stage's ZeRO optimizer (flattening the parameters), the LR schedule and,
+             with `training_data`, a distributed data loader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed
+
+from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.config import NanoConfig, load_config
+from zero_lab.nano.distributed import init_distributed
+from zero_lab.nano.engine import NanoEngine
+from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.lr_schedules import build_scheduler
+from zero_lab.nano.stage0 import Stage0Optimizer
+from zero_lab.nano.stage1 import Stage1Optimizer
+from zero_lab.nano.stage2 import Stage2Optimizer
+from zero_lab.nano.zero_optimizer import PRECISION_DTYPES
+
+STAGE_OPTIMIZERS = {0: Stage0Optimizer, 1: Stage1Optimizer, 2: Stage2Optimizer}
+
+
+def _device() -> torch.device:
+    if torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def _parameter_groups(model: torch.nn.Module, model_parameters: Any) -> list[dict]:
+    """Phase 4: DeepSpeed accepts an iterable of parameters or of dicts with a "params" entry."""
+    entries = list(model.parameters() if model_parameters is None else model_parameters)
+    if entries and isinstance(entries[0], dict):
+        groups = [{**entry, "params": list(entry["params"])} for entry in entries]
+    else:
+        groups = [{"params": entries}]
+    for group in groups:
+        group["params"] = [parameter for parameter in group["params"] if parameter.requires_grad]
+    return [group for group in groups if group["params"]]
+
+
+def _scheduler(config: NanoConfig, lr_scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
+    if config.scheduler is not None:
+        if lr_scheduler is not None:
+            raise NanoConfigError("an LR scheduler was given both in the config and as lr_scheduler=; keep one")
+        return build_scheduler(config.scheduler.type, config.scheduler.params, optimizer)
+    if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        return lr_scheduler(optimizer)
+    return lr_scheduler
+
+
+def _dataloader(training_data: Any, config: NanoConfig, collate_fn: Optional[Callable]) -> Any:
+    if training_data is None:
+        return None
+    sampler = None
+    if torch.distributed.is_initialized():
+        sampler = torch.utils.data.distributed.DistributedSampler(training_data)
+    return torch.utils.data.DataLoader(training_data, batch_size=config.train_micro_batch_size_per_gpu,
+                                       sampler=sampler, collate_fn=collate_fn)
+
+
+def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimizer: Any = None,
+               model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
+               distributed_port: int = 29500, mpu: Any = None, dist_init_required: Optional[bool] = None,
+               collate_fn: Optional[Callable] = None, config: Any = None, mesh_param: Any = None,
+               config_params: Any = None) -> tuple[NanoEngine, Any, Any, Any]:
+    """Return (engine, optimizer, training_dataloader, lr_scheduler), as deepspeed.initialize does."""
+    # Phase 1
+    if model is None:
+        raise NanoConfigError("initialize() needs model=; pass the torch.nn.Module to train")
+    if optimizer is not None:
+        raise NanoConfigError("nano builds its own ZeRO optimizer from the config's \"optimizer\" section; "
+                              "remove optimizer= and describe it in the config (type AdamW or Adam)")
+    if mpu is not None or mesh_param is not None:
+        raise NanoConfigError("nano does not support model parallelism (mpu/mesh_param); remove them")
+    # Phase 2
+    if dist_init_required is not False:
+        init_distributed(distributed_port=distributed_port)
+    collectives = Collectives()
+    hidden_size = getattr(getattr(model, "config", None), "hidden_size", None)
+    nano_config = load_config(config if config is not None else config_params, args,
+                              world_size=collectives.world_size, hidden_size=hidden_size)
+    if nano_config.optimizer is None:
+        raise NanoConfigError('config has no "optimizer" section; add {"optimizer": {"type": "AdamW", '
+                              '"params": {"lr": 1e-4}}}')
+    # Phase 3
+    device = _device()
+    if nano_config.precision == "fp32":
+        model.to(device)
+    else:
+        model.to(device=device, dtype=PRECISION_DTYPES[nano_config.precision])
+    # Phase 4
+    groups = _parameter_groups(model, model_parameters)
+    names = {parameter: name for name, parameter in model.named_parameters()}
+    # Phase 5
+    zero_optimizer = STAGE_OPTIMIZERS[nano_config.zero_optimization.stage](
+        groups, nano_config, collectives, device, names)
+    scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.optimizer)
+    dataloader = _dataloader(training_data, nano_config, collate_fn)
+    engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader)
+    return engine, zero_optimizer, dataloader, scheduler
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add DeepSpeed's --deepspeed and --deepspeed_config flags to a user's parser."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (helper flag for user code, no impact on the engine)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
+    return parser

@@ -1,0 +1,126 @@
+"""ZeRO stage 2: stage 1 with the gradients partitioned during backward.
+
+The diff from stage 1: there is no full gradient buffer. The flat buffer is cut into static
+buckets of `reduce_bucket_size` elements (last parameters first, the order backward produces them;
+a bucket may cut through a parameter). Per micro-step:
+    Phase 1 (hook): when autograd has accumulated a parameter's gradient, its pieces are added into
+             their buckets (allocated on first use, in the communication dtype) and `param.grad` is
+             released at once.
+    Phase 2 (bucket full): once every parameter of a bucket has arrived, the bucket is reduced
+             (reduce-scatter, or all-reduce + scatter-back) and this rank adds its share, averaged,
+             to its fp32 gradient partition; the bucket is freed. With `overlap_comm` the reduction
+             runs asynchronously while backward continues (at most two buckets in flight).
+    Phase 3 (end of backward): buckets still waiting (parameters that got no gradient) are reduced
+             with zeros in those places, and every pending reduction is finished.
+Ranks must produce gradients for the same parameters in the same order (the same graph), as in
+DeepSpeed; the buckets are identical on every rank because they are fixed at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.flat_buffer import FlatParameterGroup, ParameterPiece
+from zero_lab.nano.gradient_reduction import optional_bytes
+from zero_lab.nano.stage1 import Stage1Optimizer
+from zero_lab.nano.zero_optimizer import ZeroOptimizer
+
+
+@dataclass
+class GradientBucket:
+    group_index: int
+    start: int
+    end: int
+    expected: frozenset  # parameter indices with a piece in this bucket
+    arrived: set = field(default_factory=set)
+    buffer: Optional[torch.Tensor] = None
+    launched: bool = False
+
+
+class Stage2Optimizer(Stage1Optimizer):
+    stage = 2
+
+    def _build_gradients(self) -> list[torch.Tensor]:
+        bucket_numel = self.config.zero_optimization.reduce_bucket_size
+        self.buckets: list[GradientBucket] = []
+        self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, ParameterPiece]]] = {}
+        for group_index, group in enumerate(self.groups):
+            for start, end in group.bucket_ranges(bucket_numel):
+                pieces = group.pieces(start, end)
+                bucket = GradientBucket(group_index, start, end, frozenset(piece.parameter_index for piece in pieces))
+                self.buckets.append(bucket)
+                for piece in pieces:
+                    self.pieces_of.setdefault(group.parameters[piece.parameter_index], []).append((bucket, piece))
+        self.hook_handles = [parameter.register_post_accumulate_grad_hook(self._on_gradient_ready)
+                             for parameter in self.pieces_of]
+        return [torch.zeros(group.partition_numel, dtype=torch.float32, device=group.flat.device)
+                for group in self.groups]
+
+    def _on_gradient_ready(self, parameter: torch.nn.Parameter) -> None:
+        """Phase 1 (and Phase 2 for every bucket this gradient completes)."""
+        with torch.no_grad():
+            gradient = parameter.grad.reshape(-1)
+            for bucket, piece in self.pieces_of[parameter]:
+                if bucket.launched:
+                    raise RuntimeError(f"parameter {self.parameter_names.get(parameter, '?')} produced a second "
+                                       "gradient after its bucket was reduced in this backward; stage 2 needs one "
+                                       "gradient per parameter per backward")
+                group = self.groups[bucket.group_index]
+                if bucket.buffer is None:
+                    bucket.buffer = torch.zeros(bucket.end - bucket.start, dtype=self.communication_dtype,
+                                                device=group.flat.device)
+                local_start = piece.flat_start - bucket.start
+                bucket.buffer[local_start:local_start + piece.numel].add_(
+                    gradient[piece.parameter_offset:piece.parameter_offset + piece.numel])
+                bucket.arrived.add(piece.parameter_index)
+                if bucket.arrived >= bucket.expected:
+                    self._launch(bucket)
+        parameter.grad = None
+
+    def _launch(self, bucket: GradientBucket) -> None:
+        group: FlatParameterGroup = self.groups[bucket.group_index]
+        if bucket.buffer is None:
+            bucket.buffer = torch.zeros(bucket.end - bucket.start, dtype=self.communication_dtype,
+                                        device=group.flat.device)
+        bucket.launched = True
+        self.reducer.launch(group, bucket.buffer, bucket.start, bucket.end,
+                            self.gradient_partitions[bucket.group_index])
+        bucket.buffer = None  # the reducer holds it until the reduction is finished
+
+    def after_backward(self, boundary: bool) -> None:
+        """Phase 3: reduce what is left, in the fixed bucket order, and finish every reduction."""
+        for bucket in self.buckets:
+            if bucket.launched:
+                continue
+            missing = bucket.expected - bucket.arrived
+            if missing and not self.config.zero_optimization.ignore_unused_parameters:
+                group = self.groups[bucket.group_index]
+                name = self.parameter_names.get(group.parameters[min(missing)], "?")
+                raise NanoConfigError(f"parameter {name} got no gradient in this backward; set "
+                                      "zero_optimization.ignore_unused_parameters to true or use it in the loss")
+            self._launch(bucket)
+        self.reducer.finish_all()
+        for bucket in self.buckets:
+            bucket.arrived.clear()
+            bucket.launched = False
+
+    def before_backward(self) -> None:
+        """Stage 2 keeps no full gradient buffer: nothing to attach."""
+
+    def _complete_gradient_partitions(self) -> None:
+        """Already complete: every micro-step's backward reduced its buckets."""
+
+    def _zero_gradients(self) -> None:
+        for parameter in self.pieces_of:
+            parameter.grad = None
+        ZeroOptimizer._zero_gradients(self)  # only partitions: stage 2 has no full gradient buffer
+
+    def _gradient_bytes(self) -> dict[str, int]:
+        return {"gradients": 0, "gradient_partition": sum(map(optional_bytes, self.gradient_partitions))}
+
+    def _filling_bucket_bytes(self) -> int:
+        return sum(optional_bytes(bucket.buffer) for bucket in self.buckets)

@@ -1,0 +1,175 @@
+"""The shape every ZeRO stage shares; stages 0, 1 and 2 differ only where gradients live.
+
+Construction:
+    Phase 1: flatten each parameter group into a FlatParameterGroup (one partition at stage 0,
+             world-size partitions above) and broadcast rank 0's values, so all ranks start equal.
+    Phase 2: the fp32 master partition: in fp32 the flat buffer's own partition *is* the master (no
+             copy); in bf16/fp16 an fp32 copy of it.
+    Phase 3: the fp32 gradient partition and the stage's gradient machinery (`_build_gradients`).
+    Phase 4: Adam over the master partitions (optimizer-state partitions appear at the first step).
+Optimizer step, at each gradient-accumulation boundary:
+    Phase 1: the stage completes the gradient partitions (`_complete_gradient_partitions`).
+    Phase 2: fp16: unscale, and every rank learns whether any rank overflowed (then all skip).
+    Phase 3: the global gradient norm (partition sums of squares, summed over ranks); clipping.
+    Phase 4: Adam on the master partitions.
+    Phase 5: master -> own partition of the flat buffer (mixed precision), then all-gather every
+             partition into every rank's flat buffer (stages 1/2), bucketed.
+    Phase 6: zero the gradients for the next accumulation window.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from zero_lab.nano.adamw import PartitionedAdam
+from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.config import NanoConfig
+from zero_lab.nano.flat_buffer import FlatParameterGroup
+from zero_lab.nano.gradient_reduction import BucketReducer, gather_partitions, optional_bytes
+from zero_lab.nano.loss_scaler import LossScaler
+
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ZeroOptimizer:
+    """Stage-independent ZeRO optimizer; subclasses say where gradients live and when they reduce."""
+
+    stage = -1
+    partitioned = True  # stage 0 overrides: every rank owns the whole buffer
+
+    def __init__(self, parameter_groups: list[dict], config: NanoConfig, collectives: Collectives,
+                 device: torch.device, parameter_names: dict[torch.nn.Parameter, str]):
+        self.config = config
+        self.collectives = collectives
+        self.parameter_names = parameter_names
+        self.dtype = PRECISION_DTYPES[config.precision]
+        self.communication_dtype = PRECISION_DTYPES[config.communication_data_type or config.precision]
+        partition_count = collectives.world_size if self.partitioned else 1
+        # Phase 1: flat parameter buffers, identical on every rank.
+        self.groups = [FlatParameterGroup(group["params"], partition_count, collectives.rank, self.dtype, device)
+                       for group in parameter_groups]
+        for group in self.groups:
+            collectives.broadcast(group.flat, source_rank=0)
+        # Phase 2: fp32 master partitions.
+        self.master_is_flat = self.dtype == torch.float32
+        self.master_partitions = [group.partition_of(group.flat) if self.master_is_flat
+                                  else group.partition_of(group.flat).to(torch.float32) for group in self.groups]
+        # Phase 3: gradients.
+        self.gradient_partitions = self._build_gradients()
+        self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(), accumulate=self.stage == 2,
+                                     max_in_flight=2 if (config.zero_optimization.overlap_comm and self.stage == 2) else 0)
+        # Phase 4: Adam.
+        optimizer_config = config.optimizer
+        hyper = optimizer_config.params
+        options = [{key: value for key, value in group.items() if key != "params"} for group in parameter_groups]
+        self.optimizer = PartitionedAdam(self.master_partitions, options, hyper.lr, hyper.betas, hyper.eps,
+                                         hyper.weight_decay, optimizer_config.decoupled_weight_decay)
+        self.loss_scaler = LossScaler(config.fp16)
+        self.overflow = False
+        self.global_grad_norm: Optional[float] = None
+
+    # ----- what each stage decides ---------------------------------------------------------
+    def _uses_reduce_scatter(self) -> bool:
+        return self.partitioned and self.config.zero_optimization.reduce_scatter
+
+    def _build_gradients(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def before_backward(self) -> None:
+        """Called by the engine before every loss.backward()."""
+
+    def after_backward(self, boundary: bool) -> None:
+        """Called by the engine after every loss.backward(); `boundary` ends an accumulation window."""
+
+    def _complete_gradient_partitions(self) -> None:
+        raise NotImplementedError
+
+    def _zero_gradients(self) -> None:
+        for partition in self.gradient_partitions:
+            partition.zero_()
+
+    def _gradient_bytes(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def _filling_bucket_bytes(self) -> int:
+        """Bytes of buckets still being filled by backward (stage 2 only)."""
+        return 0
+
+    # ----- the shared step ----------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> None:
+        # Phase 1: gradient partitions complete (summed over ranks, averaged).
+        self._complete_gradient_partitions()
+        # Phase 2: unscale and agree on overflow.
+        scale = self.loss_scaler.loss_scale
+        if scale != 1.0:
+            for partition in self.gradient_partitions:
+                partition.div_(scale)
+        self.overflow = self.config.fp16.enabled and self._any_rank_overflowed()
+        self.loss_scaler.update_scale(self.overflow)
+        if self.overflow:
+            self._zero_gradients()
+            return
+        # Phase 3: global norm and clipping (torch.nn.utils.clip_grad_norm_'s coefficient).
+        self.global_grad_norm = self._global_norm()
+        max_norm = self.config.gradient_clipping
+        if max_norm > 0:
+            coefficient = max_norm / (self.global_grad_norm + 1e-6)
+            if coefficient < 1.0:
+                for partition in self.gradient_partitions:
+                    partition.mul_(coefficient)
+        # Phase 4: Adam on the master partitions.
+        self.optimizer.step(self.gradient_partitions)
+        # Phase 5: updated partitions back into every rank's flat buffer.
+        for group, master in zip(self.groups, self.master_partitions):
+            if not self.master_is_flat:
+                group.partition_of(group.flat).copy_(master)
+            gather_partitions(self.collectives, group, self.config.zero_optimization.allgather_bucket_size)
+        # Phase 6: a clean slate for the next window.
+        self._zero_gradients()
+
+    def _any_rank_overflowed(self) -> bool:
+        flag = torch.tensor([0.0 if all(bool(torch.isfinite(p).all()) for p in self.gradient_partitions) else 1.0],
+                            device=self.gradient_partitions[0].device)
+        if self.partitioned:
+            self.collectives.all_reduce(flag, maximum=True)
+        return bool(flag.item())
+
+    def _global_norm(self) -> float:
+        squares = torch.zeros(1, dtype=torch.float32, device=self.gradient_partitions[0].device)
+        for partition in self.gradient_partitions:
+            squares += partition.pow(2).sum()
+        if self.partitioned:
+            self.collectives.all_reduce(squares)
+        return math.sqrt(float(squares.item()))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero_gradients()
+
+    # ----- observability -------------------------------------------------------------------
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this rank holds per buffer category (see the vocabulary in zero_lab.nano)."""
+        breakdown = {
+            "parameters": sum(optional_bytes(group.flat) for group in self.groups),
+            "fp32_master_partition": 0 if self.master_is_flat else sum(map(optional_bytes, self.master_partitions)),
+            "optimizer_states": self.optimizer.state_bytes(),
+            **self._gradient_bytes(),
+            "communication_buckets": self.reducer.in_flight_bytes() + self._filling_bucket_bytes(),
+        }
+        breakdown["total"] = sum(breakdown.values())
+        return breakdown
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    @property
+    def cur_scale(self) -> float:
+        return self.loss_scaler.loss_scale
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale
