@@ -1,0 +1,56 @@
+"""torchrun command building: pure, nothing launched."""
+
+from pathlib import Path
+
+from zero_lab.analysis.launch import (
+    TRAIN_SCRIPT, LaunchSpec, MultiNode, Workload, free_port, launch_environment, threads_per_process,
+    torchrun_command,
+)
+
+
+def spec(**overrides):
+    base = dict(impl="official", stage=2, nproc=2, device="cpu", config_path=Path("/r/config.json"),
+                workload=Workload(model="tiny", steps=5, seq_len=64), log_dir=Path("/r/torchrun-logs"),
+                port=29611, python="python")
+    return LaunchSpec(**{**base, **overrides})
+
+
+def flag(command, name):
+    return command[command.index(name) + 1]
+
+
+def test_single_node_command_has_its_own_port_and_every_harness_flag():
+    command = torchrun_command(spec())
+    assert command[:3] == ["python", "-m", "torch.distributed.run"]
+    assert flag(command, "--nproc-per-node") == "2"
+    assert flag(command, "--master-addr") == "127.0.0.1" and flag(command, "--master-port") == "29611"
+    assert "--rdzv-endpoint" not in " ".join(command)
+    script = command.index(str(TRAIN_SCRIPT))
+    launcher, harness = command[:script], command[script + 1:]
+    assert flag(launcher, "--redirects") == "3" and flag(launcher, "--log-dir") == "/r/torchrun-logs"
+    assert flag(harness, "--impl") == "official" and flag(harness, "--zero-stage") == "2"
+    assert flag(harness, "--deepspeed_config") == "/r/config.json"
+    assert flag(harness, "--steps") == "5" and flag(harness, "--seq-len") == "64"
+    assert flag(harness, "--model-name") == "tiny" and flag(harness, "--model-dtype") == "float32"
+    assert "--batch-size" not in harness and "--dataset-path" not in harness, "unset flags keep harness defaults"
+
+
+def test_multi_node_flags_pass_through_and_replace_the_static_port():
+    node = MultiNode(nnodes="2", node_rank=1, rdzv_endpoint="head:29400", rdzv_id="job7")
+    command = torchrun_command(spec(multi_node=node, extra_torchrun_args=["--max-restarts", "0"]))
+    assert flag(command, "--nnodes") == "2" and flag(command, "--rdzv-backend") == "c10d"
+    assert "--node-rank=1" in command and "--rdzv-endpoint=head:29400" in command and "--rdzv-id=job7" in command
+    assert "--master-port" not in command
+    assert command.index("--max-restarts") < command.index(str(TRAIN_SCRIPT))
+
+
+def test_cpu_environment_splits_cores_and_selects_deepspeeds_cpu_accelerator():
+    env = launch_environment({"PATH": "/bin"}, "cpu", nproc=2, cores=16)
+    assert env["OMP_NUM_THREADS"] == "8" and env["DS_ACCELERATOR"] == "cpu" and env["LOCAL_SIZE"] == "2"
+    assert threads_per_process(2, 4) == 1
+    assert "OMP_NUM_THREADS" not in launch_environment({}, "cuda", nproc=2, cores=16)
+
+
+def test_free_ports_differ_between_launches():
+    ports = {free_port() for _ in range(5)}
+    assert len(ports) >= 2 and all(1024 <= port < 65536 for port in ports)

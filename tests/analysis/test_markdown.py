@@ -1,0 +1,44 @@
+"""Markdown rendering of a comparison: tables, verdict, failures, config differences."""
+
+from zero_lab.analysis.markdown import dict_differences, markdown_table, render_report
+from zero_lab.analysis.metrics import build_comparison
+
+
+def summary(impl, status="ok", alloc=100.0, reduce_scatter="True", **extra):
+    return {"world_size": 2, "stage": 2, "impl": impl, "status": status, "steps": 2, "loss_last": 4.0,
+            "alloc_max_mb": alloc, "peak_alloc_max_mb": alloc, "reserved_max_mb": 800.0,
+            "peak_reserved_max_mb": 900.0, "step_ms": 10.0, "comm_mb": 6.0, "precision": "fp32",
+            "params": 1_000_000, "losses": {"1": 5.0, "2": 4.0},
+            "zero": {"impl": impl, "stage": 2.0, "reduce_scatter": reduce_scatter},
+            "config": {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}},
+            "env": {"torch": "2.13.0", "device": "cpu"}, **extra}
+
+
+def test_report_has_cell_table_verdict_estimates_config_differences_and_environment():
+    summaries = [summary("nano", alloc=110.0, reduce_scatter="False"), summary("official")]
+    comparison = build_comparison(summaries, ["nano", "official"])
+    text = render_report(comparison, summaries, "demo", plots=["demo-loss.png"])
+    assert text.startswith("# demo\n")
+    assert "**Verdict: PASS** - loss parity: yes (tolerance 0.0001)" in text
+    assert "## world size 2, stage 2: nano vs official" in text
+    assert "| alloc MB | 110.0 | 100.0 | +10.0 | +10.00 |" in text
+    assert "| loss parity |  |  | yes |  |" in text
+    # 1M fp32 parameters, stage 2, 2 ranks: 4 + 12/2 = 10 bytes per parameter
+    assert "| 2 | 2 | nano | 110.0 | 9.5 | 9.5 |" in text
+    assert "| [zero] reduce_scatter | False | True |" in text
+    assert "![demo-loss.png](demo-loss.png)" in text
+    assert "| torch | 2.13.0 |" in text
+
+
+def test_failed_run_shows_rank_exit_code_and_log_tail():
+    summaries = [summary("nano"), summary("official", status="failed", failed_rank=1, exit_code=1,
+                                           run_dir="runs/x", log_tail="Traceback\nRuntimeError: boom", steps=0)]
+    text = render_report(build_comparison(summaries, ["nano", "official"]), summaries, "t", plots=[])
+    assert "**Verdict: RUN FAILED**" in text
+    assert "rank 1, exit code 1, logs in `runs/x`" in text and "RuntimeError: boom" in text
+
+
+def test_table_and_differences_helpers():
+    assert markdown_table(["a", "b"], [["1", "2"]]) == "| a | b |\n|---|---|\n| 1 | 2 |"
+    assert dict_differences({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4}) == [
+        ("a.c", 2, 3), ("d", None, 4)]

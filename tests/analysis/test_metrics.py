@@ -1,0 +1,76 @@
+"""Run summaries, deltas and verdicts: the numbers `compare` reports and gates on."""
+
+import math
+
+import pytest
+
+from zero_lab.analysis.logparse import parse_text
+from zero_lab.analysis.metrics import build_comparison, cell_delta, max_step_loss_delta, summarize_run, verdict
+
+
+def summary(impl, stage=2, world_size=2, status="ok", losses=(5.0, 4.0), alloc=100.0, step_ms=10.0, **extra):
+    return {"world_size": world_size, "stage": stage, "impl": impl, "status": status, "steps": len(losses),
+            "loss_last": losses[-1] if losses else None, "alloc_max_mb": alloc, "peak_alloc_max_mb": alloc * 2,
+            "reserved_max_mb": 800.0, "peak_reserved_max_mb": 900.0, "step_ms": step_ms, "comm_mb": 6.0,
+            "precision": "fp32", "losses": {str(i + 1): loss for i, loss in enumerate(losses)}, **extra}
+
+
+def test_summarize_takes_memory_maxima_and_steady_step_time():
+    log = parse_text("\n".join([
+        "[opt_step 1] loss=5.0 step_ms=900.0 alloc_max_mb=10.0 peak_alloc_max_mb=50.0 comm_mb=1.0",
+        "[opt_step 2] loss=4.0 step_ms=100.0 alloc_max_mb=12.0 peak_alloc_max_mb=40.0 comm_mb=1.0",
+        "[opt_step 3] loss=3.0 step_ms=120.0 alloc_max_mb=11.0 peak_alloc_max_mb=45.0 comm_mb=1.0",
+    ]))
+    row = summarize_run(log)
+    assert row["steps"] == 3 and row["loss_last"] == 3.0
+    assert row["alloc_max_mb"] == 12.0 and row["peak_alloc_max_mb"] == 50.0
+    assert row["step_ms"] == 110.0, "step 1 (start-up) is left out of the median"
+    assert row["reserved_max_mb"] is None, "a field the log lacks stays None"
+
+
+def test_delta_is_candidate_minus_baseline_with_percent_of_baseline():
+    nano, official = summary("nano", alloc=110.0, step_ms=15.0), summary("official", alloc=100.0, step_ms=10.0)
+    delta = cell_delta(nano, official, {1: 5.0, 2: 4.00001}, {1: 5.0, 2: 4.0}, loss_tol=1e-4)
+    assert delta["impl"] == "nano" and delta["baseline"] == "official"
+    assert delta["alloc_max_mb_delta"] == pytest.approx(10.0)
+    assert delta["alloc_max_mb_delta_pct"] == pytest.approx(10.0)
+    assert delta["peak_alloc_max_mb_delta_pct"] == pytest.approx(10.0)
+    assert delta["reserved_max_mb_delta"] == 0.0
+    assert delta["max_step_loss_delta"] == pytest.approx(1e-5)
+    assert delta["step_time_ratio"] == pytest.approx(1.5)
+    assert delta["loss_parity"] is True
+
+
+def test_loss_parity_fails_beyond_tolerance_and_on_nan():
+    assert max_step_loss_delta({1: 1.0, 2: float("nan")}, {1: 1.0, 2: 1.0}) == math.inf
+    assert max_step_loss_delta({1: 1.0}, {2: 1.0}) is None, "no common step: no verdict on parity"
+    delta = cell_delta(summary("nano"), summary("official"), {1: 5.0, 2: 4.1}, {1: 5.0, 2: 4.0}, loss_tol=1e-4)
+    assert delta["loss_parity"] is False
+
+
+def test_verdict_exit_codes():
+    ok = summary("nano")
+    delta_ok = cell_delta(ok, summary("official"), {1: 1.0}, {1: 1.0}, 1e-4)
+    assert verdict([ok], [delta_ok], 1e-4, None)["exit_code"] == 0
+    regressed = cell_delta(summary("nano", alloc=120.0), summary("official"), {1: 1.0}, {1: 1.0}, 1e-4)
+    gate = verdict([ok], [regressed], 1e-4, fail_on_regression=5.0)
+    assert gate["exit_code"] == 1 and len(gate["memory_regressions"]) == 2  # alloc and peak alloc, +20%
+    assert verdict([ok], [regressed], 1e-4, fail_on_regression=25.0)["exit_code"] == 0
+    unequal = cell_delta(ok, summary("official"), {1: 1.0}, {1: 2.0}, 1e-4)
+    assert verdict([ok], [unequal], 1e-4, None)["exit_code"] == 1
+    failed = summary("official", status="failed")
+    assert verdict([ok, failed], [unequal], 1e-4, None)["exit_code"] == 3, "a failed run outranks a gate"
+
+
+def test_build_comparison_orders_rows_and_pairs_cells():
+    summaries = [summary("official", stage=2), summary("nano", stage=2), summary("official", stage=1),
+                 summary("nano", stage=1), summary("nano", stage=3, status="failed", losses=())]
+    comparison = build_comparison(summaries, ["nano", "official"])
+    assert [(r["stage"], r["impl"]) for r in comparison["rows"]] == [
+        (1, "nano"), (1, "official"), (2, "nano"), (2, "official"), (3, "nano")]
+    assert [(d["stage"], d["impl"], d["baseline"]) for d in comparison["deltas"]] == [
+        (1, "nano", "official"), (2, "nano", "official")]
+    assert "losses" not in comparison["rows"][0]
+    assert comparison["verdict"]["exit_code"] == 3 and comparison["verdict"]["loss_parity"] is True
+    assert comparison["verdict"]["loss_tol"] == 1e-4, "fp32 default tolerance"
+    assert build_comparison([summary("nano")], ["nano", "official"])["verdict"]["loss_parity"] is None

@@ -1,0 +1,118 @@
+"""CLI behaviour that needs no launch: bad input, parse, report, estimate, config official."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from zero_lab.analysis.rundir import write_json
+from zero_lab.cli.app import app
+
+runner = CliRunner()
+
+OUR_LOG = """\
+[default0]:[zero] impl=nano stage=2 world_size=2 reduce_scatter=True
+[default0]:[opt_step 1] loss=5.5 alloc_max_mb=20.0 peak_alloc_max_mb=30.0 step_ms=100.0
+[default0]:[opt_step 2] loss=5.4 alloc_max_mb=21.0 peak_alloc_max_mb=31.0 step_ms=90.0
+[default0]:[opt_step 3] loss=5.3 alloc_m
+"""
+SEED_LOG = "[opt_step 1] loss=2.3 cuda_alloc_max_mb=7340.5 cuda_peak_alloc_max_mb=10260.2\n"
+
+
+def one_line_error(result):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (["compare", "--stages", "1,x"], "--stages must be a comma-separated list"),
+    (["compare", "--stages", "7"], "--stages has 7"),
+    (["compare", "--impls", "nano,megatron"], "unknown impl 'megatron'"),
+    (["compare", "--format", "yaml"], "--format yaml"),
+    (["compare", "--device", "cpu", "--dtype", "float16"], "official DeepSpeed rejects fp16"),
+    (["compare", "--device", "cpu", "--model", "no-such-model"], "no-such-model"),
+    (["compare", "--device", "cpu", "--config", "missing.json"], "missing.json does not exist"),
+    (["run", "--device", "cpu", "--impl", "megatron"], "unknown impl"),
+    (["run", "--device", "cpu", "--steps", "0"], "--steps must be at least 1"),
+    (["parse", "missing.log"], "missing.log does not exist"),
+    (["report", "nowhere"], "nowhere does not exist"),
+    (["estimate", "--dtype", "int8"], "--dtype int8"),
+])
+def test_bad_input_is_one_line_and_exit_2(arguments, words):
+    assert words in one_line_error(runner.invoke(app, arguments))
+
+
+def test_malformed_config_is_one_line_and_exit_2(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"zero_optimization": {"stage": 2,}')
+    assert "is not valid JSON" in one_line_error(runner.invoke(app, ["compare", "--device", "cpu", "--config", str(broken)]))
+
+
+def test_config_nano_refuses_is_one_line_and_exit_2(tmp_path):
+    pytest.importorskip("zero_lab.nano.official_config")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "no_such_key": 1}}))
+    assert "no_such_key" in one_line_error(runner.invoke(app, ["compare", "--device", "cpu", "--config", str(bad)]))
+
+
+def test_parse_formats_map_seed_names_and_count_garbled_lines(tmp_path):
+    ours, seed = tmp_path / "ours.log", tmp_path / "seed.log"
+    ours.write_text(OUR_LOG)
+    seed.write_text(SEED_LOG)
+    result = runner.invoke(app, ["parse", str(ours), str(seed), "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    header, *rows = result.stdout.strip().splitlines()
+    assert header.startswith("log,step,loss,") and "alloc_max_mb" in header and "cuda_" not in header
+    assert len(rows) == 3 and ",7340.5," in rows[2]
+    assert "skipped 1 garbled line" in result.stderr
+    payload = json.loads(runner.invoke(app, ["parse", str(ours), "--format", "json"]).stdout)
+    assert payload["logs"][0]["skipped_lines"] == 1 and payload["logs"][0]["zero"]["impl"] == "nano"
+    table = runner.invoke(app, ["parse", str(seed)])
+    assert table.exit_code == 0 and "7340.5" in table.stdout
+
+
+def fake_run(directory, impl, alloc):
+    directory.mkdir(parents=True)
+    write_json(directory / "summary.json", {
+        "world_size": 2, "stage": 2, "impl": impl, "status": "ok", "steps": 2, "loss_last": 4.0,
+        "alloc_max_mb": alloc, "peak_alloc_max_mb": alloc, "reserved_max_mb": 800.0, "peak_reserved_max_mb": 900.0,
+        "step_ms": 10.0, "comm_mb": 6.0, "precision": "fp32", "params": 1000, "run_dir": str(directory),
+        "losses": {"1": 5.0, "2": 4.0}, "env": {"torch": "2.13.0"}, "config": {}, "zero": {}})
+
+
+def test_report_writes_markdown_plots_and_github_step_summary(tmp_path, monkeypatch):
+    fake_run(tmp_path / "compare" / "cells" / "w2-s2-nano", "nano", 110.0)
+    fake_run(tmp_path / "compare" / "cells" / "w2-s2-official", "official", 100.0)
+    fake_run(tmp_path / "compare" / "warmup" / "w2-s2-nano", "nano", 999.0)
+    step_summary = tmp_path / "step_summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    out = tmp_path / "reports" / "demo.md"
+    result = runner.invoke(app, ["report", str(tmp_path / "compare"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert "| alloc MB | 110.0 | 100.0 | +10.0 | +10.00 |" in text and "999" not in text, "warm-ups are left out"
+    assert (out.parent / "demo-loss.png").stat().st_size > 0 and (out.parent / "demo-memory.png").stat().st_size > 0
+    assert step_summary.read_text().startswith(text)
+
+
+def test_estimate_json_for_a_preset_counts_parameters():
+    result = runner.invoke(app, ["estimate", "--model", "tiny", "--gpus", "1,2", "--stages", "1,2", "--dtype", "float32",
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert 500_000 < payload["params"] < 2_000_000 and len(payload["rows"]) == 4
+    assert payload["rows"][1]["official_estimator_mb"] is not None and payload["rows"][0]["official_estimator_mb"] is None
+
+
+def test_config_official_prints_a_config_deepspeed_accepts(tmp_path):
+    pytest.importorskip("zero_lab.nano.official_config")
+    nano = tmp_path / "nano.json"
+    nano.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                                "zero_optimization": {"stage": 2}}))
+    result = runner.invoke(app, ["config", "official", str(nano), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    official = json.loads(result.stdout)
+    assert official["zero_optimization"]["stage"] == 2 and official["optimizer"]["params"]["torch_adam"] is True

@@ -1,0 +1,107 @@
+"""Model-state bytes per rank: the ZeRO paper's formulas, nano's formula, official DeepSpeed's code.
+
+Model states are parameters, gradients and optimizer states (activations and buffers excluded).
+With P parameters, N ranks and Adam (K bytes of optimizer state per parameter):
+
+| stage | ZeRO paper (mixed precision, K = 12)  | here for fp32 (K = 8: no master copy) |
+|-------|---------------------------------------|---------------------------------------|
+| 0     | 2P + 2P + 12P                         | 4P + 4P + 8P                          |
+| 1     | 2P + 2P + 12P/N                       | 4P + 4P + 8P/N                        |
+| 2     | 2P + (2 + 12)P/N                      | 4P + (4 + 8)P/N                       |
+| 3     | (2 + 2 + 12)P/N                       | (4 + 4 + 8)P/N                        |
+
+Official DeepSpeed's estimators assume 16-bit training and no offload here: stage 2 is
+`2P + 18P/N` in code (it counts 2-byte and 4-byte gradients in the 18, where its docs say 16),
+stage 3 is `4 * largest_layer + 18P/N`, and it has none for stages 0 and 1.
+"""
+
+from __future__ import annotations
+
+from zero_lab.nano.memory_formula import model_state_bytes
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DTYPE_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+MIB = 2**20
+
+
+def paper_bytes(stage: int, precision: str, numel: int, world_size: int) -> int:
+    """The ZeRO paper's model-state bytes per rank (fp32: no separate master copy)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    width = 4 if precision == "fp32" else 2
+    optimizer = 8 if precision == "fp32" else 12
+    parameters, gradients, states = width * numel, width * numel, optimizer * numel
+    shard = {0: (), 1: ("states",), 2: ("states", "gradients"), 3: ("states", "gradients", "parameters")}
+    if stage not in shard:
+        raise ValueError(f"the ZeRO paper defines stages 0 to 3, not {stage}")
+    sizes = {"parameters": parameters, "gradients": gradients, "states": states}
+    return int(sum(size / world_size if name in shard[stage] else size for name, size in sizes.items()))
+
+
+def official_bytes(stage: int, numel: int, world_size: int, largest_layer: int | None) -> int | None:
+    """Official DeepSpeed's own estimator (16-bit, no offload), or None where it has none.
+
+    Calls the functions in the installed package, so the figure is DeepSpeed's, not our copy.
+    """
+    if stage == 2:
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+        _, gpu_bytes = estimate_zero2_model_states_mem_needs(
+            numel, num_gpus_per_node=world_size, cpu_offload=False
+        )
+        return gpu_bytes
+    if stage == 3 and largest_layer is not None:
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+        _, gpu_bytes, _ = estimate_zero3_model_states_mem_needs(
+            numel, largest_layer, num_gpus_per_node=world_size, cpu_offload=False
+        )
+        return gpu_bytes
+    return None
+
+
+def nano_bytes(stage: int, precision: str, numel: int, world_size: int) -> int | None:
+    """nano's documented bytes per rank, or None for a stage nano does not implement."""
+    if stage not in (0, 1, 2):
+        return None
+    return sum(model_state_bytes(stage, precision, numel, world_size).values())
+
+
+def estimate_rows(
+    numel: int,
+    world_sizes: list[int],
+    stages: list[int],
+    precision: str,
+    largest_layer: int | None = None,
+    with_official: bool = True,
+) -> list[dict[str, object]]:
+    """One row per (world size, stage): the three estimates in MiB."""
+    rows = []
+    for world_size in world_sizes:
+        for stage in stages:
+            official = official_bytes(stage, numel, world_size, largest_layer) if with_official else None
+            nano = nano_bytes(stage, precision, numel, world_size)
+            rows.append(
+                {
+                    "world_size": world_size,
+                    "stage": stage,
+                    "precision": precision,
+                    "params": numel,
+                    "paper_mb": paper_bytes(stage, precision, numel, world_size) / MIB,
+                    "nano_mb": None if nano is None else nano / MIB,
+                    "official_estimator_mb": None if official is None else official / MIB,
+                }
+            )
+    return rows
+
+
+def parse_param_count(text: str) -> int | None:
+    """'600M', '1.5B', '7e9', '124000' -> a parameter count; None when it is not a count."""
+    suffixes = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+    scale = suffixes.get(text[-1:].upper(), 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        value = float(number) * scale
+    except ValueError:
+        return None
+    return int(value) if value >= 1 else None

@@ -1,0 +1,130 @@
+"""Build the torchrun command and environment for one run: pure functions, no process started.
+
+On CPU, `--gpus N` means N processes, each given `cores // N` threads; on CUDA it means N devices.
+Single-node runs get their own free port (static rendezvous on 127.0.0.1), so side-by-side runs on
+one host never collide; multi-node runs pass `--nnodes`, `--node-rank`, `--rdzv-*` to torchrun.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zero_lab
+
+TRAIN_SCRIPT = Path(zero_lab.__file__).resolve().parents[1] / "harness" / "train.py"
+CONFIG_DIR = TRAIN_SCRIPT.parent / "configs"
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class Workload:
+    """What the harness trains; the same for every impl of a comparison."""
+
+    model: str = "tiny"
+    steps: int = 10
+    batch_size: int | None = None
+    seq_len: int | None = None
+    dtype: str = "float32"
+    seed: int = 42
+    dataset_path: str | None = None
+
+
+@dataclass
+class MultiNode:
+    """torchrun's multi-node flags, passed through unchanged (None: single node)."""
+
+    nnodes: str | None = None
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.nnodes not in (None, "1") or self.rdzv_endpoint is not None
+
+
+@dataclass
+class LaunchSpec:
+    """One torchrun invocation: who trains what, where, and where its logs go."""
+
+    impl: str
+    stage: int
+    nproc: int
+    device: str
+    config_path: Path
+    workload: Workload
+    log_dir: Path
+    port: int = 29500
+    multi_node: MultiNode = field(default_factory=MultiNode)
+    extra_torchrun_args: list[str] = field(default_factory=list)
+    python: str = sys.executable
+
+
+def free_port() -> int:
+    """A port the OS says is free now; each launch asks again, so two launches never share one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def threads_per_process(cores: int, nproc: int) -> int:
+    return max(1, cores // nproc)
+
+
+def torchrun_command(spec: LaunchSpec) -> list[str]:
+    """The exact argv: `python -m torch.distributed.run <launcher flags> harness/train.py <flags>`."""
+    command = [spec.python, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.nproc)]
+    if spec.multi_node.enabled:
+        node = spec.multi_node
+        command += ["--nnodes", node.nnodes or "1", "--rdzv-backend", "c10d"]
+        command += [f"--{flag}={value}" for flag, value in (
+            ("node-rank", node.node_rank),
+            ("rdzv-endpoint", node.rdzv_endpoint),
+            ("rdzv-id", node.rdzv_id),
+        ) if value is not None]
+    else:
+        command += ["--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(spec.port)]
+    # Every rank's stdout and stderr go to files; rank 0's stdout is also shown (for progress).
+    command += ["--log-dir", str(spec.log_dir), "--redirects", "3", "--tee", "1"]
+    command += ["--local-ranks-filter", "0", *spec.extra_torchrun_args]
+    command += [str(TRAIN_SCRIPT), *train_arguments(spec)]
+    return command
+
+
+def train_arguments(spec: LaunchSpec) -> list[str]:
+    """harness/train.py's own flags (the seed's names)."""
+    work = spec.workload
+    arguments = [
+        "--impl", spec.impl,
+        "--deepspeed_config", str(spec.config_path),
+        "--zero-stage", str(spec.stage),
+        "--device", spec.device,
+        "--model-name", work.model,
+        "--model-dtype", work.dtype,
+        "--steps", str(work.steps),
+        "--seed", str(work.seed),
+    ]
+    optional = (("--batch-size", work.batch_size), ("--seq-len", work.seq_len), ("--dataset-path", work.dataset_path))
+    for flag, value in optional:
+        if value is not None:
+            arguments += [flag, str(value)]
+    return arguments
+
+
+def launch_environment(base: dict[str, str], device: str, nproc: int, cores: int) -> dict[str, str]:
+    """The child environment: thread count on CPU, and DeepSpeed told which accelerator it has."""
+    env = dict(base)
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = str(threads_per_process(cores, nproc))
+        env.setdefault("DS_ACCELERATOR", "cpu")
+        env.setdefault("LOCAL_SIZE", str(nproc))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def shell_quote(command: list[str]) -> str:
+    return " ".join(shlex.quote(part) for part in command)

@@ -1,0 +1,172 @@
+"""Render a comparison (rows, deltas, verdict) as text tables and a markdown report.
+
+`cell_table` and `estimate_table` return plain headers and string cells, so the CLI's Rich tables
+and the markdown report show the same numbers from one place.
+"""
+
+from __future__ import annotations
+
+import json
+
+from zero_lab.analysis.estimate import MIB, nano_bytes, paper_bytes
+from zero_lab.analysis.logparse import MEMORY_FIELDS
+
+METRIC_LABELS = {
+    "alloc_max_mb": "alloc MB",
+    "peak_alloc_max_mb": "peak alloc MB",
+    "reserved_max_mb": "reserved MB",
+    "peak_reserved_max_mb": "peak reserved MB",
+}
+
+
+def fmt(value: object, digits: int = 1, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    return str(value)
+
+
+def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]]]:
+    """One (world size, stage): a line per metric, candidate vs baseline, delta and delta %."""
+    candidate, baseline = delta["impl"], delta["baseline"]
+    by_impl = {
+        row["impl"]: row
+        for row in rows
+        if (row["world_size"], row["stage"]) == (delta["world_size"], delta["stage"])
+    }
+    headers = ["metric", candidate, baseline, "delta", "delta %"]
+    body = []
+    for name in MEMORY_FIELDS:
+        body.append([
+            METRIC_LABELS[name],
+            fmt(by_impl[candidate].get(name)),
+            fmt(by_impl[baseline].get(name)),
+            fmt(delta[f"{name}_delta"], signed=True),
+            fmt(delta[f"{name}_delta_pct"], 2, signed=True),
+        ])
+    body.append(["last loss", fmt(by_impl[candidate].get("loss_last"), 6), fmt(by_impl[baseline].get("loss_last"), 6),
+                 fmt(delta["loss_last_delta"], 6, signed=True), ""])
+    body.append(["max step loss delta", "", "", fmt(delta["max_step_loss_delta"], 8), ""])
+    body.append(["step ms", fmt(by_impl[candidate].get("step_ms")), fmt(by_impl[baseline].get("step_ms")),
+                 "", f"ratio {fmt(delta['step_time_ratio'], 3)}"])
+    body.append(["comm MB / step", fmt(by_impl[candidate].get("comm_mb"), 2), fmt(by_impl[baseline].get("comm_mb"), 2),
+                 fmt(delta["comm_mb_delta"], 2, signed=True), ""])
+    body.append(["loss parity", "", "", fmt(delta["loss_parity"]), ""])
+    return headers, body
+
+
+def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Measured live bytes beside the model-state formulas (activations make measured larger)."""
+    headers = ["world size", "stage", "impl", "measured alloc MB", "nano formula MB", "ZeRO paper MB"]
+    body = []
+    for row in rows:
+        params, precision = row.get("params"), row.get("precision")
+        nano = paper = None
+        if isinstance(params, int) and precision:
+            stage, world_size = row["stage"], row["world_size"]
+            nano_total = nano_bytes(stage, precision, params, world_size)
+            nano = None if nano_total is None else nano_total / MIB
+            paper = paper_bytes(stage, precision, params, world_size) / MIB
+        body.append([str(row["world_size"]), str(row["stage"]), row["impl"], fmt(row.get("alloc_max_mb")),
+                     fmt(nano), fmt(paper)])
+    return headers, body
+
+
+def markdown_table(headers: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def verdict_lines(verdict: dict) -> list[str]:
+    status = "PASS" if verdict["ok"] else ("RUN FAILED" if verdict["exit_code"] == 3 else "GATE FAILED")
+    parity = {True: "yes", False: "NO", None: "n/a (one impl)"}[verdict["loss_parity"]]
+    lines = [f"**Verdict: {status}** - loss parity: {parity} (tolerance {verdict['loss_tol']:g})"]
+    if verdict.get("fail_on_regression_pct") is not None:
+        lines[0] += f"; memory gate: +{verdict['fail_on_regression_pct']:g}%"
+    problems = verdict["failed_runs"] + verdict["loss_parity_failures"] + verdict["memory_regressions"]
+    return lines + [f"- {problem}" for problem in problems]
+
+
+def dict_differences(left: dict, right: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(dotted key, left value, right value) for every leaf that differs."""
+    differences = []
+    for key in sorted(set(left) | set(right), key=str):
+        a, b = left.get(key), right.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            differences += dict_differences(a, b, f"{name}.")
+        elif a != b:
+            differences.append((name, a, b))
+    return differences
+
+
+def config_section(summaries: list[dict], candidate: str, baseline: str) -> str:
+    """The `[zero]` headers and configs of the first cell with both impls, side by side."""
+    by_impl = {s["impl"]: s for s in summaries}
+    if candidate not in by_impl or baseline not in by_impl:
+        return ""
+    left, right = by_impl[candidate], by_impl[baseline]
+    body = [[f"[zero] {key}", fmt(a), fmt(b)] for key, a, b in dict_differences(left.get("zero", {}), right.get("zero", {}))
+            if key not in ("impl",)]
+    body += [[f"config {key}", json.dumps(a), json.dumps(b)]
+             for key, a, b in dict_differences(left.get("config", {}), right.get("config", {}))]
+    if not body:
+        return "No differences in the `[zero]` headers or configs.\n"
+    return markdown_table(["setting", candidate, baseline], body) + "\n"
+
+
+def environment_section(environment: dict) -> str:
+    body = [[key, fmt(value)] for key, value in environment.items()]
+    return markdown_table(["", ""], body) + "\n"
+
+
+def failure_section(rows: list[dict]) -> str:
+    parts = []
+    for row in rows:
+        if row["status"] == "ok":
+            continue
+        parts.append(
+            f"#### world size {row['world_size']}, stage {row['stage']}, {row['impl']}: {row['status']}\n\n"
+            f"rank {fmt(row.get('failed_rank'))}, exit code {fmt(row.get('exit_code'))}, "
+            f"logs in `{row.get('run_dir', '?')}`\n\n```\n{row.get('log_tail', '')}\n```\n"
+        )
+    return "\n".join(parts)
+
+
+def render_report(comparison: dict, summaries: list[dict], title: str, plots: list[str]) -> str:
+    """The whole markdown report; plot paths are relative to the report."""
+    rows, deltas = comparison["rows"], comparison["deltas"]
+    out = [f"# {title}", "", *verdict_lines(comparison["verdict"]), ""]
+    for delta in deltas:
+        out += [f"## world size {delta['world_size']}, stage {delta['stage']}: "
+                f"{delta['impl']} vs {delta['baseline']}", "", markdown_table(*cell_table(rows, delta)), ""]
+    out += ["## Runs", "", markdown_table(*run_table(rows)), ""]
+    out += ["## Measured memory against model-state estimates", "",
+            "Measured `alloc` includes activations and buffers; the formulas count model states only.", "",
+            markdown_table(*estimate_table(rows)), ""]
+    failures = failure_section(rows)
+    if failures:
+        out += ["## Failed runs", "", failures]
+    if deltas:
+        first = deltas[0]
+        cell = [s for s in summaries if (s["world_size"], s["stage"]) == (first["world_size"], first["stage"])]
+        out += [f"## Config differences ({first['impl']} vs {first['baseline']})", "",
+                config_section(cell, first["impl"], first["baseline"])]
+    out += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
+    environment = next((s["env"] for s in summaries if s.get("env")), None)
+    if environment:
+        out += ["## Environment", "", environment_section(environment)]
+    return "\n".join(out)
+
+
+def run_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    headers = ["world size", "stage", "impl", "status", "steps", "last loss", "alloc MB", "peak alloc MB",
+               "step ms", "comm MB / step"]
+    body = [[str(r["world_size"]), str(r["stage"]), r["impl"], r["status"], fmt(r.get("steps")),
+             fmt(r.get("loss_last"), 6), fmt(r.get("alloc_max_mb")), fmt(r.get("peak_alloc_max_mb")),
+             fmt(r.get("step_ms")), fmt(r.get("comm_mb"), 2)] for r in rows]
+    return headers, body

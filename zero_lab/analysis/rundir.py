@@ -1,0 +1,97 @@
+"""The layout of a run directory, and reading it back (for `report` and `compare`).
+
+    runs/<run-id>/
+        command.txt        the exact torchrun command, shell-quoted
+        config.json        the DeepSpeed config this impl was given (stage set for this run)
+        config.official.json  for --impl official: what official DeepSpeed received after conversion
+        console.log        torchrun's own output and rank 0's stdout, as it streamed
+        logs/rank<k>.stdout.log, logs/rank<k>.stderr.log   every local rank's full output
+        metrics.csv        one row per [opt_step]
+        summary.json       the row `compare` reports, plus headers, collectives and warnings
+        env.json           versions, device, CPU/GPU model
+
+    runs/<compare-id>/compare.json, and one run directory per cell under runs/<compare-id>/cells/.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+from zero_lab.analysis.logparse import STEP_FIELDS, ParsedLog
+
+SUMMARY = "summary.json"
+COMPARE = "compare.json"
+
+
+def timestamp(now: datetime | None = None) -> str:
+    return (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+
+
+def cell_name(impl: str, stage: int, world_size: int) -> str:
+    return f"w{world_size}-s{stage}-{impl}"
+
+
+def collect_rank_logs(torchrun_log_dir: Path, destination: Path) -> list[Path]:
+    """Move torchrun's `<job>/attempt_<a>/<rank>/std{out,err}.log` to `logs/rank<k>.<stream>.log`."""
+    destination.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for source in sorted(torchrun_log_dir.glob("*/attempt_*/*/std*.log")):
+        target = destination / f"rank{source.parent.name}.{source.stem}.log"
+        shutil.move(str(source), target)
+        moved.append(target)
+    shutil.rmtree(torchrun_log_dir, ignore_errors=True)
+    return moved
+
+
+def write_metrics_csv(path: Path, parsed: ParsedLog) -> None:
+    extra = sorted({key for row in parsed.steps for key in row} - {"step", *STEP_FIELDS})
+    columns = ["step", *STEP_FIELDS, *extra]
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(parsed.steps)
+
+
+def write_json(path: Path, payload: object) -> None:
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def failure_from_console(console_text: str) -> dict[str, int | None]:
+    """torchrun's root-cause block names the failing rank and its exit code."""
+    console_text = console_text[console_text.rfind("Root Cause"):]
+    rank = re.search(r"rank\s*:\s*(\d+)", console_text)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", console_text)
+    return {
+        "failed_rank": int(rank.group(1)) if rank else None,
+        "rank_exit_code": int(code.group(1)) if code else None,
+    }
+
+
+def log_tail(paths: list[Path], lines: int = 20) -> str:
+    """The last lines of the first stderr log that has any, else of the first log."""
+    candidates = sorted(paths, key=lambda p: (".stderr" not in p.name, p.name))
+    for path in candidates:
+        text = path.read_text(errors="replace").strip()
+        if text:
+            return "\n".join(text.splitlines()[-lines:])
+    return ""
+
+
+def find_summaries(paths: list[Path]) -> list[Path]:
+    """Every summary.json in or below the given run/compare directories, in a stable order."""
+    found = []
+    for path in paths:
+        if (path / SUMMARY).is_file():
+            found.append(path / SUMMARY)
+        else:
+            found.extend(sorted(path.rglob(SUMMARY)))
+    return found

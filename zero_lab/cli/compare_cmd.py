@@ -1,0 +1,119 @@
+"""`zero-lab compare`: every (world size, stage, impl) cell, side by side, with a verdict.
+
+    zero-lab compare --gpus 2 --device cpu --stages 1,2 --report reports/cpu-demo.md
+    zero-lab compare --gpus 2,8 --stages 2 --dtype bfloat16 --warmup-steps 2 --fail-on-regression 5
+
+Phase 1: check every input and prepare every run before the first launch.
+Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed one not stopping
+         the others.
+Phase 3: rows, deltas and verdict (analysis.metrics), printed as tables, JSON or markdown, saved
+         as compare.json, and rendered as a report when asked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from zero_lab.analysis import rundir
+from zero_lab.analysis.markdown import cell_table, render_report, run_table, verdict_lines
+from zero_lab.analysis.metrics import build_comparison
+from zero_lab.cli import jobs, options, output, plan
+from zero_lab.cli.environment import environment, resolve_device
+from zero_lab.cli.errors import BadInput, one_line_errors, parse_int_list
+from zero_lab.cli.reporting import write_report
+from zero_lab.cli.run_cmd import exit_code_of, report_problems
+
+FORMATS = ("table", "json", "markdown")
+
+
+@one_line_errors
+def compare(
+    context: typer.Context,
+    gpus: Annotated[str, typer.Option(help="World sizes, e.g. 2,8: GPUs per node on CUDA, processes on CPU.")] = "2",
+    impls: Annotated[str, typer.Option(help="Impls; the first is compared against the second.")] = "nano,official",
+    stages: Annotated[str, typer.Option(help="ZeRO stages, e.g. 1,2.")] = "1,2",
+    device: options.Device = "auto",
+    config: options.Config = None,
+    model: options.Model = options.DEFAULT_MODEL,
+    steps: options.Steps = options.DEFAULT_STEPS,
+    batch_size: options.BatchSize = None,
+    seq_len: options.SeqLen = None,
+    dtype: options.Dtype = "float32",
+    seed: options.Seed = 42,
+    dataset_path: options.DatasetPath = None,
+    warmup_steps: Annotated[int, typer.Option(help="Unrecorded warm-up run per impl first (0: none).")] = 0,
+    report: Annotated[Optional[Path], typer.Option(help="Also write a markdown report (and PNG plots) here.")] = None,
+    loss_tol: Annotated[Optional[float], typer.Option(help="Max per-step loss difference for parity (default 1e-4 fp32, 5e-2 bf16/fp16).")] = None,
+    fail_on_regression: Annotated[Optional[float], typer.Option(help="Exit 1 when a memory figure of the first impl exceeds the second's by more than PCT %.", metavar="PCT")] = None,
+    format: Annotated[str, typer.Option(help="table, json (one object; docs/compare-json.md) or markdown.")] = "table",
+    out: options.Out = Path("runs"),
+    name: options.Name = None,
+    nnodes: options.Nnodes = None,
+    node_rank: options.NodeRank = None,
+    rdzv_endpoint: options.RdzvEndpoint = None,
+    rdzv_id: options.RdzvId = None,
+) -> None:
+    """Run nano and official DeepSpeed on the same workload and compare memory, loss and speed.
+
+    Exit codes: 0 fine, 1 a gate failed (loss parity, --fail-on-regression), 2 bad input, 3 a run
+    failed, 130 interrupted. Arguments after `--` go to torchrun.
+    """
+    # Phase 1
+    if format not in FORMATS:
+        raise BadInput(f"--format {format} is not one of {', '.join(FORMATS)}", "pick one")
+    if warmup_steps < 0:
+        raise BadInput("--warmup-steps is negative", "use 0 for no warm-up")
+    world_sizes = parse_int_list(gpus, "--gpus")
+    stage_list = parse_int_list(stages, "--stages", range(0, 4))
+    impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
+    plan.check_impls(impl_list)
+    device = resolve_device(device)
+    multi = options.multi_node(nnodes, node_rank, rdzv_endpoint, rdzv_id)
+    for world_size in world_sizes:
+        plan.check_processes(world_size, device, multi)
+    work = options.workload(model, steps, batch_size, seq_len, dtype, seed, dataset_path)
+    plan.check_workload(work, device, impl_list)
+    compare_dir = out / (name or f"compare-{rundir.timestamp()}")
+    if (compare_dir / rundir.COMPARE).exists():
+        raise BadInput(f"{compare_dir} already holds a comparison", "pick another --name or --out")
+    shared = jobs.Launch(plan.load_config_file(config), device, work, multi, list(context.args))
+    warmups = [
+        jobs.prepare(shared, impl, stage_list[0], world_sizes[0],
+                     compare_dir / "warmup" / rundir.cell_name(impl, stage_list[0], world_sizes[0]), steps=warmup_steps)
+        for impl in impl_list if warmup_steps
+    ]
+    cells = [
+        jobs.prepare(shared, impl, stage, world_size, compare_dir / "cells" / rundir.cell_name(impl, stage, world_size))
+        for world_size in world_sizes for stage in stage_list for impl in impl_list
+    ]
+    # Phase 2
+    env = environment(device)
+    _, interrupted = jobs.run_jobs(warmups, env) if warmups else ([], False)
+    summaries, cut_short = ([], interrupted) if interrupted else jobs.run_jobs(cells, env)
+    # Phase 3
+    comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression)
+    comparison.update(interrupted=cut_short, compare_dir=str(compare_dir), environment=env)
+    rundir.write_json(compare_dir / rundir.COMPARE, output.json_safe(comparison))
+    if report is not None:
+        write_report(comparison, summaries, report)
+    show(comparison, summaries, format)
+    report_problems(summaries)
+    raise typer.Exit(exit_code_of(summaries, cut_short) or comparison["verdict"]["exit_code"])
+
+
+def show(comparison: dict, summaries: list[dict], format: str) -> None:
+    if format == "json":
+        output.print_json(comparison)
+        return
+    if format == "markdown":
+        print(render_report(comparison, summaries, "zero-lab compare", plots=[]))
+        return
+    for delta in comparison["deltas"]:
+        title = f"world size {delta['world_size']}, stage {delta['stage']}: {delta['impl']} vs {delta['baseline']}"
+        output.print_table(*cell_table(comparison["rows"], delta), title=title)
+    output.print_table(*run_table(comparison["rows"]), title="runs")
+    for line in verdict_lines(comparison["verdict"]):
+        output.stdout.print(line.replace("**", ""), markup=False, highlight=False)

@@ -1,0 +1,63 @@
+"""What a run ran on: versions, device, CPU and GPU model (saved as env.json, shown by doctor)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_cores() -> int:
+    """Cores this process may use (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def cuda_devices() -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    return "cuda" if cuda_devices() else "cpu"
+
+
+def environment(device: str) -> dict[str, object]:
+    gpus = cuda_devices()
+    return {
+        "python": platform.python_version(),
+        "torch": package_version("torch"),
+        "deepspeed": package_version("deepspeed"),
+        "transformers": package_version("transformers"),
+        "zero-lab": package_version("zero-lab"),
+        "platform": platform.platform(),
+        "device": device,
+        "cpu": cpu_model(),
+        "cpu_cores": cpu_cores(),
+        "gpus": ", ".join(gpus) if gpus else "none",
+    }

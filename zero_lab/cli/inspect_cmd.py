@@ -1,0 +1,74 @@
+"""`zero-lab parse` (logs to one table) and `zero-lab report` (run directories to markdown).
+
+    zero-lab parse runs/*/logs/rank0.stdout.log log/nano-node2.log --format csv
+    zero-lab report runs/compare-20260101-120000 --out reports/cpu-demo.md
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List
+
+import pandas
+import typer
+
+from zero_lab.analysis import rundir
+from zero_lab.analysis.logparse import STEP_FIELDS, parse_file
+from zero_lab.analysis.metrics import build_comparison
+from zero_lab.cli import output
+from zero_lab.cli.errors import BadInput, one_line_errors
+from zero_lab.cli.reporting import write_report
+
+PARSE_FORMATS = ("table", "csv", "json")
+
+
+def existing(paths: list[Path], what: str) -> list[Path]:
+    for path in paths:
+        if not path.exists():
+            raise BadInput(f"{what} {path} does not exist", "check the path")
+    return paths
+
+
+@one_line_errors
+def parse(
+    logs: Annotated[List[Path], typer.Argument(help="Rank-0 logs: zero-lab's or the seed's.")],
+    format: Annotated[str, typer.Option(help="table, csv or json.")] = "table",
+) -> None:
+    """Parse training logs into one row per optimizer step (garbled lines are skipped and counted)."""
+    if format not in PARSE_FORMATS:
+        raise BadInput(f"--format {format} is not one of {', '.join(PARSE_FORMATS)}", "pick one")
+    parsed = {str(path): parse_file(path) for path in existing(logs, "log")}
+    if format == "json":
+        output.print_json({"logs": [{"path": path, "zero": log.zero, "model": log.model, "steps": log.steps,
+                                     "comm": log.comm, "warnings": log.warnings, "skipped_lines": log.skipped_lines}
+                                    for path, log in parsed.items()]})
+        return
+    frame = pandas.DataFrame([{"log": path, **row} for path, log in parsed.items() for row in log.steps])
+    known = ["log", "step", *STEP_FIELDS]
+    frame = frame.reindex(columns=[*known, *sorted(set(frame.columns) - set(known))]) if len(frame) else frame
+    if format == "csv":
+        print(frame.to_csv(index=False), end="")
+    else:
+        shown = [column for column in known if column in frame.columns and frame[column].notna().any()]
+        body = [[str(value) for value in values] for values in frame[shown].itertuples(index=False)]
+        output.print_table(shown, body)
+    for path, log in parsed.items():
+        if log.skipped_lines:
+            output.stderr.print(f"{path}: skipped {log.skipped_lines} garbled line(s)", markup=False)
+
+
+@one_line_errors
+def report(
+    directories: Annotated[List[Path], typer.Argument(help="Run or compare directories (searched for summary.json).")],
+    out: Annotated[Path, typer.Option(help="Markdown file to write; PNG plots go beside it.")] = Path("reports/report.md"),
+    impls: Annotated[str, typer.Option(help="Impl order: the first is compared against the second.")] = "nano,official",
+    loss_tol: Annotated[float | None, typer.Option(help="Max per-step loss difference for parity.")] = None,
+) -> None:
+    """Write a markdown report (tables, environment, config differences, plots) from saved runs."""
+    summaries = [rundir.read_json(path) for path in rundir.find_summaries(existing(directories, "directory"))]
+    summaries = [summary for summary in summaries if "warmup" not in Path(summary.get("run_dir", "")).parts]
+    if not summaries:
+        raise BadInput("no summary.json under the given directories", "pass directories written by run or compare")
+    comparison = build_comparison(summaries, impls.split(","), loss_tol)
+    write_report(comparison, summaries, out)
+    output.stderr.print(f"wrote {out}", markup=False)

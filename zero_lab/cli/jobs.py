@@ -1,0 +1,58 @@
+"""Prepare every run of a command up front (so bad input stops all before any launch), then run them.
+
+Phase 1: `prepare` gives each (impl, stage, world size) its config, the official conversion (which
+         validates the config as nano does) and a launch spec with its own port.
+Phase 2: `run_jobs` runs them one after another under one progress display; a failed run does
+         not stop the others; Ctrl-C stops the current one and skips the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from zero_lab.analysis import launch, rundir
+from zero_lab.cli import output, plan
+from zero_lab.cli.launcher import execute
+
+
+@dataclass
+class Job:
+    spec: launch.LaunchSpec
+    run_dir: Path
+    config: dict
+    official_config: dict | None
+
+
+@dataclass
+class Launch:
+    """What every job of one command shares."""
+
+    base_config: dict
+    device: str
+    workload: launch.Workload
+    multi_node: launch.MultiNode
+    extra_torchrun_args: list[str]
+
+
+def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None) -> Job:
+    """Phase 1 for one run."""
+    config = plan.config_for_stage(shared.base_config, stage)
+    official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu")
+    spec = plan.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
+                          shared.extra_torchrun_args, steps=steps)
+    return Job(spec, run_dir, config, official if impl == "official" else None)
+
+
+def run_jobs(jobs: list[Job], environment: dict, show_progress: bool = True) -> tuple[list[dict], bool]:
+    """Phase 2: (summaries of the runs that started, whether Ctrl-C cut the sequence short)."""
+    summaries = []
+    with output.progress_bar() as progress:
+        for job in jobs:
+            try:
+                summaries.append(execute(job.spec, job.run_dir, job.config, job.official_config, environment,
+                                         progress if show_progress else None))
+            except KeyboardInterrupt:
+                summaries.append(rundir.read_json(job.run_dir / rundir.SUMMARY))
+                return summaries, True
+    return summaries, False

@@ -1,0 +1,153 @@
+"""Run one torchrun job into a run directory, with live progress and a clean Ctrl-C.
+
+Phase 1: write what the run is given (command, configs, environment) before it starts.
+Phase 2: start torchrun in its own session and stream rank 0's output: to console.log, and each
+         `[opt_step k]` line to the progress bar with its loss.
+Phase 3: on Ctrl-C, stop torchrun's process group and every worker's (torchrun starts each worker
+         in a session of its own), SIGTERM then SIGKILL, within seconds.
+Phase 4: gather every rank's log, parse rank 0's, and write metrics.csv and summary.json - also
+         for a failed or interrupted run, so its partial results stay.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+from rich.progress import Progress
+
+from zero_lab.analysis import launch, rundir
+from zero_lab.analysis.estimate import DTYPE_PRECISION
+from zero_lab.analysis.logparse import TAG_PATTERN, parse_file, parse_pairs
+from zero_lab.analysis.metrics import summarize_run
+
+STOP_GRACE_S = 5.0
+
+
+def stop_process_tree(process: subprocess.Popen) -> None:
+    """SIGTERM the process groups of torchrun and all its descendants, then SIGKILL what is left."""
+    try:
+        members = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    groups = set()
+    for member in members:
+        try:
+            groups.add(os.getpgid(member.pid))
+        except ProcessLookupError:
+            pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for group in groups:
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                pass
+        _, alive = psutil.wait_procs(members, timeout=STOP_GRACE_S)
+        if not alive:
+            break
+    process.wait()
+
+
+def stream(process: subprocess.Popen, console_log: Path, progress: Progress | None, task) -> None:
+    with open(console_log, "w") as sink:
+        for line in process.stdout:
+            sink.write(line)
+            match = TAG_PATTERN.search(line)
+            if progress is not None and match and match.group(2):
+                loss = parse_pairs(match.group(3)).get("loss")
+                loss_text = f"{loss:.4f}" if isinstance(loss, float) else "?"
+                progress.update(task, completed=int(match.group(2)), loss=loss_text)
+    process.wait()
+
+
+def bad_input_message(rank_logs: list[Path], rank_exit_code: int | None) -> str | None:
+    """The harness's own one-line `error: ...` when it refused its input (exit code 2)."""
+    if rank_exit_code != 2:
+        return None
+    for path in sorted(rank_logs):
+        if path.name.endswith(".stderr.log"):
+            lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+            errors = [line for line in lines if line.startswith("error:")]
+            if errors:
+                return errors[-1].removeprefix("error:").strip()
+    return None
+
+
+def execute(
+    spec: launch.LaunchSpec,
+    run_dir: Path,
+    config: dict,
+    official_config: dict | None,
+    environment: dict,
+    progress: Progress | None = None,
+) -> dict:
+    """Run spec to completion (or interruption) and return its summary; KeyboardInterrupt re-raised."""
+    # Phase 1
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.write_json(spec.config_path, config)
+    if official_config is not None:
+        rundir.write_json(run_dir / "config.official.json", official_config)
+    command = launch.torchrun_command(spec)
+    (run_dir / "command.txt").write_text(launch.shell_quote(command) + "\n")
+    rundir.write_json(run_dir / "env.json", environment)
+    child_env = launch.launch_environment(dict(os.environ), spec.device, spec.nproc, environment["cpu_cores"])
+    label = f"{spec.impl} w{spec.nproc} s{spec.stage}"
+    task = progress.add_task(label, total=spec.workload.steps, loss="-") if progress else None
+    # Phase 2
+    started = time.monotonic()
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        start_new_session=True, env=child_env,
+    )
+    interrupted = False
+    try:
+        stream(process, run_dir / "console.log", progress, task)
+    except KeyboardInterrupt:
+        # Phase 3
+        interrupted = True
+        stop_process_tree(process)
+    # Phase 4
+    summary = summarize(spec, run_dir, process.returncode, interrupted, time.monotonic() - started)
+    summary.update(config=config, env=environment, command=launch.shell_quote(command))
+    rundir.write_json(run_dir / rundir.SUMMARY, summary)
+    if interrupted:
+        raise KeyboardInterrupt
+    return summary
+
+
+def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupted: bool, duration_s: float) -> dict:
+    rank_logs = rundir.collect_rank_logs(spec.log_dir, run_dir / "logs")
+    rank0 = run_dir / "logs" / "rank0.stdout.log"
+    parsed = parse_file(rank0 if rank0.is_file() else run_dir / "console.log")
+    rundir.write_metrics_csv(run_dir / "metrics.csv", parsed)
+    failure = rundir.failure_from_console((run_dir / "console.log").read_text(errors="replace"))
+    status = "interrupted" if interrupted else ("ok" if exit_code == 0 else "failed")
+    bad_input = None if status == "ok" else bad_input_message(rank_logs, failure["rank_exit_code"])
+    if bad_input:
+        status = "bad_input"
+    params = parsed.model.get("params")
+    return {
+        "world_size": int(parsed.zero.get("world_size") or spec.nproc),
+        "stage": spec.stage,
+        "impl": spec.impl,
+        "status": status,
+        **summarize_run(parsed),
+        "exit_code": exit_code,
+        **(failure if status != "ok" else {"failed_rank": None, "rank_exit_code": None}),
+        "error": bad_input,
+        "log_tail": "" if status == "ok" else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
+        "params": int(params) if isinstance(params, float) else None,
+        "precision": DTYPE_PRECISION.get(spec.workload.dtype, spec.workload.dtype),
+        "duration_s": round(duration_s, 1),
+        "run_dir": str(run_dir),
+        "skipped_lines": parsed.skipped_lines,
+        "warnings": parsed.warnings,
+        "zero": parsed.zero,
+        "model": parsed.model,
+        "comm": parsed.comm,
+        "losses": {str(step): loss for step, loss in parsed.losses().items()},
+    }

@@ -1,0 +1,45 @@
+"""Printing: Rich tables and progress on stderr-safe consoles, and strict JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+stdout = Console(soft_wrap=True)
+stderr = Console(stderr=True, soft_wrap=True)
+
+
+def progress_bar() -> Progress:
+    """Optimizer steps per run with the live loss; on stderr so stdout stays machine-readable."""
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=stderr,
+    )
+
+
+def print_table(headers: list[str], body: list[list[str]], title: str | None = None) -> None:
+    table = Table(title=title, title_justify="left")
+    for index, header in enumerate(headers):
+        table.add_column(header, justify="left" if index == 0 else "right")
+    for cells in body:
+        table.add_row(*cells)
+    stdout.print(table)
+
+
+def json_safe(value: object) -> object:
+    """Non-finite floats become null: strict JSON has no NaN or Infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def print_json(payload: object) -> None:
+    print(json.dumps(json_safe(payload), indent=2, allow_nan=False, default=str))

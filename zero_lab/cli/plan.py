@@ -1,0 +1,133 @@
+"""Check a run's inputs before anything launches, and turn them into launch specs.
+
+Everything here fails with BadInput (exit 2): a missing or malformed config, a config nano or
+official DeepSpeed would refuse, an unknown model, fp16 for official DeepSpeed on CPU, more
+processes than CUDA devices (the seed's `invalid device ordinal`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from zero_lab.analysis import launch
+from zero_lab.cli.environment import cpu_cores, cuda_devices
+from zero_lab.cli.errors import BadInput
+
+IMPLS = ("nano", "official")
+DEFAULT_CONFIG_NAMES = ("zero2_fp32.json", "ds_config_zero2.json", "zero2.json")
+
+
+def default_config_path() -> Path:
+    """The harness's stage-2 fp32 config (the stage is set per run anyway)."""
+    for name in DEFAULT_CONFIG_NAMES:
+        if (launch.CONFIG_DIR / name).is_file():
+            return launch.CONFIG_DIR / name
+    found = sorted(launch.CONFIG_DIR.glob("*.json"))
+    if not found:
+        raise BadInput(f"no default config in {launch.CONFIG_DIR}", "pass --config PATH")
+    return found[0]
+
+
+def load_config_file(path: Path | None) -> dict:
+    path = path or default_config_path()
+    if not path.is_file():
+        raise BadInput(f"config {path} does not exist", "pass an existing DeepSpeed JSON file to --config")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise BadInput(f"config {path} is not valid JSON ({error.msg} at line {error.lineno})", "fix the file")
+    if not isinstance(config, dict):
+        raise BadInput(f"config {path} is not a JSON object", "give a DeepSpeed config object")
+    return config
+
+
+def config_for_stage(base: dict, stage: int) -> dict:
+    """The base config with zero_optimization.stage set: --stage/--stages decide, not the file."""
+    config = copy.deepcopy(base)
+    config.setdefault("zero_optimization", {})["stage"] = stage
+    return config
+
+
+def official_config(config: dict, device: str) -> dict | None:
+    """Validate as nano does and convert for official DeepSpeed (None while the engine lacks it)."""
+    try:
+        from zero_lab.nano.official_config import to_official_config
+    except ImportError:
+        return None
+    return to_official_config(config, device=device)
+
+
+def check_model(model: str) -> None:
+    try:
+        from zero_lab.workload.models import check_model_name
+    except ImportError:
+        return
+    check_model_name(model)
+
+
+def check_impls(impls: list[str]) -> None:
+    for impl in impls:
+        if impl not in IMPLS:
+            raise BadInput(f"unknown impl {impl!r}", f"choose from {', '.join(IMPLS)}")
+
+
+def check_workload(workload: launch.Workload, device: str, impls: list[str]) -> None:
+    if workload.dtype not in launch.MODEL_DTYPES:
+        raise BadInput(f"--dtype {workload.dtype} is not one of {', '.join(launch.MODEL_DTYPES)}", "pick one of them")
+    if workload.dtype == "float16" and device == "cpu" and "official" in impls:
+        raise BadInput("official DeepSpeed rejects fp16 on this CPU (Type fp16 is not supported on your device)",
+                       "use --dtype bfloat16 or float32 on CPU")
+    if workload.steps < 1:
+        raise BadInput("--steps must be at least 1", "pass a positive number of optimizer steps")
+    if workload.dataset_path is not None and not Path(workload.dataset_path).exists():
+        raise BadInput(f"--dataset-path {workload.dataset_path} does not exist", "give a JSON or JSONL file")
+    check_model(workload.model)
+
+
+def check_processes(nproc: int, device: str, multi_node: launch.MultiNode) -> None:
+    """On CUDA refuse more processes than devices; on CPU warn beyond the core count."""
+    if nproc < 1:
+        raise BadInput(f"--gpus {nproc} is not a process count", "use 1 or more")
+    if device == "cuda":
+        visible = len(cuda_devices())
+        if visible == 0:
+            raise BadInput("--device cuda but no CUDA device is visible", "use --device cpu or check CUDA_VISIBLE_DEVICES")
+        if nproc > visible:
+            raise BadInput(f"--gpus {nproc} asks for {nproc} processes per node but {visible} CUDA devices are visible",
+                           "lower --gpus or set CUDA_VISIBLE_DEVICES (otherwise: invalid device ordinal)")
+    elif nproc > cpu_cores():
+        print(f"warning: --gpus {nproc} starts {nproc} processes on {cpu_cores()} CPU cores; they will share cores "
+              "and step times will not mean much", file=sys.stderr)
+
+
+def make_spec(
+    impl: str,
+    stage: int,
+    nproc: int,
+    device: str,
+    run_dir: Path,
+    workload: launch.Workload,
+    multi_node: launch.MultiNode,
+    extra_torchrun_args: list[str],
+    steps: int | None = None,
+) -> launch.LaunchSpec:
+    """One launch with its own free port; steps overrides the workload's (for warm-ups)."""
+    if steps is not None:
+        workload = dataclasses.replace(workload, steps=steps)
+    return launch.LaunchSpec(
+        impl=impl,
+        stage=stage,
+        nproc=nproc,
+        device=device,
+        config_path=run_dir / "config.json",
+        workload=workload,
+        log_dir=run_dir / "torchrun-logs",
+        port=launch.free_port(),
+        multi_node=multi_node,
+        extra_torchrun_args=extra_torchrun_args,
+    )
+

@@ -1,0 +1,22 @@
+"""Write a markdown report with its plots, and publish it to the GitHub Actions job summary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from zero_lab.analysis.markdown import render_report
+from zero_lab.analysis.plots import write_plots
+
+
+def write_report(comparison: dict, summaries: list[dict], path: Path, title: str = "zero-lab: nano vs official DeepSpeed") -> str:
+    """The report at path, PNGs beside it; appended to $GITHUB_STEP_SUMMARY when that is set."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(summaries, comparison["rows"], path)
+    text = render_report(comparison, summaries, title, plots)
+    path.write_text(text)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a") as handle:
+            handle.write(text + "\n")
+    return text

@@ -1,0 +1,103 @@
+"""`zero-lab run`: one training run of one impl, saved as a run directory.
+
+    zero-lab run --impl nano --gpus 2 --device cpu --model tiny --steps 10
+    zero-lab run --impl official --gpus 8 --stage 2 --dtype bfloat16 -- --max-restarts 0
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from zero_lab.analysis import rundir
+from zero_lab.analysis.markdown import run_table
+from zero_lab.cli import jobs, options, output, plan
+from zero_lab.cli.environment import environment, resolve_device
+from zero_lab.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, BadInput, one_line_errors
+
+EXTRA_ARGS = {"allow_extra_args": True}
+
+
+def stage_of(config: dict) -> int:
+    return int(config.get("zero_optimization", {}).get("stage", 0))
+
+
+def exit_code_of(summaries: list[dict], interrupted: bool) -> int | None:
+    """Exit code decided by the runs alone (None: they all finished; the caller's gates decide)."""
+    if interrupted:
+        return EXIT_INTERRUPTED
+    statuses = {summary["status"] for summary in summaries}
+    if "bad_input" in statuses:
+        return EXIT_BAD_INPUT
+    if statuses - {"ok"}:
+        return EXIT_RUN_FAILED
+    return None
+
+
+def report_problems(summaries: list[dict]) -> None:
+    """One line per run that did not finish, on stderr: the harness's error or the log tail."""
+    for summary in summaries:
+        where = f"world_size={summary['world_size']} stage={summary['stage']} impl={summary['impl']}"
+        if summary["status"] == "bad_input":
+            output.stderr.print(f"error: {summary['error']}", markup=False, highlight=False)
+        elif summary["status"] != "ok":
+            output.stderr.print(
+                f"{where}: {summary['status']} (rank {summary.get('failed_rank')}, exit code "
+                f"{summary.get('rank_exit_code') or summary.get('exit_code')}); logs in {summary['run_dir']}",
+                markup=False, highlight=False)
+            if summary.get("log_tail"):
+                output.stderr.print(summary["log_tail"], markup=False, highlight=False)
+
+
+@one_line_errors
+def run(
+    context: typer.Context,
+    impl: Annotated[str, typer.Option(help="nano or official.")] = "nano",
+    gpus: Annotated[int, typer.Option(help="Processes per node: GPUs on CUDA, processes on CPU.")] = 1,
+    device: options.Device = "auto",
+    stage: Annotated[int | None, typer.Option(help="ZeRO stage; overrides the config's.")] = None,
+    config: options.Config = None,
+    model: options.Model = options.DEFAULT_MODEL,
+    steps: options.Steps = options.DEFAULT_STEPS,
+    batch_size: options.BatchSize = None,
+    seq_len: options.SeqLen = None,
+    dtype: options.Dtype = "float32",
+    seed: options.Seed = 42,
+    dataset_path: options.DatasetPath = None,
+    out: options.Out = Path("runs"),
+    name: options.Name = None,
+    format: Annotated[str, typer.Option(help="table or json.")] = "table",
+    nnodes: options.Nnodes = None,
+    node_rank: options.NodeRank = None,
+    rdzv_endpoint: options.RdzvEndpoint = None,
+    rdzv_id: options.RdzvId = None,
+) -> None:
+    """Train one impl under torchrun and save runs/<run-id>/ (logs, metrics.csv, summary.json).
+
+    Arguments after `--` go to torchrun.
+    """
+    if format not in ("table", "json"):
+        raise BadInput(f"--format {format} is not table or json", "pick one")
+    device = resolve_device(device)
+    plan.check_impls([impl])
+    multi = options.multi_node(nnodes, node_rank, rdzv_endpoint, rdzv_id)
+    plan.check_processes(gpus, device, multi)
+    base = plan.load_config_file(config)
+    stage = stage_of(base) if stage is None else stage
+    work = options.workload(model, steps, batch_size, seq_len, dtype, seed, dataset_path)
+    plan.check_workload(work, device, [impl])
+    run_dir = out / (name or f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}")
+    if (run_dir / rundir.SUMMARY).exists():
+        raise BadInput(f"{run_dir} already holds a run", "pick another --name or --out")
+    shared = jobs.Launch(base, device, work, multi, list(context.args))
+    job = jobs.prepare(shared, impl, stage, gpus, run_dir)
+    summaries, interrupted = jobs.run_jobs([job], environment(device))
+    summary = summaries[0]
+    if format == "json":
+        output.print_json({key: value for key, value in summary.items() if key != "losses"})
+    else:
+        output.print_table(*run_table(summaries), title=f"{run_dir}")
+    report_problems(summaries)
+    raise typer.Exit(exit_code_of(summaries, interrupted) or 0)

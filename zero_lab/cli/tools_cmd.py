@@ -1,0 +1,154 @@
+"""`zero-lab estimate`, `zero-lab doctor` and `zero-lab config official`.
+
+    zero-lab estimate --model qwen3-0.6b --gpus 1,2,8 --stages 0,1,2,3 --dtype bfloat16
+    zero-lab doctor
+    zero-lab config official harness/configs/zero2_fp32.json --device cpu
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from zero_lab.analysis import launch
+from zero_lab.analysis.estimate import DTYPE_PRECISION, estimate_rows, parse_param_count
+from zero_lab.analysis.markdown import fmt
+from zero_lab.cli import output, plan
+from zero_lab.cli.environment import cpu_cores, cuda_devices, environment
+from zero_lab.cli.errors import BadInput, one_line_errors, parse_int_list
+
+config_app = typer.Typer(help="DeepSpeed config tools.", no_args_is_help=True)
+
+
+def count_parameters(model: str) -> tuple[int, int]:
+    """(parameters, largest layer's own parameters) of a preset or local HF model, built on meta."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from zero_lab.workload.models import _SHARED, PRESETS, check_model_name
+
+    check_model_name(model)
+    with torch.device("meta"):
+        if model in PRESETS:
+            network = Qwen3ForCausalLM(Qwen3Config(**PRESETS[model], **_SHARED))
+        else:
+            network = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model, local_files_only=True))
+    total = sum(parameter.numel() for parameter in network.parameters())
+    largest = max(sum(p.numel() for p in module.parameters(recurse=False)) for module in network.modules())
+    return total, largest
+
+
+@one_line_errors
+def estimate(
+    model: Annotated[str, typer.Option(help="Preset, local HF directory, or a parameter count (600M, 1.5B, 7e9).")] = "qwen3-0.6b",
+    gpus: Annotated[str, typer.Option(help="World sizes, e.g. 1,2,8.")] = "1,2,8",
+    stages: Annotated[str, typer.Option(help="ZeRO stages, e.g. 0,1,2,3.")] = "0,1,2",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "bfloat16",
+    format: Annotated[str, typer.Option(help="table or json.")] = "table",
+) -> None:
+    """Model-state MB per rank: ZeRO paper formula, nano's formula, official DeepSpeed's estimator.
+
+    Official DeepSpeed's estimators assume 16-bit training (stage 2 in code: 2P + 18P/N); it has
+    none for stages 0 and 1. Activations are not counted.
+    """
+    if dtype not in DTYPE_PRECISION:
+        raise BadInput(f"--dtype {dtype} is not one of {', '.join(DTYPE_PRECISION)}", "pick one")
+    world_sizes = parse_int_list(gpus, "--gpus", range(1, 1 << 20))
+    stage_list = parse_int_list(stages, "--stages", range(0, 4))
+    numel, largest = parse_param_count(model), None
+    if numel is None:
+        numel, largest = count_parameters(model)
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda_devices() else "cpu")
+    rows = estimate_rows(numel, world_sizes, stage_list, DTYPE_PRECISION[dtype], largest)
+    if format == "json":
+        output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "rows": rows})
+        return
+    headers = ["world size", "stage", "ZeRO paper MB", "nano MB", "official estimator MB"]
+    body = [[str(r["world_size"]), str(r["stage"]), fmt(r["paper_mb"]), fmt(r["nano_mb"]), fmt(r["official_estimator_mb"])]
+            for r in rows]
+    output.print_table(headers, body, title=f"{model}: {numel:,} parameters, {dtype}, model states per rank")
+
+
+OFFICIAL_PROBE = """
+import json, deepspeed
+from deepspeed.accelerator import get_accelerator
+accelerator = get_accelerator()
+print(json.dumps({"accelerator": accelerator.device_name(), "bf16": bool(accelerator.is_bf16_supported()),
+                  "fp16": bool(accelerator.is_fp16_supported())}))
+"""
+
+
+def probe_official(device: str) -> dict:
+    """Ask official DeepSpeed, in a child process with the harness's environment, what it supports."""
+    env = launch.launch_environment(dict(os.environ), device, 1, cpu_cores())
+    try:
+        done = subprocess.run([sys.executable, "-c", OFFICIAL_PROBE], capture_output=True, text=True, env=env, timeout=120)
+    except subprocess.TimeoutExpired:
+        return {"error": "importing deepspeed took over 120 s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(lines[-1])
+
+
+def doctor_checks() -> list[tuple[str, bool, str, str]]:
+    """(check, ok, detail, fix) for everything a comparison needs."""
+    import torch.distributed as dist
+
+    env = environment("auto")
+    device = "cuda" if env["gpus"] != "none" else "cpu"
+    official = probe_official(device)
+    checks = [
+        ("python", sys.version_info >= (3, 10), env["python"], "use Python 3.10 or newer"),
+        ("torch", env["torch"] is not None, str(env["torch"]), "make setup (or pip install torch)"),
+        ("transformers", env["transformers"] is not None, str(env["transformers"]), "pip install transformers"),
+        ("deepspeed", env["deepspeed"] is not None, str(env["deepspeed"]), "pip install 'deepspeed>=0.19,<0.20'"),
+        ("devices", True, f"{env['cpu_cores']} CPU cores ({env['cpu']}); GPUs: {env['gpus']}", ""),
+        ("gloo backend", dist.is_gloo_available(), "CPU collectives", "install a torch build with gloo"),
+        ("nccl backend", device == "cpu" or dist.is_nccl_available(), "GPU collectives" if device == "cuda" else "not needed on CPU",
+         "install a CUDA build of torch"),
+        ("harness", launch.TRAIN_SCRIPT.is_file(), str(launch.TRAIN_SCRIPT), "run from a zero-lab checkout (pip install -e .)"),
+        ("official DeepSpeed runs here", "error" not in official,
+         official.get("error") or f"accelerator {official.get('accelerator')}", "see the error; on CPU set DS_ACCELERATOR=cpu"),
+        ("official bf16", bool(official.get("bf16")), "bf16 supported" if official.get("bf16") else "not supported",
+         "use --dtype float32"),
+        ("official fp16", bool(official.get("fp16")), "fp16 supported" if official.get("fp16") else
+         f"not supported on this {device.upper()} (Type fp16 is not supported on your device)", "use --dtype bfloat16 or float32"),
+        ("TORCH_EXTENSIONS_DIR", True, os.environ.get("TORCH_EXTENSIONS_DIR", "unset (DeepSpeed builds ops under ~/.cache)"), ""),
+    ]
+    return checks
+
+
+REQUIRED = {"python", "torch", "deepspeed", "transformers", "gloo backend", "harness"}
+
+
+def doctor() -> None:
+    """Versions, devices and backends, and whether official DeepSpeed (and fp16) can run here."""
+    checks = doctor_checks()
+    body = [[name, "ok" if ok else "PROBLEM", detail, "" if ok else fix] for name, ok, detail, fix in checks]
+    output.print_table(["check", "status", "detail", "fix"], body, title="zero-lab doctor")
+    raise typer.Exit(0 if all(ok for name, ok, _, _ in checks if name in REQUIRED) else 1)
+
+
+@config_app.command("official")
+@one_line_errors
+def config_official(
+    path: Annotated[Path, typer.Argument(help="A nano DeepSpeed JSON config.")],
+    device: Annotated[str, typer.Option(help="cpu or cuda (auto: what this machine has).")] = "auto",
+) -> None:
+    """Print the config official DeepSpeed accepts, derived from a nano config."""
+    config = plan.load_config_file(path)
+    try:
+        from zero_lab.nano.official_config import to_official_config
+    except ImportError:
+        raise BadInput("this checkout's nano engine has no official_config module yet", "update zero-lab")
+    device = "cuda" if device == "auto" and cuda_devices() else ("cpu" if device == "auto" else device)
+    if device not in ("cpu", "cuda"):
+        raise BadInput(f"--device {device} is not cpu or cuda", "pick one")
+    print(json.dumps(to_official_config(config, device=device), indent=2))
