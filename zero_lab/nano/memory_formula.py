@@ -3,7 +3,7 @@
 The engine's tests measure the tensors nano really holds and compare them with this table, and
 `zero-lab estimate` prints it beside the ZeRO paper's figures and official DeepSpeed's estimators.
 
-Phase 1: pad the parameter count to a multiple of the world size (partitions may cut through
+Phase 1: pad the parameter count to a multiple of the partition count (world size; 1 at stage 0) (partitions may cut through
          parameters, so only the total matters: `padded_numel`).
 Phase 2: split it into `world_size` partitions (stage 0 keeps one partition: the whole buffer).
 Phase 3: count every buffer of the vocabulary in `zero_lab.nano` at its dtype width.
@@ -30,10 +30,15 @@ def padded_numel(numel: int, world_size: int) -> int:
     return -(-numel // world_size) * world_size
 
 
+def partition_count(stage: int, world_size: int) -> int:
+    """Stage 0 keeps the whole buffer as one partition; stages 1 and 2 cut it in world_size."""
+    return 1 if stage == 0 else world_size
+
+
 def partition_numel(stage: int, numel: int, world_size: int) -> int:
-    """Elements in this rank's partition: the whole buffer at stage 0, 1/world_size above."""
-    padded = padded_numel(numel, world_size)
-    return padded if stage == 0 else padded // world_size
+    """Elements in this rank's partition."""
+    count = partition_count(stage, world_size)
+    return padded_numel(numel, count) // count
 
 
 def model_state_bytes(stage: int, precision: str, numel: int, world_size: int) -> dict[str, int]:
@@ -49,7 +54,7 @@ def model_state_bytes(stage: int, precision: str, numel: int, world_size: int) -
     if precision not in PARAMETER_BYTES:
         raise ValueError(f"precision must be one of {sorted(PARAMETER_BYTES)}, not {precision!r}")
     width = PARAMETER_BYTES[precision]
-    padded = padded_numel(numel, world_size)
+    padded = padded_numel(numel, partition_count(stage, world_size))
     partition = partition_numel(stage, numel, world_size)
     full_gradients = padded * width if stage in (0, 1) else 0
     mixed = precision != "fp32"

@@ -1,0 +1,60 @@
+"""The single-process reference every ZeRO stage is held to, and the tiny model both train.
+
+The reference is torch.optim.AdamW stepping on the global batch: all micro-batches of all ranks
+of one optimizer step, concatenated, with one mean loss (and torch's clip_grad_norm_). A nano rank
+sees micro-batch (step, micro, rank) and a mean loss over it; with equal micro-batch sizes the
+averaged gradients are the same, so parameters must match after every step.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+INPUT_FEATURES, HIDDEN, OUTPUTS = 7, 13, 5  # 200 parameters: uneven partitions over 3 ranks
+
+
+def build_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(INPUT_FEATURES, HIDDEN), torch.nn.LayerNorm(HIDDEN), torch.nn.Tanh(),
+                               torch.nn.Linear(HIDDEN, OUTPUTS))
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Decay on matrices only, as training scripts usually do (two flat buffers in nano)."""
+    decay = [parameter for parameter in model.parameters() if parameter.dim() >= 2]
+    no_decay = [parameter for parameter in model.parameters() if parameter.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def micro_batch(step: int, micro: int, rank: int, size: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(100_000 * step + 100 * micro + rank)
+    return torch.randn(size, INPUT_FEATURES, generator=generator)
+
+
+def loss_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    return model(inputs).pow(2).mean()
+
+
+class ReferenceTrainer:
+    """torch.optim.AdamW on the global batch."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, clipping: float):
+        self.model = copy.deepcopy(model)
+        self.clipping = clipping
+        self.optimizer = torch.optim.AdamW(parameter_groups(self.model, weight_decay), lr=lr)
+
+    def step(self, step: int, world_size: int, accumulation: int, micro_size: int) -> None:
+        inputs = torch.cat([micro_batch(step, micro, rank, micro_size)
+                            for micro in range(accumulation) for rank in range(world_size)])
+        self.optimizer.zero_grad()
+        loss_of(self.model, inputs).backward()
+        if self.clipping > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
+        self.optimizer.step()
+
+
+def max_difference(first: torch.nn.Module, second: torch.nn.Module) -> float:
+    return max((a.detach().float() - b.detach().float()).abs().max().item()
+               for a, b in zip(first.parameters(), second.parameters()))

@@ -1,0 +1,123 @@
+"""Per-rank test bodies, run by tests.spawn.run_distributed; each returns failure messages."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import itertools
+
+import torch
+
+import zero_lab.nano as nano
+from zero_lab.nano.memory_formula import model_state_bytes
+from tests.nano.reference import (ReferenceTrainer, build_model, loss_of, max_difference, micro_batch,
+                                  parameter_groups)
+
+LR, WEIGHT_DECAY, MICRO_SIZE, STEPS = 1e-2, 0.1, 2, 3
+FP32_TOLERANCE = 1e-5
+
+
+def nano_config(stage: int, accumulation: int = 1, clipping: float = 0.0, reduce_scatter: bool = True,
+                overlap: bool = False, bucket: int = 500_000_000, gather_bucket: int = 500_000_000,
+                precision: str = "fp32", **extra) -> dict:
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO_SIZE, "gradient_accumulation_steps": accumulation,
+        "gradient_clipping": clipping, "steps_per_print": 10_000,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
+        "zero_optimization": {"stage": stage, "reduce_scatter": reduce_scatter, "overlap_comm": overlap,
+                              "reduce_bucket_size": bucket, "allgather_bucket_size": gather_bucket},
+    }
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    if precision == "fp16":
+        config["fp16"] = {"enabled": True, **extra.pop("fp16", {})}
+    config.update(extra)
+    return config
+
+
+def parity_cases() -> list[dict]:
+    """Every stage x accumulation 1/3 x clipping off/on x reduce-scatter paths x overlap x bucket sizes."""
+    cases = []
+    for stage, accumulation, clipping, (bucket, gather_bucket) in itertools.product(
+            (0, 1, 2), (1, 3), (0.0, 0.05), ((500_000_000, 500_000_000), (5, 3))):
+        for reduce_scatter in ((True,) if stage == 0 else (True, False)):
+            for overlap in ((False, True) if stage == 2 else (False,)):
+                cases.append(dict(stage=stage, accumulation=accumulation, clipping=clipping, bucket=bucket,
+                                  gather_bucket=gather_bucket, reduce_scatter=reduce_scatter, overlap=overlap))
+    return cases
+
+
+def train_nano(model: torch.nn.Module, config: dict, rank: int, steps: int, on_step=None) -> nano.NanoEngine:
+    engine, _, _, _ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
+                                      config=config)
+    accumulation = config["gradient_accumulation_steps"]
+    for step in range(steps):
+        for micro in range(accumulation):
+            inputs = micro_batch(step, micro, rank, MICRO_SIZE).to(engine.device, next(model.parameters()).dtype)
+            engine.backward(loss_of(engine, inputs))
+            engine.step()
+        if on_step is not None:
+            on_step(step, engine)
+    return engine
+
+
+def parity_worker(rank: int, world_size: int) -> list[str]:
+    """After every step every parameter matches the single-process AdamW reference."""
+    failures = []
+    initial = build_model()
+    for case in parity_cases():
+        reference = ReferenceTrainer(initial, LR, WEIGHT_DECAY, case["clipping"])
+        model = copy.deepcopy(initial)
+
+        def compare(step: int, engine: nano.NanoEngine) -> None:
+            reference.step(step, world_size, case["accumulation"], MICRO_SIZE)
+            difference = max_difference(model, reference.model)
+            if not difference <= FP32_TOLERANCE:
+                failures.append(f"world size {world_size} {case} step {step}: max |nano - reference| = {difference:.3g}")
+
+        train_nano(model, nano_config(**case), rank, STEPS, compare)
+    return failures
+
+
+def stages_agree_worker(rank: int, world_size: int) -> list[str]:
+    """Stages 0, 1 and 2 reach the same parameters from the same start (clipping and accumulation on)."""
+    results = []
+    for stage in (0, 1, 2):
+        model = build_model()
+        train_nano(model, nano_config(stage, accumulation=2, clipping=0.05, bucket=7, gather_bucket=5), rank, STEPS)
+        results.append(model)
+    return [f"stage {stage} differs from stage 0 by {max_difference(results[0], other):.3g}"
+            for stage, other in ((1, results[1]), (2, results[2])) if max_difference(results[0], other) > 1e-6]
+
+
+def _live_storage_bytes() -> int:
+    """Bytes of every distinct tensor storage alive in the process (found through gc, not the engine)."""
+    gc.collect()
+    storages = {}
+    for obj in gc.get_objects():
+        if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def memory_worker(rank: int, world_size: int) -> list[str]:
+    """Bytes alive after a step equal the documented per-group formula, for each stage and precision."""
+    failures = []
+    for precision, stage in itertools.product(("fp32", "bf16"), (0, 1, 2)):
+        baseline = _live_storage_bytes()
+        model = build_model()
+        group_sizes = [sum(p.numel() for p in group["params"]) for group in parameter_groups(model, 0.0)]
+        engine = train_nano(model, nano_config(stage, precision=precision, bucket=11), rank, steps=1)
+        measured = _live_storage_bytes() - baseline
+        formulas = [model_state_bytes(stage, precision, numel, world_size) for numel in group_sizes]
+        expected = {key: sum(formula[key] for formula in formulas) for key in formulas[0]}
+        if measured != sum(expected.values()):
+            failures.append(f"ws {world_size} {precision} stage {stage}: live bytes {measured} != formula "
+                            f"{sum(expected.values())} ({expected})")
+        reported = engine.memory_breakdown()
+        mismatched = {key: (reported[key], expected[key]) for key in expected if reported[key] != expected[key]}
+        if mismatched:
+            failures.append(f"ws {world_size} {precision} stage {stage}: memory_breakdown vs formula {mismatched}")
+        del engine, model
+    return failures

@@ -1,0 +1,68 @@
+"""Run a test function on N gloo ranks spawned from pytest, and gather every rank's verdict.
+
+Phase 1: pick a free port on 127.0.0.1 and spawn N processes (one thread each: 2 cores here).
+Phase 2: each joins a gloo group, runs `worker(rank, world_size, *args)` -> list of failure strings.
+Phase 3: failures are all-gathered so every rank reports the union (all ranks fail together); the
+         process group is destroyed in `finally`. A crash or a hang is a failure too.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import socket
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _entry(worker: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        try:
+            failures = list(worker(rank, world_size, *args))
+        except Exception:  # a rank's crash is its verdict, shared with the others
+            failures = [f"rank {rank} raised:\n{traceback.format_exc()}"]
+        everyone: list = [None] * world_size
+        torch.distributed.all_gather_object(everyone, failures)
+        results.put((rank, [failure for rank_failures in everyone for failure in rank_failures]))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def run_distributed(worker: Callable, world_size: int, *args: Any, timeout: float = 600) -> list[str]:
+    """The union of all ranks' failure messages (empty: every rank passed)."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [context.Process(target=_entry, args=(worker, rank, world_size, port, results, args))
+                 for rank in range(world_size)]
+    for process in processes:
+        process.start()
+    verdicts: dict[int, list[str]] = {}
+    try:
+        for _ in processes:
+            rank, failures = results.get(timeout=timeout)
+            verdicts[rank] = failures
+    except queue.Empty:
+        return [f"timed out after {timeout}s; ranks that reported: {sorted(verdicts)}"]
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    crashed = [f"rank {rank} exited with {process.exitcode}" for rank, process in enumerate(processes)
+               if process.exitcode not in (0, None)]
+    return verdicts.get(0, []) + crashed
