@@ -24,3 +24,8 @@ def test_stages_agree_with_each_other(world_size):
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_live_bytes_equal_the_documented_formula(world_size):
     assert run_distributed(workers.memory_worker, world_size) == []
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_fp16_overflow_on_one_rank_skips_on_every_rank(world_size):
+    assert run_distributed(workers.fp16_overflow_worker, world_size) == []

@@ -121,3 +121,34 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             failures.append(f"ws {world_size} {precision} stage {stage}: memory_breakdown vs formula {mismatched}")
         del engine, model
     return failures
+
+
+def fp16_overflow_worker(rank: int, world_size: int) -> list[str]:
+    """An inf gradient on the last rank alone makes every rank skip, keep its parameters, and lower the
+    scale per hysteresis; overflow-free steps grow it again after the window."""
+    failures = []
+    for stage in (0, 1, 2):
+        model = build_model()
+        config = nano_config(stage, precision="fp16", bucket=9,
+                             fp16={"initial_scale_power": 8, "hysteresis": 2, "loss_scale_window": 2})
+        engine, optimizer, _, _ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
+                                                  config=config)
+        poisoned_steps = {1, 2}
+        expected_scales = [256, 256, 256, 128, 128, 128, 256]  # hysteresis 2, then window 2 after the overflow
+        for step, expected_scale in enumerate(expected_scales):
+            if engine.current_loss_scale() != expected_scale:
+                failures.append(f"stage {stage} step {step}: scale {engine.current_loss_scale()} != {expected_scale}")
+            before = [parameter.detach().clone() for parameter in model.parameters()]
+            loss = loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE).half())
+            if step in poisoned_steps and rank == world_size - 1:
+                loss = loss * float("inf")
+            engine.backward(loss)
+            engine.step()
+            changed = any(not torch.equal(old, new) for old, new in zip(before, model.parameters()))
+            skipped = step in poisoned_steps
+            if changed == skipped or engine.was_step_applied() == skipped or optimizer.overflow != skipped:
+                failures.append(f"stage {stage} step {step}: skipped={skipped} but parameters changed={changed}, "
+                                f"was_step_applied={engine.was_step_applied()}")
+        if engine.skipped_steps != 2 or engine.global_steps != len(expected_scales):
+            failures.append(f"stage {stage}: skipped_steps {engine.skipped_steps}, global_steps {engine.global_steps}")
+    return failures

@@ -1,0 +1,112 @@
+"""Config loading: DeepSpeed's batch arithmetic, "auto", and one-line errors that name the field."""
+
+import json
+
+import pytest
+
+from zero_lab.nano.config import load_config
+from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.official_config import to_official_config
+
+BASE = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+
+
+def with_(**changes):
+    config = json.loads(json.dumps(BASE))
+    for dotted, value in changes.items():
+        node = config
+        *parents, leaf = dotted.split("__")
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        if value is DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return config
+
+
+DELETE = object()
+
+BAD_CONFIGS = [
+    (with_(zero_optimization__stage=3), "stage 3"),
+    (with_(zero_optimization__stage=7), "zero_optimization.stage"),
+    (with_(zero_optimization__offload_optimizer={"device": "cpu"}), "offload"),
+    (with_(zero_optimization__reduce_bucket_sise=10), "zero_optimization.reduce_bucket_sise"),
+    (with_(zero_optimization__round_robin_gradients=True), "known to official DeepSpeed"),
+    (with_(tensorboard={"enabled": True}), "'tensorboard' is known to official DeepSpeed"),
+    (with_(train_micro_batch_size=2), "unknown config key 'train_micro_batch_size'"),
+    (with_(optimizer__type="Lamb"), "optimizer.type 'Lamb'"),
+    (with_(optimizer__type="SGD"), "optimizer.type"),
+    (with_(optimizer__params__lr=-1), "optimizer.params.lr"),
+    (with_(optimizer__params__betas=[0.9]), "optimizer.params.betas"),
+    (with_(optimizer__params__momentum=0.9), "optimizer.params.momentum"),
+    (with_(gradient_clipping=-1.0), "gradient_clipping"),
+    (with_(fp16={"enabled": True}, bf16={"enabled": True}), "enable at most one"),
+    (with_(fp16__hysteresis=0), "fp16.hysteresis"),
+    (with_(train_batch_size=7, gradient_accumulation_steps=2), "train_batch_size 7"),
+    (with_(train_micro_batch_size_per_gpu=DELETE), "train_batch_size or train_micro_batch_size_per_gpu"),
+    (with_(optimizer__params__lr="auto"), "optimizer.params.lr"),
+    (with_(communication_data_type="int8"), "communication_data_type"),
+    (with_(zero_optimization__contiguous_gradients=False), "contiguous_gradients"),
+    (with_(scheduler={"type": "OneCycle", "params": {}}), "OneCycle"),
+]
+
+
+@pytest.mark.parametrize("config,named", BAD_CONFIGS, ids=[named for _, named in BAD_CONFIGS])
+def test_bad_config_is_one_line_naming_the_field(config, named):
+    with pytest.raises(NanoConfigError) as raised:
+        load_config(config, world_size=2)
+    message = str(raised.value)
+    assert named in message
+    assert "\n" not in message
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(NanoConfigError, match="does not exist"):
+        load_config(str(tmp_path / "absent.json"))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{ not json")
+    with pytest.raises(NanoConfigError, match="not valid JSON"):
+        load_config(str(broken))
+
+
+@pytest.mark.parametrize("given,world_size,expected", [
+    ({"train_micro_batch_size_per_gpu": 2}, 3, (6, 2, 1)),
+    ({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 2, (16, 2, 4)),
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2}, 2, (16, 2, 4)),
+    ({"train_batch_size": 16, "gradient_accumulation_steps": 2}, 2, (16, 4, 2)),
+    ({"train_batch_size": 8}, 4, (8, 2, 1)),
+    ({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": "auto"}, 2, (6, 3, 1)),
+])
+def test_batch_sizes_are_inferred_as_deepspeed_does(given, world_size, expected):
+    config = load_config({**given, "optimizer": BASE["optimizer"]}, world_size=world_size)
+    assert (config.train_batch_size, config.train_micro_batch_size_per_gpu,
+            config.gradient_accumulation_steps) == expected
+
+
+def test_auto_buckets_follow_the_hidden_size_and_defaults_match_deepspeed():
+    config = load_config(with_(zero_optimization={"stage": 2, "reduce_bucket_size": "auto"}), hidden_size=64)
+    assert config.zero_optimization.reduce_bucket_size == 64 * 64
+    assert config.zero_optimization.allgather_bucket_size == 500_000_000
+    assert config.zero_optimization.reduce_scatter is True and config.zero_optimization.overlap_comm is False
+    assert config.optimizer.params.weight_decay == 0.0  # DeepSpeed's FusedAdam default
+    assert load_config(with_(optimizer__type="adamw", bfloat16={"enabled": True})).precision == "bf16"
+
+
+def test_adam_type_is_decoupled_unless_adam_w_mode_is_false():
+    assert load_config(with_(optimizer__type="Adam")).optimizer.decoupled_weight_decay
+    assert not load_config(with_(optimizer__type="Adam", optimizer__params__adam_w_mode=False)).optimizer.decoupled_weight_decay
+
+
+def test_official_config_is_accepted_by_deepspeed():
+    from deepspeed.runtime.config import DeepSpeedConfig
+    nano_config = with_(zero_optimization={"stage": 2, "reduce_scatter": False, "overlap_comm": True},
+                        gradient_clipping=1.0, bf16={"enabled": True}, steps_per_print=5)
+    official = to_official_config(nano_config, device="cpu")
+    assert official["optimizer"]["params"]["torch_adam"] is True
+    assert "torch_adam" not in nano_config["optimizer"]["params"]
+    parsed = DeepSpeedConfig(official, world_size=1) if "world_size" in DeepSpeedConfig.__init__.__code__.co_varnames \
+        else DeepSpeedConfig(official)
+    assert parsed.zero_optimization_stage == 2 and parsed.gradient_clipping == 1.0
+    with pytest.raises(NanoConfigError, match="fp16 on CPU"):
+        to_official_config(with_(fp16={"enabled": True}), device="cpu")
