@@ -79,7 +79,7 @@ def compare(
     compare_dir = out / (name or f"compare-{rundir.timestamp()}")
     if (compare_dir / rundir.COMPARE).exists():
         raise BadInput(f"{compare_dir} already holds a comparison", "pick another --name or --out")
-    shared = jobs.Launch(plan.load_config_file(config), device, work, multi, list(context.args))
+    shared = jobs.Launch(config, device, work, multi, list(context.args))
     warmups = [
         jobs.prepare(shared, impl, stage_list[0], world_sizes[0],
                      compare_dir / "warmup" / rundir.cell_name(impl, stage_list[0], world_sizes[0]), steps=warmup_steps)

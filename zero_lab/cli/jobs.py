@@ -26,9 +26,9 @@ class Job:
 
 @dataclass
 class Launch:
-    """What every job of one command shares."""
+    """What every job of one command shares (config_path None: the harness's per-stage default)."""
 
-    base_config: dict
+    config_path: Path | None
     device: str
     workload: launch.Workload
     multi_node: launch.MultiNode
@@ -36,12 +36,14 @@ class Launch:
 
 
 def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None) -> Job:
-    """Phase 1 for one run."""
-    config = plan.config_for_stage(shared.base_config, stage)
-    official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu")
+    """Phase 1 for one run: the config as the harness will build it, validated, and its launch."""
+    source = shared.config_path or plan.default_config_path(stage)
+    staged = plan.config_for_stage(plan.load_config_file(source), stage)
     spec = plan.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
                           shared.extra_torchrun_args, steps=steps)
-    return Job(spec, run_dir, config, official if impl == "official" else None)
+    config = plan.received_config(staged, spec)
+    official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
+    return Job(spec, run_dir, config, official)
 
 
 def run_jobs(jobs: list[Job], environment: dict, show_progress: bool = True) -> tuple[list[dict], bool]:

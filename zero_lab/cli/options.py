@@ -13,7 +13,7 @@ WORKLOAD = "Workload (identical for every impl)"
 LAUNCH = "Launch (torchrun)"
 
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda. On cpu, --gpus N means N processes.", rich_help_panel=LAUNCH)]
-Config = Annotated[Optional[Path], typer.Option(help="nano DeepSpeed JSON config; official DeepSpeed gets its converted form. Default: harness/configs' stage-2 fp32 config.", rich_help_panel=WORKLOAD)]
+Config = Annotated[Optional[Path], typer.Option(help="nano DeepSpeed JSON config; official DeepSpeed gets its converted form. Default: harness/configs/zero<stage>.json.", rich_help_panel=WORKLOAD)]
 Model = Annotated[str, typer.Option(help="Preset (tiny ~0.85M, small ~24M, qwen3-0.6b) or a local Hugging Face directory.", rich_help_panel=WORKLOAD)]
 Steps = Annotated[int, typer.Option(help="Optimizer steps (not micro-steps).", rich_help_panel=WORKLOAD)]
 BatchSize = Annotated[Optional[int], typer.Option(help="Micro-batch size per process (default: the config's).", rich_help_panel=WORKLOAD)]

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from zero_lab.analysis import launch
@@ -18,22 +19,14 @@ from zero_lab.cli.environment import cpu_cores, cuda_devices
 from zero_lab.cli.errors import BadInput
 
 IMPLS = ("nano", "official")
-DEFAULT_CONFIG_NAMES = ("zero2_fp32.json", "ds_config_zero2.json", "zero2.json")
 
 
-def default_config_path() -> Path:
-    """The harness's stage-2 fp32 config (the stage is set per run anyway)."""
-    for name in DEFAULT_CONFIG_NAMES:
-        if (launch.CONFIG_DIR / name).is_file():
-            return launch.CONFIG_DIR / name
-    found = sorted(launch.CONFIG_DIR.glob("*.json"))
-    if not found:
-        raise BadInput(f"no default config in {launch.CONFIG_DIR}", "pass --config PATH")
-    return found[0]
+def default_config_path(stage: int) -> Path:
+    """The harness's own default for a stage: harness/configs/zero<stage>.json."""
+    return launch.CONFIG_DIR / f"zero{stage}.json"
 
 
-def load_config_file(path: Path | None) -> dict:
-    path = path or default_config_path()
+def load_config_file(path: Path) -> dict:
     if not path.is_file():
         raise BadInput(f"config {path} does not exist", "pass an existing DeepSpeed JSON file to --config")
     try:
@@ -52,20 +45,30 @@ def config_for_stage(base: dict, stage: int) -> dict:
     return config
 
 
-def official_config(config: dict, device: str) -> dict | None:
-    """Validate as nano does and convert for official DeepSpeed (None while the engine lacks it)."""
-    try:
-        from zero_lab.nano.official_config import to_official_config
-    except ImportError:
-        return None
+def received_config(staged: dict, spec: launch.LaunchSpec) -> dict:
+    """The config the harness will train with, from its own parser and builder (which validate it
+    as nano does): precision from --dtype, batch size from --batch-size, batch sizes inferred."""
+    from zero_lab.workload.run_config import build_config, build_parser
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "config.json"
+        path.write_text(json.dumps(staged))
+        arguments = launch.train_arguments(dataclasses.replace(spec, config_path=path))
+        nnodes = spec.multi_node.nnodes or "1"
+        world_size = spec.nproc * (int(nnodes) if nnodes.isdigit() else 1)
+        return build_config(build_parser().parse_args(arguments), world_size)
+
+
+def official_config(config: dict, device: str) -> dict:
+    """What official DeepSpeed receives: the engine's conversion of the nano config."""
+    from zero_lab.nano.official_config import to_official_config
+
     return to_official_config(config, device=device)
 
 
 def check_model(model: str) -> None:
-    try:
-        from zero_lab.workload.models import check_model_name
-    except ImportError:
-        return
+    from zero_lab.workload.models import check_model_name
+
     check_model_name(model)
 
 

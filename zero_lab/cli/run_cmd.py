@@ -84,14 +84,14 @@ def run(
     plan.check_impls([impl])
     multi = options.multi_node(nnodes, node_rank, rdzv_endpoint, rdzv_id)
     plan.check_processes(gpus, device, multi)
-    base = plan.load_config_file(config)
-    stage = stage_of(base) if stage is None else stage
+    if stage is None:
+        stage = stage_of(plan.load_config_file(config)) if config else 2
     work = options.workload(model, steps, batch_size, seq_len, dtype, seed, dataset_path)
     plan.check_workload(work, device, [impl])
     run_dir = out / (name or f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}")
     if (run_dir / rundir.SUMMARY).exists():
         raise BadInput(f"{run_dir} already holds a run", "pick another --name or --out")
-    shared = jobs.Launch(base, device, work, multi, list(context.args))
+    shared = jobs.Launch(config, device, work, multi, list(context.args))
     job = jobs.prepare(shared, impl, stage, gpus, run_dir)
     summaries, interrupted = jobs.run_jobs([job], environment(device))
     summary = summaries[0]

@@ -1,0 +1,116 @@
+"""End to end on CPU: the issue's `zero-lab compare` command, and a run that fails.
+
+One compare invocation (tiny, 2 processes, stages 1 and 2, both impls, 5 steps: about 90 s on
+2 cores) is shared by every assertion through a module-scoped fixture.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from zero_lab.analysis import launch
+from zero_lab.cli.app import app
+from zero_lab.cli.launcher import stop_process_tree
+
+ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
+COMPARE = [ZERO_LAB, "compare", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "5",
+           "--stages", "1,2", "--format", "json"]
+
+
+@pytest.fixture(scope="module")
+def compare_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    report = out / "report.md"
+    done = subprocess.run([*COMPARE, "--out", str(out), "--name", "e2e", "--report", str(report)],
+                          capture_output=True, text=True, timeout=900)
+    return done, out / "e2e", report
+
+
+@pytest.mark.slow
+@pytest.mark.official
+def test_compare_prints_one_json_object_with_rows_deltas_and_verdict(compare_result):
+    done, _, _ = compare_result
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads(done.stdout)  # nothing else on stdout
+    cells = {(row["stage"], row["impl"]) for row in payload["rows"]}
+    assert cells == {(1, "nano"), (1, "official"), (2, "nano"), (2, "official")}
+    for row in payload["rows"]:
+        assert row["status"] == "ok" and row["steps"] == 5 and row["world_size"] == 2
+        for key in ("loss_last", "alloc_max_mb", "peak_alloc_max_mb", "reserved_max_mb", "peak_reserved_max_mb",
+                    "step_ms", "comm_mb"):
+            assert isinstance(row[key], float), key
+    assert [(d["stage"], d["impl"], d["baseline"]) for d in payload["deltas"]] == [
+        (1, "nano", "official"), (2, "nano", "official")]
+    for delta in payload["deltas"]:
+        assert delta["loss_parity"] is True and delta["max_step_loss_delta"] <= 1e-4
+        assert "alloc_max_mb_delta_pct" in delta and delta["step_time_ratio"] > 0
+    assert payload["verdict"]["ok"] is True and payload["verdict"]["loss_parity"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.official
+def test_compare_keeps_every_run_directory_and_writes_the_report(compare_result):
+    _, compare_dir, report = compare_result
+    assert json.loads((compare_dir / "compare.json").read_text())["verdict"]["exit_code"] == 0
+    run = compare_dir / "cells" / "w2-s2-official"
+    for name in ("command.txt", "config.json", "config.official.json", "console.log", "metrics.csv",
+                 "summary.json", "env.json", "logs/rank0.stdout.log", "logs/rank1.stderr.log"):
+        assert (run / name).is_file(), name
+    assert len((run / "metrics.csv").read_text().splitlines()) == 6
+    text = report.read_text()
+    assert "## world size 2, stage 2: nano vs official" in text and "**Verdict: PASS**" in text
+    assert (report.parent / "report-loss.png").is_file() and (report.parent / "report-memory.png").is_file()
+
+
+FAILING_SCRIPT = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+if rank == 0:
+    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)
+time.sleep(0.5)
+if rank == 1:
+    print("RuntimeError: injected failure on rank 1", file=sys.stderr, flush=True)
+    sys.exit(7)
+time.sleep(30)
+"""
+
+
+def test_a_failing_run_exits_3_keeps_its_logs_and_partial_results(tmp_path, monkeypatch):
+    script = tmp_path / "failing_train.py"
+    script.write_text(FAILING_SCRIPT)
+    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
+    result = CliRunner().invoke(app, ["run", "--impl", "nano", "--gpus", "2", "--device", "cpu", "--steps", "3",
+                                      "--out", str(tmp_path / "runs"), "--name", "boom", "--format", "json"])
+    assert result.exit_code == 3, result.output
+    summary = json.loads(result.stdout)
+    assert summary["status"] == "failed" and summary["failed_rank"] == 1 and summary["rank_exit_code"] == 7
+    assert summary["steps"] == 1, "the steps logged before the failure are kept"
+    assert "injected failure on rank 1" in summary["log_tail"]
+    assert "injected failure" in (tmp_path / "runs" / "boom" / "logs" / "rank1.stderr.log").read_text()
+    assert "rank 1, exit code 7" in result.stderr
+
+
+def test_stopping_a_run_ends_torchrun_and_every_worker_within_seconds(tmp_path):
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text("import time\ntime.sleep(120)\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(launch.free_port()), str(sleeper)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ})
+    deadline = time.monotonic() + 30
+    while len(psutil.Process(process.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    family = psutil.Process(process.pid).children(recursive=True)
+    assert len(family) >= 2
+    started = time.monotonic()
+    stop_process_tree(process)
+    assert time.monotonic() - started < 10
+    assert not [member for member in family if member.is_running() and member.status() != psutil.STATUS_ZOMBIE]
+    assert process.returncode is not None
