@@ -1,0 +1,61 @@
+"""Per-rank bodies that train the same model, data and seed with nano and with official DeepSpeed."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import torch
+
+import zero_lab.nano as nano
+from zero_lab.nano.official_config import to_official_config
+from tests.nano.reference import build_model, loss_of, max_difference, micro_batch, parameter_groups
+from tests.nano.workers import MICRO_SIZE, WEIGHT_DECAY, nano_config
+
+STEPS = 5
+
+
+def import_official_deepspeed(world_size: int):
+    """DeepSpeed on CPU: the CPU accelerator, and no JIT build of the shared-memory op training never uses."""
+    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(world_size))
+    import deepspeed
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def _losses_and_models(module, initial, config, rank):
+    model = copy.deepcopy(initial)
+    engine, *_ = module.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY), config=config)
+    losses, snapshots = [], []
+    for step in range(STEPS):
+        for micro in range(config["gradient_accumulation_steps"]):
+            loss = loss_of(engine, micro_batch(step, micro, rank, MICRO_SIZE))
+            losses.append(loss.item())
+            engine.backward(loss)
+            engine.step()
+        snapshots.append(copy.deepcopy(engine.module))
+    return losses, snapshots
+
+
+def official_parity_worker(rank: int, world_size: int) -> list[str]:
+    """Stages 1 and 2 (both reduce-scatter settings, accumulation and clipping on): per-step losses and
+    parameters of nano and official DeepSpeed agree within 1e-5."""
+    deepspeed = import_official_deepspeed(world_size)
+    failures = []
+    initial = build_model(seed=3)
+    for stage in (1, 2):
+        for reduce_scatter in (True, False):
+            config = nano_config(stage, accumulation=2, clipping=0.5, reduce_scatter=reduce_scatter, bucket=64)
+            nano_losses, nano_models = _losses_and_models(nano, initial, config, rank)
+            official_losses, official_models = _losses_and_models(deepspeed, initial,
+                                                                  to_official_config(config, device="cpu"), rank)
+            worst_loss = max(abs(a - b) for a, b in zip(nano_losses, official_losses))
+            worst_parameter = max(max_difference(a, b) for a, b in zip(nano_models, official_models))
+            if worst_loss > 1e-5 or worst_parameter > 1e-5:
+                failures.append(f"stage {stage} reduce_scatter={reduce_scatter}: max loss delta {worst_loss:.3g}, "
+                                f"max parameter delta {worst_parameter:.3g}")
+            print(f"[parity] rank {rank} stage {stage} reduce_scatter={reduce_scatter} "
+                  f"max_loss_delta={worst_loss:.3g} max_param_delta={worst_parameter:.3g}", flush=True)
+    return failures

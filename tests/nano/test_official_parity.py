@@ -1,0 +1,11 @@
+"""nano against official DeepSpeed (DS_ACCELERATOR=cpu) on the same model, data and seed, fp32, 2 ranks."""
+
+import pytest
+
+from tests.nano.official_workers import official_parity_worker
+from tests.spawn import run_distributed
+
+
+@pytest.mark.official
+def test_nano_matches_official_deepspeed_step_for_step():
+    assert run_distributed(official_parity_worker, 2) == []
