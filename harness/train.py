@@ -1,0 +1,153 @@
+"""Train one workload with nano or official DeepSpeed; rank 0 prints the log contract.
+
+The two impls differ only in which module provides `init_distributed` and `initialize` (and the
+official config is derived from the same nano config). Lines and fields: docs/log-format.md.
+
+Commands (from the repository root; on CPU each process is one rank):
+
+    # tiny model, 2 ranks on CPU, ZeRO-2, fp32, 5 optimizer steps: nano, then official
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl nano \
+        --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl official \
+        --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
+
+    # one process, no torchrun
+    .venv/bin/python harness/train.py --impl nano --model-name tiny --steps 5
+
+    # the seed's comparison on one GPU: Qwen3-0.6B architecture, bf16, stage 2
+    torchrun --standalone --nproc_per_node=1 harness/train.py --impl nano \
+        --model-name qwen3-0.6b --model-dtype bfloat16 --zero-stage 2 --steps 20 \
+        --batch-size 1 --seq-len 512
+
+Bad input (unknown preset, missing model directory, malformed dataset, more processes than GPUs,
+a config stage contradicting --zero-stage, fp16 with official DeepSpeed on CPU) prints
+`error: <problem>. <fix>` on stderr and exits 2 before any engine starts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from zero_lab.workload.comm_meter import CommMeter
+from zero_lab.workload.data import make_batches
+from zero_lab.workload.errors import WorkloadError
+from zero_lab.workload.impls import (default_single_process_env, engine_config, load_engine_module,
+                                     loss_scale)
+from zero_lab.workload.log_lines import format_line
+from zero_lab.workload.memory_meter import MemoryMeter
+from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
+from zero_lab.workload.run_config import (DTYPE_OF_PRECISION, build_parser, check_launch,
+                                          precision_of)
+from zero_lab.workload.step_metrics import StepMetrics, comm_totals
+
+
+def emit(rank: int, tag: str, fields: dict, step: int | None = None) -> None:
+    """A contract line from rank 0, written whole and flushed so no other output splits it."""
+    if rank == 0:
+        sys.stdout.write(format_line(tag, fields, step) + "\n")
+        sys.stdout.flush()
+
+
+def prepare(argv: list[str] | None):
+    """Every check that needs no engine: flags, config, model name, dataset (Phase 1)."""
+    args = build_parser().parse_args(argv)
+    default_single_process_env()
+    world_size = int(os.environ["WORLD_SIZE"])
+    device, config = check_launch(args, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    args.model_dtype = args.model_dtype or DTYPE_OF_PRECISION[precision_of(config)]
+    tokenizer = load_tokenizer(args.model_name, args.trust_remote_code)
+    batches = make_batches(tokenizer, args.seq_len, config["train_micro_batch_size_per_gpu"],
+                           world_size, args.seed, args.dataset_path, args.max_samples,
+                           args.min_target_tokens)
+    return args, device, config, batches
+
+
+def train(args, device: torch.device, config: dict, batches) -> None:
+    """Phases 2-5: meters, engine, training steps, totals."""
+    # Phase 2: both meters go in before the engine exists (see their modules for why).
+    comm = CommMeter().install()
+    memory = MemoryMeter(device)
+    memory.start()
+    engine_module = load_engine_module(args.impl, device)
+    engine_module.init_distributed(dist_backend=None)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+    # Phase 3: the same weights on every rank and for both impls, then the engine.
+    model = build_model(args.model_name, args.seed, args.model_dtype, args.attn_impl,
+                        args.gradient_checkpointing, args.trust_remote_code).to(device)
+    weight_decay = config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
+    engine, _, _, _ = engine_module.initialize(
+        model=model, model_parameters=parameter_groups(model, weight_decay),
+        config=engine_config(args.impl, config, device))
+    zero = config.get("zero_optimization", {})
+    emit(rank, "zero", {
+        "impl": args.impl, "stage": engine.zero_optimization_stage(), "world_size": world_size,
+        "reduce_scatter": zero.get("reduce_scatter", True),
+        "reduce_bucket_size": zero.get("reduce_bucket_size", 500_000_000),
+        "allgather_bucket_size": zero.get("allgather_bucket_size", 500_000_000),
+        "overlap_comm": zero.get("overlap_comm", False),
+        "communication_data_type": config.get("communication_data_type", "auto"),
+        "gradient_accumulation_steps": engine.gradient_accumulation_steps()})
+    parameter = next(engine.module.parameters())
+    emit(rank, "model", {
+        "name": args.model_name, "params": sum(p.numel() for p in engine.module.parameters()),
+        "param_dtype": parameter.dtype, "compute_dtype": parameter.dtype,
+        "ds_precision": precision_of(config), "device": device.type,
+        "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"]})
+
+    # Phase 4: the steps. Initialization's broadcasts are not part of any step.
+    comm.reset()
+    metrics = StepMetrics(memory, comm, device, world_size)
+    accumulation = engine.gradient_accumulation_steps()
+    for step in range(1, args.steps + 1):
+        metrics.begin()
+        skipped_before = engine.skipped_steps
+        for micro in range(accumulation):
+            batch = batches.get((step - 1) * accumulation + micro, rank, device)
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            engine.step()
+            metrics.add_loss(loss)
+        tokens = batch["input_ids"].numel() * accumulation * world_size
+        fields = metrics.end(tokens)
+        grad_norm = engine.get_global_grad_norm()
+        fields = {"loss": fields.pop("loss"),
+                  "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
+                  "lr": float(engine.get_lr()[0]), "loss_scale": loss_scale(engine), **fields}
+        emit(rank, "opt_step", fields, step)
+        if not math.isfinite(fields["loss"]):
+            emit(rank, "warn", {"step": step, "kind": "non_finite_loss", "loss": fields["loss"]})
+        if engine.skipped_steps > skipped_before:
+            emit(rank, "warn", {"step": step, "kind": "skipped_step",
+                                "loss_scale": fields["loss_scale"]})
+
+    # Phase 5: totals per collective type over the training steps.
+    memory.stop()
+    for fields in comm_totals(comm.snapshot(), args.steps):
+        emit(rank, "comm", fields)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        prepared = prepare(argv)
+    except WorkloadError as error:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        train(*prepared)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Calls and bytes per collective type, counted by wrapping `torch.distributed` from outside.
+
+Both engines end in `torch.distributed`, so wrapping its collectives measures nano and official
+DeepSpeed the same way. Install the meter before either engine's `init_distributed`: DeepSpeed
+keeps references to `all_gather_into_tensor` and `reduce_scatter_tensor` from then on.
+
+Byte convention (nano's own `engine.comm_stats()` uses the same one):
+- all_reduce, reduce, broadcast: the bytes of the tensor;
+- reduce_scatter, reduce_scatter_tensor (or _single), all_to_all(_single): the total bytes of
+  the input;
+- all_gather, all_gather_into_tensor (or _single): the total bytes of the output;
+- the coalesced variants: the sum over their tensors, by the same rule.
+A collective called from inside another one (torch 2.13's `all_gather_into_tensor` calls
+`all_gather_single`) counts once, under the name the engine called; the private
+`_all_gather_base` and `_reduce_scatter_base` are not wrapped, so they count as the `_single`
+collectives they call.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+
+def _nbytes(tensors) -> int:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    if isinstance(tensors, Iterable):
+        return sum(_nbytes(tensor) for tensor in tensors)
+    return 0
+
+
+# For each collective: the argument whose bytes it moves, by the convention above.
+MEASURED_ARGUMENT = {
+    "all_reduce": "tensor",
+    "reduce": "tensor",
+    "broadcast": "tensor",
+    "reduce_scatter": "input_list",
+    "reduce_scatter_tensor": "input",
+    "reduce_scatter_single": "input",  # torch >= 2.13's name for reduce_scatter_tensor
+    "all_gather": "tensor_list",
+    "all_gather_into_tensor": "output_tensor",
+    "all_gather_single": "output_tensor",  # torch >= 2.13's name for all_gather_into_tensor
+    "all_to_all_single": "input",
+    "all_to_all": "input_tensor_list",
+    "all_reduce_coalesced": "tensors",
+    "all_gather_coalesced": "output_tensor_lists",
+}
+
+
+@dataclass
+class OpCount:
+    calls: int = 0
+    bytes: int = 0
+
+
+class CommMeter:
+    """Counts every collective of `MEASURED_ARGUMENT` issued while installed and not paused."""
+
+    def __init__(self):
+        self.counts: dict[str, OpCount] = {}
+        self._originals: dict[str, object] = {}
+        self._depth = 0  # > 0 while inside a counted collective, or while paused
+
+    def install(self) -> "CommMeter":
+        for name, argument in MEASURED_ARGUMENT.items():
+            original = getattr(c10d, name, None)
+            if original is None:
+                continue
+            self._originals[name] = original
+            wrapper = self._wrap(name, original, argument)
+            setattr(c10d, name, wrapper)  # what torch's own helpers call
+            setattr(dist, name, wrapper)  # what engines call
+        return self
+
+    def uninstall(self) -> None:
+        for name, original in self._originals.items():
+            setattr(c10d, name, original)
+            setattr(dist, name, original)
+        self._originals.clear()
+
+    def _wrap(self, name: str, original, argument: str):
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            if self._depth == 0:
+                bound = signature.bind(*args, **kwargs)
+                count = self.counts.setdefault(name, OpCount())
+                count.calls += 1
+                count.bytes += _nbytes(bound.arguments[argument])
+            self._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return counted
+
+    def reset(self) -> None:
+        self.counts = {}
+
+    def snapshot(self) -> dict[str, OpCount]:
+        return {name: OpCount(count.calls, count.bytes) for name, count in self.counts.items()}
+
+    @contextmanager
+    def paused(self):
+        """Collectives issued inside (the harness's own bookkeeping) are not counted."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+
+
+def difference(after: dict[str, OpCount], before: dict[str, OpCount]) -> dict[str, OpCount]:
+    """Counts issued between two snapshots, for the ops that moved anything."""
+    delta = {}
+    for name, count in after.items():
+        earlier = before.get(name, OpCount())
+        if count.calls != earlier.calls:
+            delta[name] = OpCount(count.calls - earlier.calls, count.bytes - earlier.bytes)
+    return delta

@@ -1,0 +1,68 @@
+"""The one difference between a nano run and an official run: which module provides
+`init_distributed` and `initialize`, and which config dict it receives.
+
+Official DeepSpeed on CPU needs its environment set before `import deepspeed`:
+- `DS_ACCELERATOR=cpu` and `LOCAL_SIZE` (its CPU accelerator reads the local world size there);
+- `TORCH_EXTENSIONS_DIR` inside the checkout, so any JIT build stays out of $HOME;
+- its first `init_distributed` JIT-builds a shared-memory comm op (about 40 s on 2 cores, and the
+  building run has crashed rank 1) that training never uses, so `build_shm_op` is replaced by a
+  no-op; `to_official_config` asks for torch's AdamW so FusedAdam is not compiled either.
+Its INFO logging is lowered to warnings so rank 0's contract lines stay easy to read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_single_process_env() -> None:
+    """Let `python harness/train.py` run as world size 1 without torchrun."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def load_engine_module(impl: str, device: torch.device) -> ModuleType:
+    """`zero_lab.nano` or `deepspeed`, ready for `init_distributed` on this device."""
+    if impl == "nano":
+        import zero_lab.nano as nano
+
+        return nano
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".torch_extensions"))
+    import deepspeed
+
+    if device.type == "cpu":
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    return deepspeed
+
+
+def engine_config(impl: str, config: dict, device: torch.device) -> dict:
+    """The config dict the impl's `initialize` receives: nano's as is, official's converted."""
+    if impl == "nano":
+        return config
+    from zero_lab.nano.official_config import to_official_config
+
+    return to_official_config(config, device=device.type)
+
+
+def loss_scale(engine) -> float:
+    """The current fp16 loss scale (DeepSpeed's `optimizer.cur_scale`); 1.0 without scaling."""
+    scale = getattr(engine.optimizer, "cur_scale", None)
+    return float(scale) if scale is not None else 1.0

@@ -1,0 +1,152 @@
+"""Memory measured the same way for every engine: live tensor bytes, their peak, and the process's
+resident or reserved memory, read from outside the engine so neither impl grades itself.
+
+On CUDA the caching allocator already keeps these figures (`torch.cuda.memory_allocated` and
+friends). On CPU there is no allocator to ask, so `LiveStorageTracker` watches every aten op's
+outputs through a `TorchDispatchMode` and remembers each untyped storage by weak reference: a
+storage counts from the first op that produces it until Python frees it. Process RSS alone is no
+substitute: some 800 MB of library baseline hides the stage differences.
+
+The tracker only sees storages produced while it is active, so enter it before building the model.
+
+Phase 1: `MemoryMeter.start()` enters the tracker (CPU) or resets CUDA's peak statistics.
+Phase 2: the training step runs; every new storage raises `live_bytes` and possibly `peak_bytes`.
+Phase 3: `MemoryMeter.sample()` returns a `MemorySample` and resets the peaks for the next step.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+import psutil
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """One rank's memory at the end of a step, in bytes (peaks are since the previous sample)."""
+
+    alloc: int
+    reserved: int
+    peak_alloc: int
+    peak_reserved: int
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Bytes of tensor storage alive in this process on one device type, and their peak.
+
+    Storages are keyed by the address of their StorageImpl; a key whose weak reference has
+    expired was freed, so a later storage at the same address is a new one.
+    """
+
+    def __init__(self, device_type: str = "cpu"):
+        super().__init__()
+        self.device_type = device_type
+        self._storages: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.device.type == self.device_type:
+                self._observe(leaf)
+        return out
+
+    def _observe(self, tensor: torch.Tensor) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # sparse and other storage-less layouts
+            return
+        key = storage._cdata
+        known = self._storages.get(key)
+        if known is not None and not known[0].expired():
+            if known[1] != storage.nbytes():  # resized in place (resize_, set_)
+                self._storages[key] = (known[0], storage.nbytes())
+                self.live_bytes += storage.nbytes() - known[1]
+                self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            return
+        # A new storage: forget the freed ones first so the peak is the true high-water mark.
+        self.refresh()
+        self._storages[key] = (StorageWeakRef(storage), storage.nbytes())
+        self.live_bytes += storage.nbytes()
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def refresh(self) -> int:
+        """Drop freed storages from the count; returns the live bytes."""
+        freed = [key for key, (ref, _) in self._storages.items() if ref.expired()]
+        for key in freed:
+            self.live_bytes -= self._storages.pop(key)[1]
+        return self.live_bytes
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.refresh()
+
+
+def resident_bytes() -> int:
+    """The process's resident set size now."""
+    return psutil.Process().memory_info().rss
+
+
+def peak_resident_bytes() -> int:
+    """The process's resident high-water mark (VmHWM) since the last `reset_peak_resident`."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # non-Linux: lifetime peak
+
+
+def reset_peak_resident() -> None:
+    """Linux resets VmHWM to the current RSS when "5" is written to clear_refs; elsewhere no-op."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
+
+
+class MemoryMeter:
+    """Per-step memory of one rank: the caching allocator's statistics on CUDA, else a tracker+RSS."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.tracker = LiveStorageTracker(device.type) if device.type != "cuda" else None
+
+    def start(self) -> None:
+        if self.tracker is not None:
+            self.tracker.__enter__()
+            reset_peak_resident()
+        else:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def stop(self) -> None:
+        if self.tracker is not None:
+            self.tracker.__exit__(None, None, None)
+
+    def sample(self) -> MemorySample:
+        """The memory now and the peaks since the previous sample; then reset the peaks."""
+        if self.tracker is None:
+            sample = MemorySample(
+                alloc=torch.cuda.memory_allocated(self.device),
+                reserved=torch.cuda.memory_reserved(self.device),
+                peak_alloc=torch.cuda.max_memory_allocated(self.device),
+                peak_reserved=torch.cuda.max_memory_reserved(self.device),
+            )
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return sample
+        alloc = self.tracker.refresh()
+        reserved = resident_bytes()
+        sample = MemorySample(
+            alloc=alloc,
+            reserved=reserved,
+            peak_alloc=self.tracker.peak_bytes,
+            peak_reserved=max(peak_resident_bytes(), reserved),
+        )
+        self.tracker.reset_peak()
+        reset_peak_resident()
+        return sample

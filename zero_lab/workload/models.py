@@ -1,0 +1,91 @@
+"""The model a run trains: a built-in Qwen3 preset with random weights, or a local Hugging Face
+directory. Nothing is ever downloaded.
+
+Presets are Qwen3 architectures (`transformers.Qwen3ForCausalLM`) sized for their purpose, using
+the byte tokenizer's 260-token vocabulary except where the real architecture fixes it:
+- `tiny`: about 0.85M parameters, for tests;
+- `small`: about 24M parameters, for comparisons on CPU;
+- `qwen3-0.6b`: Qwen3-0.6B's real architecture (0.6B parameters, its 151,936-token vocabulary).
+Weights come from `torch.manual_seed(seed)` before construction, so every rank and both impls
+start from the same weights; the model is built in fp32 and then cast, so the initial values do
+not depend on `--model-dtype` beyond rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from zero_lab.workload.errors import WorkloadError
+from zero_lab.workload.tokenizer import ByteTokenizer
+
+_SHARED = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "use_cache": False}
+PRESETS = {
+    "tiny": dict(vocab_size=ByteTokenizer.vocab_size, hidden_size=128, intermediate_size=384,
+                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 max_position_embeddings=2048, tie_word_embeddings=False),
+    "small": dict(vocab_size=ByteTokenizer.vocab_size, hidden_size=512, intermediate_size=1376,
+                  num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                  max_position_embeddings=4096, tie_word_embeddings=False),
+    # Qwen3-0.6B's config.json, as published.
+    "qwen3-0.6b": dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, max_position_embeddings=40_960, tie_word_embeddings=True),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_model_name(name: str) -> None:
+    """A preset name, or a directory holding a Hugging Face config.json."""
+    if name in PRESETS:
+        return
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise WorkloadError(f"--model-name {name!r} is neither a preset ({', '.join(PRESETS)}) "
+                            "nor an existing directory",
+                            "Pick a preset or give a local Hugging Face model directory")
+    if not (path / "config.json").is_file():
+        raise WorkloadError(f"{path} has no config.json",
+                            "Give a Hugging Face model directory (config, weights, tokenizer)")
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False):
+    """The byte tokenizer for presets; the directory's own tokenizer otherwise."""
+    check_model_name(name)
+    if name in PRESETS:
+        return ByteTokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name, local_files_only=True,
+                                         trust_remote_code=trust_remote_code)
+
+
+def build_model(name: str, seed: int, dtype: str = "float32", attn_impl: str | None = None,
+                gradient_checkpointing: bool = False, trust_remote_code: bool = False):
+    """The causal LM, on CPU, with identical weights for a given seed and name."""
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    check_model_name(name)
+    torch.manual_seed(seed)
+    if name in PRESETS:
+        config = Qwen3Config(**PRESETS[name], **_SHARED)
+        if attn_impl:
+            config._attn_implementation = attn_impl
+        model = Qwen3ForCausalLM(config).to(DTYPES[dtype])
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            name, dtype=DTYPES[dtype], attn_implementation=attn_impl, local_files_only=True,
+            trust_remote_code=trust_remote_code)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    return model
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only: norms and biases (1-D tensors) are not decayed."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]

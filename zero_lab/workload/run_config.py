@@ -1,0 +1,139 @@
+"""What a run is, from its flags: the parsed arguments, the device, and the DeepSpeed config each
+impl receives; and every bad-input check that can run before anything expensive starts.
+
+Phase 1: `build_parser` reads the seed's flags (same names) plus `--impl` and `--device`.
+Phase 2: `resolve_device` picks cpu or cuda and refuses more processes than visible GPUs.
+Phase 3: `build_config` reads the JSON config and applies the flags that override it
+         (`--zero-stage`, `--model-dtype`, `--batch-size`), then validates it as nano does.
+Phase 4: `check_launch` adds the checks of the workload itself (model name, official on CPU).
+Every problem is a `WorkloadError`, which `harness/train.py` prints as one line and exits 2;
+the CLI can call `check_launch` before it spawns torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from zero_lab.workload.errors import WorkloadError
+from zero_lab.workload.models import DTYPES, PRESETS, check_model_name
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "harness" / "configs"
+PRECISION_OF_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+DTYPE_OF_PRECISION = {precision: dtype for dtype, precision in PRECISION_OF_DTYPE.items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Train one workload with nano or official DeepSpeed; rank 0 prints the log "
+                    "contract of docs/log-format.md.")
+    add = parser.add_argument
+    add("--impl", choices=("nano", "official"), default="nano",
+        help="which engine provides initialize(): zero_lab.nano or official deepspeed")
+    add("--deepspeed_config", default=None,
+        help="DeepSpeed JSON config (default: harness/configs/zero<stage>.json)")
+    add("--steps", type=int, default=10, help="optimizer steps (each is gradient_accumulation_steps micro-steps)")
+    add("--batch-size", type=int, default=None,
+        help="micro batch per rank; overrides train_micro_batch_size_per_gpu")
+    add("--seq-len", type=int, default=128, help="tokens per sample")
+    add("--seed", type=int, default=42, help="seed of the initial weights and of the batches")
+    add("--model-name", default="tiny",
+        help=f"a preset ({', '.join(PRESETS)}) or a local Hugging Face model directory")
+    add("--model-dtype", choices=tuple(DTYPES), default=None,
+        help="parameter dtype; sets the config's fp16/bf16 sections (default: from the config)")
+    add("--attn-impl", default=None, help="attention implementation: eager, sdpa, flash_attention_2")
+    add("--dataset-path", default=None,
+        help="LIMA-style JSON/JSONL conversations or JSONL with 'text' (default: built-in corpus)")
+    add("--max-samples", type=int, default=None, help="use at most this many dataset samples")
+    add("--min-target-tokens", type=int, default=1,
+        help="skip dataset samples with fewer target (unmasked) tokens after truncation")
+    add("--zero-stage", type=int, choices=(0, 1, 2), default=None,
+        help="ZeRO stage; must agree with --deepspeed_config when both are given (default: 2)")
+    add("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
+    add("--local-files-only", action="store_true",
+        help="accepted for the seed's commands: models are always read from local files only")
+    add("--trust-remote-code", action="store_true", help="allow a local model's own code")
+    add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda if available")
+    # DeepSpeed's launcher passes these; accepted and ignored (torchrun's env is what counts).
+    add("--deepspeed", action="store_true", help=argparse.SUPPRESS)
+    add("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def resolve_device(requested: str, local_world_size: int) -> torch.device:
+    """Phase 2: cpu or cuda; on cuda one device per local process, and no more processes."""
+    available = torch.cuda.is_available()
+    if requested == "cuda" and not available:
+        raise WorkloadError("--device cuda but torch sees no CUDA device",
+                            "Use --device cpu, or install a CUDA build of torch")
+    if requested == "cpu" or not available:
+        return torch.device("cpu")
+    if local_world_size > torch.cuda.device_count():
+        raise WorkloadError(f"{local_world_size} processes per node but only "
+                            f"{torch.cuda.device_count()} visible CUDA devices (the seed's "
+                            "'invalid device ordinal')", "Lower --nproc_per_node or check CUDA_VISIBLE_DEVICES")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise WorkloadError(f"config file {path} does not exist", "Check --deepspeed_config")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise WorkloadError(f"config file {path} is not valid JSON ({error.msg} at line "
+                            f"{error.lineno})", "Fix the file") from None
+
+
+def build_config(args: argparse.Namespace, world_size: int) -> dict:
+    """Phase 3: the nano config of this run (official gets `to_official_config` of it)."""
+    from zero_lab.nano.config import load_config
+    from zero_lab.nano.errors import NanoConfigError
+
+    stage = args.zero_stage if args.zero_stage is not None else 2
+    path = Path(args.deepspeed_config) if args.deepspeed_config else CONFIG_DIR / f"zero{stage}.json"
+    config = _read_json(path)
+    if "bfloat16" in config:  # DeepSpeed's alias; one spelling from here on
+        config["bf16"] = config.pop("bfloat16")
+    zero = config.setdefault("zero_optimization", {})
+    if args.zero_stage is not None:
+        if "stage" in zero and zero["stage"] != args.zero_stage:
+            raise WorkloadError(f"{path} sets zero_optimization.stage {zero['stage']} but "
+                                f"--zero-stage is {args.zero_stage}", "Drop one or make them agree")
+        zero["stage"] = args.zero_stage
+    if args.model_dtype is not None:
+        precision = PRECISION_OF_DTYPE[args.model_dtype]
+        for section in ("fp16", "bf16"):
+            config.setdefault(section, {})["enabled"] = precision == section
+    if args.batch_size is not None:
+        config["train_micro_batch_size_per_gpu"] = args.batch_size
+        config.pop("train_batch_size", None)  # re-inferred from micro x accumulation x world
+    try:  # both impls get this config (official through to_official_config), so nano's rules hold
+        load_config(config, world_size=world_size)
+    except NanoConfigError as error:
+        raise WorkloadError(str(error).rstrip("."), f"Fix {path}") from None
+    return config
+
+
+def precision_of(config: dict) -> str:
+    """'fp16', 'bf16' or 'fp32', from the config's precision sections."""
+    if config.get("fp16", {}).get("enabled"):
+        return "fp16"
+    return "bf16" if config.get("bf16", {}).get("enabled") else "fp32"
+
+
+def check_launch(args: argparse.Namespace, world_size: int, local_world_size: int):
+    """Phases 2-4: (device, nano config) of a run, or a WorkloadError naming the bad input."""
+    if args.steps < 1 or args.seq_len < 2:
+        raise WorkloadError("--steps must be >= 1 and --seq-len >= 2", "Raise them")
+    check_model_name(args.model_name)
+    device = resolve_device(args.device, local_world_size)
+    config = build_config(args, world_size)
+    if args.impl == "official" and device.type == "cpu" and precision_of(config) == "fp16":
+        raise WorkloadError("official DeepSpeed rejects fp16 on this CPU ('Type fp16 is not "
+                            "supported on your device')", "Use --model-dtype bfloat16 or float32 on CPU")
+    return device, config

@@ -1,0 +1,75 @@
+"""One optimizer step's figures, combined over ranks into the `[opt_step k]` line.
+
+Phase 1: `begin()` notes the time and the communication counts.
+Phase 2: the caller runs the step's micro-steps and hands each micro-step's loss to `add_loss`.
+Phase 3: `end()` samples this rank's memory, then (with the comm meter paused, so the harness's
+         own collectives never count) averages the loss over micro-steps and ranks (SUM, then
+         divide: gloo's AVG has had silent bugs) and takes the max over ranks of memory, step
+         time and communication bytes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from zero_lab.workload.comm_meter import CommMeter, OpCount, difference
+from zero_lab.workload.log_lines import MB
+from zero_lab.workload.memory_meter import MemoryMeter
+
+MAX_OVER_RANKS = ("alloc", "reserved", "peak_alloc", "peak_reserved", "comm_bytes", "step_ns")
+
+
+class StepMetrics:
+    def __init__(self, memory: MemoryMeter, comm: CommMeter, device: torch.device, world_size: int):
+        self.memory = memory
+        self.comm = comm
+        self.device = device
+        self.world_size = world_size
+
+    def begin(self) -> None:
+        self._losses: list[torch.Tensor] = []
+        self._comm_before = self.comm.snapshot()
+        self._started = time.perf_counter_ns()
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        self._losses.append(loss.detach().float())
+
+    def end(self, tokens: int) -> dict:
+        """Fields of the step's line (before loss_scale, lr and grad_norm, which the engine knows)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        step_ns = time.perf_counter_ns() - self._started
+        memory = self.memory.sample()
+        comm_bytes = sum(count.bytes for count in
+                         difference(self.comm.snapshot(), self._comm_before).values())
+        local_max = [memory.alloc, memory.reserved, memory.peak_alloc, memory.peak_reserved,
+                     comm_bytes, step_ns]
+        with self.comm.paused():
+            loss_sum = torch.stack(self._losses).sum().to(torch.float64).reshape(1)
+            maxima = torch.tensor(local_max, dtype=torch.int64, device=self.device)
+            if self.world_size > 1:
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+                dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+        worst = dict(zip(MAX_OVER_RANKS, maxima.tolist()))
+        step_s = worst["step_ns"] / 1e9
+        return {
+            "loss": loss_sum.item() / (len(self._losses) * self.world_size),
+            "step_ms": step_s * 1e3,
+            "tokens_per_s": tokens / step_s,
+            "alloc_max_mb": worst["alloc"] / MB,
+            "reserved_max_mb": worst["reserved"] / MB,
+            "peak_alloc_max_mb": worst["peak_alloc"] / MB,
+            "peak_reserved_max_mb": worst["peak_reserved"] / MB,
+            "comm_mb": worst["comm_bytes"] / MB,
+            "alloc_max_bytes": worst["alloc"],
+            "comm_bytes": worst["comm_bytes"],
+        }
+
+
+def comm_totals(counts: dict[str, OpCount], steps: int) -> list[dict]:
+    """Fields of the `[comm]` lines: one per collective type, over all training steps."""
+    return [{"op": name, "calls": count.calls, "mb": count.bytes / MB, "bytes": count.bytes,
+             "bytes_per_step": count.bytes // steps} for name, count in sorted(counts.items())]
