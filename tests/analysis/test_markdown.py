@@ -24,7 +24,7 @@ def test_report_has_cell_table_verdict_estimates_config_differences_and_environm
     assert "| alloc MB | 110.0 | 100.0 | +10.0 | +10.00 |" in text
     assert "| loss parity |  |  | yes |  |" in text
     # 1M fp32 parameters, stage 2, 2 ranks: 4 + 12/2 = 10 bytes per parameter
-    assert "| 2 | 2 | nano | 110.0 | 9.5 | 9.5 |" in text
+    assert "| 2 | 2 | nano | 110.0 | 110.0 | 9.5 | 9.5 |" in text
     assert "| [zero] reduce_scatter | False | True |" in text
     assert "![demo-loss.png](demo-loss.png)" in text
     assert "| torch | 2.13.0 |" in text

@@ -59,8 +59,8 @@ def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]
 
 
 def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Measured live bytes beside the model-state formulas (activations make measured larger)."""
-    headers = ["world size", "stage", "impl", "measured alloc MB", "nano formula MB", "ZeRO paper MB"]
+    """Measured live bytes beside the model-state formulas."""
+    headers = ["world size", "stage", "impl", "alloc MB", "peak alloc MB", "nano formula MB", "ZeRO paper MB"]
     body = []
     for row in rows:
         params, precision = row.get("params"), row.get("precision")
@@ -71,7 +71,7 @@ def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             nano = None if nano_total is None else nano_total / MIB
             paper = paper_bytes(stage, precision, params, world_size) / MIB
         body.append([str(row["world_size"]), str(row["stage"]), row["impl"], fmt(row.get("alloc_max_mb")),
-                     fmt(nano), fmt(paper)])
+                     fmt(row.get("peak_alloc_max_mb")), fmt(nano), fmt(paper)])
     return headers, body
 
 
@@ -121,7 +121,7 @@ def config_section(summaries: list[dict], candidate: str, baseline: str) -> str:
 
 def environment_section(environment: dict) -> str:
     body = [[key, fmt(value)] for key, value in environment.items()]
-    return markdown_table(["", ""], body) + "\n"
+    return markdown_table(["", "value"], body) + "\n"
 
 
 def failure_section(rows: list[dict]) -> str:
@@ -146,7 +146,9 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
                 f"{delta['impl']} vs {delta['baseline']}", "", markdown_table(*cell_table(rows, delta)), ""]
     out += ["## Runs", "", markdown_table(*run_table(rows)), ""]
     out += ["## Measured memory against model-state estimates", "",
-            "Measured `alloc` includes activations and buffers; the formulas count model states only.", "",
+            "`alloc` is the live tensor bytes when the harness samples them and `peak alloc` the peak within a "
+            "step (activations and temporary buffers included; see docs/log-format.md); the formulas count "
+            "model states only: parameters, gradients and optimizer states.", "",
             markdown_table(*estimate_table(rows)), ""]
     failures = failure_section(rows)
     if failures:

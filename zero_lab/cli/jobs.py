@@ -47,14 +47,24 @@ def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, st
 
 
 def run_jobs(jobs: list[Job], environment: dict, show_progress: bool = True) -> tuple[list[dict], bool]:
-    """Phase 2: (summaries of the runs that started, whether Ctrl-C cut the sequence short)."""
+    """Phase 2: (summaries of the runs that started, whether Ctrl-C cut the sequence short).
+
+    On a terminal a live bar per run; elsewhere (CI logs) one line as each run starts and ends.
+    """
     summaries = []
-    with output.progress_bar() as progress:
+    live = show_progress and output.stderr.is_terminal
+    with output.progress_bar(disable=not live) as progress:
         for job in jobs:
+            label = f"{job.spec.impl} w{job.spec.nproc} s{job.spec.stage}"
+            if not live:
+                output.stderr.print(f"{label}: running {job.spec.workload.steps} steps in {job.run_dir}", markup=False)
             try:
-                summaries.append(execute(job.spec, job.run_dir, job.config, job.official_config, environment,
-                                         progress if show_progress else None))
+                summary = execute(job.spec, job.run_dir, job.config, job.official_config, environment,
+                                  progress if live else None)
             except KeyboardInterrupt:
                 summaries.append(rundir.read_json(job.run_dir / rundir.SUMMARY))
                 return summaries, True
+            summaries.append(summary)
+            output.stderr.print(f"{label}: {summary['status']}, {summary['steps']} steps, last loss "
+                                f"{summary['loss_last']}, {summary['duration_s']} s", markup=False)
     return summaries, False

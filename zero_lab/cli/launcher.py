@@ -96,7 +96,7 @@ def execute(
     rundir.write_json(run_dir / "env.json", environment)
     child_env = launch.launch_environment(dict(os.environ), spec.device, spec.nproc, environment["cpu_cores"])
     label = f"{spec.impl} w{spec.nproc} s{spec.stage}"
-    task = progress.add_task(label, total=spec.workload.steps, loss="-") if progress else None
+    task = progress.add_task(label, total=spec.workload.steps, loss="-") if progress is not None else None
     # Phase 2
     started = time.monotonic()
     process = subprocess.Popen(
@@ -112,7 +112,7 @@ def execute(
         stop_process_tree(process)
     # Phase 4
     summary = summarize(spec, run_dir, process.returncode, interrupted, time.monotonic() - started)
-    summary.update(config=config, env=environment, command=launch.shell_quote(command))
+    summary.update(config=official_config or config, env=environment, command=launch.shell_quote(command))
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
     if interrupted:
         raise KeyboardInterrupt

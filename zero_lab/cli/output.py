@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-stdout = Console(soft_wrap=True)
+# Off a terminal (CI logs, pipes) Rich would assume 80 columns and squeeze the tables.
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 stderr = Console(stderr=True, soft_wrap=True)
 
 
-def progress_bar() -> Progress:
+def progress_bar(disable: bool = False) -> Progress:
     """Optimizer steps per run with the live loss; on stderr so stdout stays machine-readable."""
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=stderr,
+        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=stderr, disable=disable,
     )
 
 
