@@ -102,24 +102,40 @@ def _live_storage_bytes() -> int:
 
 
 def memory_worker(rank: int, world_size: int) -> list[str]:
-    """Bytes alive after a step equal the documented per-group formula, for each stage and precision."""
+    """Bytes alive while Adam runs, and between steps, equal the documented per-group formula for
+    each stage and precision; memory_breakdown() reports the same categories."""
     failures = []
     for precision, stage in itertools.product(("fp32", "bf16"), (0, 1, 2)):
         baseline = _live_storage_bytes()
         model = build_model()
         group_sizes = [sum(p.numel() for p in group["params"]) for group in parameter_groups(model, 0.0)]
-        engine = train_nano(model, nano_config(stage, precision=precision, bucket=11), rank, steps=1)
-        measured = _live_storage_bytes() - baseline
-        formulas = [model_state_bytes(stage, precision, numel, world_size) for numel in group_sizes]
-        expected = {key: sum(formula[key] for formula in formulas) for key in formulas[0]}
-        if measured != sum(expected.values()):
-            failures.append(f"ws {world_size} {precision} stage {stage}: live bytes {measured} != formula "
-                            f"{sum(expected.values())} ({expected})")
-        reported = engine.memory_breakdown()
-        mismatched = {key: (reported[key], expected[key]) for key in expected if reported[key] != expected[key]}
-        if mismatched:
-            failures.append(f"ws {world_size} {precision} stage {stage}: memory_breakdown vs formula {mismatched}")
-        del engine, model
+        engine, _, _, _ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
+                                          config=nano_config(stage, precision=precision, bucket=11))
+        during_step = []
+        adam_step = engine.optimizer.optimizer.step
+
+        def measured_step(gradients):  # the moment every model state exists at once
+            during_step.append((_live_storage_bytes() - baseline, engine.memory_breakdown()))
+            adam_step(gradients)
+
+        engine.optimizer.optimizer.step = measured_step
+        for step in range(2):  # Adam's states exist from the first step on: measure the second
+            dtype = next(model.parameters()).dtype  # no input tensor may outlive backward here
+            engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE).to(dtype)))
+            engine.step()
+        moments = {"during the step": during_step[-1],
+                   "between steps": (_live_storage_bytes() - baseline, engine.memory_breakdown())}
+        for moment, (measured, reported) in moments.items():
+            formulas = [model_state_bytes(stage, precision, numel, world_size, moment == "between steps")
+                        for numel in group_sizes]
+            expected = {key: sum(formula[key] for formula in formulas) for key in formulas[0]}
+            label = f"ws {world_size} {precision} stage {stage} {moment}"
+            if measured != sum(expected.values()):
+                failures.append(f"{label}: live bytes {measured} != formula {sum(expected.values())} ({expected})")
+            mismatched = {key: (reported[key], expected[key]) for key in expected if reported[key] != expected[key]}
+            if mismatched:
+                failures.append(f"{label}: memory_breakdown vs formula {mismatched}")
+        del engine, model, during_step, moments, adam_step
     return failures
 
 

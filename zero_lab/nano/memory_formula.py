@@ -41,8 +41,11 @@ def partition_numel(stage: int, numel: int, world_size: int) -> int:
     return padded_numel(numel, count) // count
 
 
-def model_state_bytes(stage: int, precision: str, numel: int, world_size: int) -> dict[str, int]:
-    """Bytes per rank for each buffer category (communication buckets excluded: they are transient).
+def model_state_bytes(stage: int, precision: str, numel: int, world_size: int,
+                      between_steps: bool = False) -> dict[str, int]:
+    """Bytes per rank for each buffer category while the optimizer steps (the ZeRO paper's model
+    states), or `between_steps`, when nano has released every gradient buffer. Communication
+    buckets are excluded: they live only while a bucket is being reduced.
 
     fp32: the partition of the flat parameter buffer is the master, so there is no master copy, and
     at stages 0 and 1 the rank's slice of the full gradient buffer is its gradient partition.
@@ -56,18 +59,20 @@ def model_state_bytes(stage: int, precision: str, numel: int, world_size: int) -
     width = PARAMETER_BYTES[precision]
     padded = padded_numel(numel, partition_count(stage, world_size))
     partition = partition_numel(stage, numel, world_size)
-    full_gradients = padded * width if stage in (0, 1) else 0
+    full_gradients = padded * width if stage in (0, 1) and not between_steps else 0
     mixed = precision != "fp32"
+    separate_gradient_partition = (mixed or stage == 2) and not between_steps
     return {
         "parameters": padded * width,
         "gradients": full_gradients,
         "fp32_master_partition": partition * FP32_BYTES if mixed else 0,
         "optimizer_states": partition * FP32_BYTES * ADAM_STATE_COUNT,
-        "gradient_partition": partition * FP32_BYTES if (mixed or stage == 2) else 0,
+        "gradient_partition": partition * FP32_BYTES if separate_gradient_partition else 0,
         "communication_buckets": 0,
     }
 
 
-def bytes_per_parameter(stage: int, precision: str, world_size: int, numel: int = 10**9) -> float:
+def bytes_per_parameter(stage: int, precision: str, world_size: int, numel: int = 10**9,
+                        between_steps: bool = False) -> float:
     """Total model-state bytes per parameter per rank (for large models, where padding vanishes)."""
-    return sum(model_state_bytes(stage, precision, numel, world_size).values()) / numel
+    return sum(model_state_bytes(stage, precision, numel, world_size, between_steps).values()) / numel

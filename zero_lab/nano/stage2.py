@@ -8,7 +8,8 @@ a bucket may cut through a parameter). Per micro-step:
              released at once.
     Phase 2 (bucket full): once every parameter of a bucket has arrived, the bucket is reduced
              (reduce-scatter, or all-reduce + scatter-back) and this rank adds its share, averaged,
-             to its fp32 gradient partition; the bucket is freed. With `overlap_comm` the reduction
+             to its fp32 gradient partition (allocated at the window's first bucket, released after
+             the optimizer step); the bucket is freed. With `overlap_comm` the reduction
              runs asynchronously while backward continues (at most two buckets in flight).
     Phase 3 (end of backward): buckets still waiting (parameters that got no gradient) are reduced
              with zeros in those places, and every pending reduction is finished.
@@ -44,7 +45,7 @@ class GradientBucket:
 class Stage2Optimizer(Stage1Optimizer):
     stage = 2
 
-    def _build_gradients(self) -> list[torch.Tensor]:
+    def _build_gradients(self) -> None:
         bucket_numel = self.config.zero_optimization.reduce_bucket_size
         self.buckets: list[GradientBucket] = []
         self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, ParameterPiece]]] = {}
@@ -57,8 +58,6 @@ class Stage2Optimizer(Stage1Optimizer):
                     self.pieces_of.setdefault(group.parameters[piece.parameter_index], []).append((bucket, piece))
         self.hook_handles = [parameter.register_post_accumulate_grad_hook(self._on_gradient_ready)
                              for parameter in self.pieces_of]
-        return [torch.zeros(group.partition_numel, dtype=torch.float32, device=group.flat.device)
-                for group in self.groups]
 
     def _on_gradient_ready(self, parameter: torch.nn.Parameter) -> None:
         """Phase 1 (and Phase 2 for every bucket this gradient completes)."""
@@ -88,7 +87,7 @@ class Stage2Optimizer(Stage1Optimizer):
                                         device=group.flat.device)
         bucket.launched = True
         self.reducer.launch(group, bucket.buffer, bucket.start, bucket.end,
-                            self.gradient_partitions[bucket.group_index])
+                            self.gradient_partition(bucket.group_index))
         bucket.buffer = None  # the reducer holds it until the reduction is finished
 
     def after_backward(self, boundary: bool) -> None:
@@ -108,16 +107,19 @@ class Stage2Optimizer(Stage1Optimizer):
             bucket.arrived.clear()
             bucket.launched = False
 
+    def _new_gradient_partition(self, index: int) -> torch.Tensor:
+        return ZeroOptimizer._new_gradient_partition(self, index)  # never a view: no full buffer
+
     def before_backward(self) -> None:
         """Stage 2 keeps no full gradient buffer: nothing to attach."""
 
     def _complete_gradient_partitions(self) -> None:
         """Already complete: every micro-step's backward reduced its buckets."""
 
-    def _zero_gradients(self) -> None:
+    def _release_gradients(self) -> None:
         for parameter in self.pieces_of:
             parameter.grad = None
-        ZeroOptimizer._zero_gradients(self)  # only partitions: stage 2 has no full gradient buffer
+        ZeroOptimizer._release_gradients(self)  # only partitions: stage 2 has no full gradient buffer
 
     def _gradient_bytes(self) -> dict[str, int]:
         return {"gradients": 0, "gradient_partition": sum(map(optional_bytes, self.gradient_partitions))}

@@ -5,7 +5,9 @@ Construction:
              world-size partitions above) and broadcast rank 0's values, so all ranks start equal.
     Phase 2: the fp32 master partition: in fp32 the flat buffer's own partition *is* the master (no
              copy); in bf16/fp16 an fp32 copy of it.
-    Phase 3: the fp32 gradient partition and the stage's gradient machinery (`_build_gradients`).
+    Phase 3: the stage's gradient machinery (`_build_gradients`); gradient buffers themselves
+             are allocated when a window's first gradient arrives and released after the step, so
+             between steps a rank holds only parameters, master and optimizer-state partitions.
     Phase 4: Adam over the master partitions (optimizer-state partitions appear at the first step).
 Optimizer step, at each gradient-accumulation boundary:
     Phase 1: the stage completes the gradient partitions (`_complete_gradient_partitions`).
@@ -14,7 +16,7 @@ Optimizer step, at each gradient-accumulation boundary:
     Phase 4: Adam on the master partitions.
     Phase 5: master -> own partition of the flat buffer (mixed precision), then all-gather every
              partition into every rank's flat buffer (stages 1/2), bucketed.
-    Phase 6: zero the gradients for the next accumulation window.
+    Phase 6: release the gradient buffers until the next window's backward.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class ZeroOptimizer:
         self.master_partitions = [group.partition_of(group.flat) if self.master_is_flat
                                   else group.partition_of(group.flat).to(torch.float32) for group in self.groups]
         # Phase 3: gradients.
-        self.gradient_partitions = self._build_gradients()
+        self.gradient_partitions: list[Optional[torch.Tensor]] = [None] * len(self.groups)
+        self._build_gradients()
         self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(), accumulate=self.stage == 2,
                                      max_in_flight=2 if (config.zero_optimization.overlap_comm and self.stage == 2) else 0)
         # Phase 4: Adam.
@@ -75,8 +78,19 @@ class ZeroOptimizer:
     def _uses_reduce_scatter(self) -> bool:
         return self.partitioned and self.config.zero_optimization.reduce_scatter
 
-    def _build_gradients(self) -> list[torch.Tensor]:
-        raise NotImplementedError
+    def _build_gradients(self) -> None:
+        """Set up the stage's gradient machinery (no gradient memory yet)."""
+
+    def _new_gradient_partition(self, index: int) -> torch.Tensor:
+        """A zeroed fp32 gradient partition for group `index` (stages may return a view instead)."""
+        group = self.groups[index]
+        return torch.zeros(group.partition_numel, dtype=torch.float32, device=group.flat.device)
+
+    def gradient_partition(self, index: int) -> torch.Tensor:
+        """Group `index`'s fp32 gradient partition, allocated on first use in a window."""
+        if self.gradient_partitions[index] is None:
+            self.gradient_partitions[index] = self._new_gradient_partition(index)
+        return self.gradient_partitions[index]
 
     def before_backward(self) -> None:
         """Called by the engine before every loss.backward()."""
@@ -87,9 +101,8 @@ class ZeroOptimizer:
     def _complete_gradient_partitions(self) -> None:
         raise NotImplementedError
 
-    def _zero_gradients(self) -> None:
-        for partition in self.gradient_partitions:
-            partition.zero_()
+    def _release_gradients(self) -> None:
+        self.gradient_partitions = [None] * len(self.groups)
 
     def _gradient_bytes(self) -> dict[str, int]:
         raise NotImplementedError
@@ -103,51 +116,53 @@ class ZeroOptimizer:
     def step(self) -> None:
         # Phase 1: gradient partitions complete (summed over ranks, averaged).
         self._complete_gradient_partitions()
+        partitions = [self.gradient_partition(index) for index in range(len(self.groups))]
         # Phase 2: unscale and agree on overflow.
         scale = self.loss_scaler.loss_scale
         if scale != 1.0:
-            for partition in self.gradient_partitions:
+            for partition in partitions:
                 partition.div_(scale)
-        self.overflow = self.config.fp16.enabled and self._any_rank_overflowed()
+        self.overflow = self.config.fp16.enabled and self._any_rank_overflowed(partitions)
         self.loss_scaler.update_scale(self.overflow)
         if self.overflow:
-            self._zero_gradients()
+            self._release_gradients()
             return
         # Phase 3: global norm and clipping (torch.nn.utils.clip_grad_norm_'s coefficient).
-        self.global_grad_norm = self._global_norm()
+        self.global_grad_norm = self._global_norm(partitions)
         max_norm = self.config.gradient_clipping
         if max_norm > 0:
             coefficient = max_norm / (self.global_grad_norm + 1e-6)
             if coefficient < 1.0:
-                for partition in self.gradient_partitions:
+                for partition in partitions:
                     partition.mul_(coefficient)
         # Phase 4: Adam on the master partitions.
-        self.optimizer.step(self.gradient_partitions)
+        self.optimizer.step(partitions)
+        del partitions
         # Phase 5: updated partitions back into every rank's flat buffer.
         for group, master in zip(self.groups, self.master_partitions):
             if not self.master_is_flat:
                 group.partition_of(group.flat).copy_(master)
             gather_partitions(self.collectives, group, self.config.zero_optimization.allgather_bucket_size)
-        # Phase 6: a clean slate for the next window.
-        self._zero_gradients()
+        # Phase 6: no gradient memory between steps.
+        self._release_gradients()
 
-    def _any_rank_overflowed(self) -> bool:
-        flag = torch.tensor([0.0 if all(bool(torch.isfinite(p).all()) for p in self.gradient_partitions) else 1.0],
-                            device=self.gradient_partitions[0].device)
+    def _any_rank_overflowed(self, partitions: list[torch.Tensor]) -> bool:
+        flag = torch.tensor([0.0 if all(bool(torch.isfinite(p).all()) for p in partitions) else 1.0],
+                            device=partitions[0].device)
         if self.partitioned:
             self.collectives.all_reduce(flag, maximum=True)
         return bool(flag.item())
 
-    def _global_norm(self) -> float:
-        squares = torch.zeros(1, dtype=torch.float32, device=self.gradient_partitions[0].device)
-        for partition in self.gradient_partitions:
+    def _global_norm(self, partitions: list[torch.Tensor]) -> float:
+        squares = torch.zeros(1, dtype=torch.float32, device=partitions[0].device)
+        for partition in partitions:
             squares += partition.pow(2).sum()
         if self.partitioned:
             self.collectives.all_reduce(squares)
         return math.sqrt(float(squares.item()))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._zero_gradients()
+        self._release_gradients()
 
     # ----- observability -------------------------------------------------------------------
     def memory_breakdown(self) -> dict[str, int]:
