@@ -73,8 +73,11 @@ FAILING_SCRIPT = """
 import os, sys, time
 rank = int(os.environ["RANK"])
 if rank == 0:
+    print("[zero] world_size=2", flush=True)
     print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)
 time.sleep(0.5)
+if "official" not in sys.argv:
+    sys.exit(0)
 if rank == 1:
     print("RuntimeError: injected failure on rank 1", file=sys.stderr, flush=True)
     sys.exit(7)
@@ -86,7 +89,7 @@ def test_a_failing_run_exits_3_keeps_its_logs_and_partial_results(tmp_path, monk
     script = tmp_path / "failing_train.py"
     script.write_text(FAILING_SCRIPT)
     monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
-    result = CliRunner().invoke(app, ["run", "--impl", "nano", "--gpus", "2", "--device", "cpu", "--steps", "3",
+    result = CliRunner().invoke(app, ["run", "--impl", "official", "--gpus", "2", "--device", "cpu", "--steps", "3",
                                       "--out", str(tmp_path / "runs"), "--name", "boom", "--format", "json"])
     assert result.exit_code == 3, result.output
     summary = json.loads(result.stdout)
@@ -95,6 +98,19 @@ def test_a_failing_run_exits_3_keeps_its_logs_and_partial_results(tmp_path, monk
     assert "injected failure on rank 1" in summary["log_tail"]
     assert "injected failure" in (tmp_path / "runs" / "boom" / "logs" / "rank1.stderr.log").read_text()
     assert "rank 1, exit code 7" in result.stderr
+
+
+def test_a_failed_cell_does_not_stop_the_others_and_compare_exits_3(tmp_path, monkeypatch):
+    script = tmp_path / "failing_train.py"
+    script.write_text(FAILING_SCRIPT)  # official fails on rank 1, nano finishes
+    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
+    result = CliRunner().invoke(app, ["compare", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1",
+                                      "--stages", "1,2", "--out", str(tmp_path), "--name", "c", "--format", "json"])
+    assert result.exit_code == 3, result.output
+    payload = json.loads(result.stdout)
+    assert [(r["stage"], r["impl"], r["status"]) for r in payload["rows"]] == [
+        (1, "nano", "ok"), (1, "official", "failed"), (2, "nano", "ok"), (2, "official", "failed")]
+    assert payload["verdict"]["exit_code"] == 3 and len(payload["verdict"]["failed_runs"]) == 2
 
 
 def test_stopping_a_run_ends_torchrun_and_every_worker_within_seconds(tmp_path):

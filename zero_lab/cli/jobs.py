@@ -22,6 +22,7 @@ class Job:
     run_dir: Path
     config: dict
     official_config: dict | None
+    label: str
 
 
 @dataclass
@@ -43,7 +44,8 @@ def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, st
                           shared.extra_torchrun_args, steps=steps)
     config = plan.received_config(staged, spec)
     official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
-    return Job(spec, run_dir, config, official)
+    label = f"{impl} w{nproc} s{stage}" + (" (warm-up)" if steps is not None else "")
+    return Job(spec, run_dir, config, official, label)
 
 
 def run_jobs(jobs: list[Job], environment: dict, show_progress: bool = True) -> tuple[list[dict], bool]:
@@ -55,16 +57,15 @@ def run_jobs(jobs: list[Job], environment: dict, show_progress: bool = True) -> 
     live = show_progress and output.stderr.is_terminal
     with output.progress_bar(disable=not live) as progress:
         for job in jobs:
-            label = f"{job.spec.impl} w{job.spec.nproc} s{job.spec.stage}"
             if not live:
-                output.stderr.print(f"{label}: running {job.spec.workload.steps} steps in {job.run_dir}", markup=False)
+                output.stderr.print(f"{job.label}: running {job.spec.workload.steps} steps in {job.run_dir}", markup=False)
             try:
                 summary = execute(job.spec, job.run_dir, job.config, job.official_config, environment,
-                                  progress if live else None)
+                                  job.label, progress if live else None)
             except KeyboardInterrupt:
                 summaries.append(rundir.read_json(job.run_dir / rundir.SUMMARY))
                 return summaries, True
             summaries.append(summary)
-            output.stderr.print(f"{label}: {summary['status']}, {summary['steps']} steps, last loss "
+            output.stderr.print(f"{job.label}: {summary['status']}, {summary['steps']} steps, last loss "
                                 f"{summary['loss_last']}, {summary['duration_s']} s", markup=False)
     return summaries, False

@@ -83,6 +83,7 @@ def execute(
     config: dict,
     official_config: dict | None,
     environment: dict,
+    label: str,
     progress: Progress | None = None,
 ) -> dict:
     """Run spec to completion (or interruption) and return its summary; KeyboardInterrupt re-raised."""
@@ -95,7 +96,6 @@ def execute(
     (run_dir / "command.txt").write_text(launch.shell_quote(command) + "\n")
     rundir.write_json(run_dir / "env.json", environment)
     child_env = launch.launch_environment(dict(os.environ), spec.device, spec.nproc, environment["cpu_cores"])
-    label = f"{spec.impl} w{spec.nproc} s{spec.stage}"
     task = progress.add_task(label, total=spec.workload.steps, loss="-") if progress is not None else None
     # Phase 2
     started = time.monotonic()

@@ -95,7 +95,9 @@ def run(
     job = jobs.prepare(shared, impl, stage, gpus, run_dir)
     summaries, interrupted = jobs.run_jobs([job], environment(device))
     summary = summaries[0]
-    if format == "json":
+    if summary["status"] == "bad_input":
+        pass  # the harness's one line below says it all
+    elif format == "json":
         output.print_json({key: value for key, value in summary.items() if key != "losses"})
     else:
         output.print_table(*run_table(summaries), title=f"{run_dir}")
