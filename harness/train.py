@@ -113,6 +113,8 @@ def train(args, device: torch.device, config: dict, batches) -> None:
             batch = batches.get((step - 1) * accumulation + micro, rank, device)
             loss = engine(**batch).loss
             engine.backward(loss)
+            if micro == accumulation - 1:
+                metrics.before_optimizer_step()
             engine.step()
             metrics.add_loss(loss)
         tokens = batch["input_ids"].numel() * accumulation * world_size
@@ -128,10 +130,13 @@ def train(args, device: torch.device, config: dict, batches) -> None:
             emit(rank, "warn", {"step": step, "kind": "skipped_step",
                                 "loss_scale": fields["loss_scale"]})
 
-    # Phase 5: totals per collective type over the training steps.
+    # Phase 5: totals per collective type over the training steps; no rank tears its process
+    # group down while another still works.
     memory.stop()
     for fields in comm_totals(comm.snapshot(), args.steps):
         emit(rank, "comm", fields)
+    with comm.paused():
+        dist.barrier()
 
 
 def main(argv: list[str] | None = None) -> int:

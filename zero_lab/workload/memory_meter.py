@@ -128,6 +128,12 @@ class MemoryMeter:
         if self.tracker is not None:
             self.tracker.__exit__(None, None, None)
 
+    def live_bytes(self) -> int:
+        """Bytes of live tensors now (CUDA: allocated), without touching the peaks."""
+        if self.tracker is None:
+            return torch.cuda.memory_allocated(self.device)
+        return self.tracker.refresh()
+
     def sample(self) -> MemorySample:
         """The memory now and the peaks since the previous sample; then reset the peaks."""
         if self.tracker is None:

@@ -114,8 +114,9 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict:
         config.pop("train_batch_size", None)  # re-inferred from micro x accumulation x world
     try:  # both impls get this config (official through to_official_config), so nano's rules hold
         load_config(config, world_size=world_size)
-    except NanoConfigError as error:
-        raise WorkloadError(str(error).rstrip("."), f"Fix {path}") from None
+    except NanoConfigError as error:  # nano's messages read "<problem>; <fix>"
+        problem, _, fix = str(error).rstrip(".").partition("; ")
+        raise WorkloadError(f"{path}: {problem}", fix[:1].upper() + fix[1:] or "Fix the config") from None
     return config
 
 

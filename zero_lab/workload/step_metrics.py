@@ -1,7 +1,10 @@
 """One optimizer step's figures, combined over ranks into the `[opt_step k]` line.
 
 Phase 1: `begin()` notes the time and the communication counts.
-Phase 2: the caller runs the step's micro-steps and hands each micro-step's loss to `add_loss`.
+Phase 2: the caller runs the step's micro-steps, hands each micro-step's loss to `add_loss`, and
+         calls `before_optimizer_step()` between the last backward and `engine.step()`: live
+         bytes there hold parameters, gradients and optimizer states, every term of the ZeRO
+         formulas (at the end of a step the engines have already released the gradients).
 Phase 3: `end()` samples this rank's memory, then (with the comm meter paused, so the harness's
          own collectives never count) averages the loss over micro-steps and ranks (SUM, then
          divide: gloo's AVG has had silent bugs) and takes the max over ranks of memory, step
@@ -19,7 +22,8 @@ from zero_lab.workload.comm_meter import CommMeter, OpCount, difference
 from zero_lab.workload.log_lines import MB
 from zero_lab.workload.memory_meter import MemoryMeter
 
-MAX_OVER_RANKS = ("alloc", "reserved", "peak_alloc", "peak_reserved", "comm_bytes", "step_ns")
+MAX_OVER_RANKS = ("alloc", "reserved", "peak_alloc", "peak_reserved", "pre_step_alloc",
+                  "comm_bytes", "step_ns")
 
 
 class StepMetrics:
@@ -37,6 +41,9 @@ class StepMetrics:
     def add_loss(self, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach().float())
 
+    def before_optimizer_step(self) -> None:
+        self._pre_step_alloc = self.memory.live_bytes()
+
     def end(self, tokens: int) -> dict:
         """Fields of the step's line (before loss_scale, lr and grad_norm, which the engine knows)."""
         if self.device.type == "cuda":
@@ -46,7 +53,7 @@ class StepMetrics:
         comm_bytes = sum(count.bytes for count in
                          difference(self.comm.snapshot(), self._comm_before).values())
         local_max = [memory.alloc, memory.reserved, memory.peak_alloc, memory.peak_reserved,
-                     comm_bytes, step_ns]
+                     self._pre_step_alloc, comm_bytes, step_ns]
         with self.comm.paused():
             loss_sum = torch.stack(self._losses).sum().to(torch.float64).reshape(1)
             maxima = torch.tensor(local_max, dtype=torch.int64, device=self.device)
@@ -64,7 +71,9 @@ class StepMetrics:
             "peak_alloc_max_mb": worst["peak_alloc"] / MB,
             "peak_reserved_max_mb": worst["peak_reserved"] / MB,
             "comm_mb": worst["comm_bytes"] / MB,
+            "pre_step_alloc_max_mb": worst["pre_step_alloc"] / MB,
             "alloc_max_bytes": worst["alloc"],
+            "pre_step_alloc_max_bytes": worst["pre_step_alloc"],
             "comm_bytes": worst["comm_bytes"],
         }
 

@@ -1,0 +1,87 @@
+"""Bad input to harness/train.py: one line `error: <problem>. <fix>` on stderr, exit code 2,
+before any engine starts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from zero_lab.workload.errors import WorkloadError
+from zero_lab.workload.run_config import resolve_device
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "harness" / "train.py"
+
+
+@pytest.fixture(scope="module")
+def train_module():
+    spec = importlib.util.spec_from_file_location("harness_train", TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def single_rank(monkeypatch):
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1").items():
+        monkeypatch.setenv(key, value)
+
+
+def refuse(train_module, capsys, *argv: str) -> str:
+    assert train_module.main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_unknown_preset_and_missing_model_directory(train_module, capsys, single_rank, tmp_path):
+    assert "neither a preset" in refuse(train_module, capsys, "--model-name", "huge")
+    assert "neither a preset" in refuse(train_module, capsys, "--model-name", str(tmp_path / "gone"))
+    assert "no config.json" in refuse(train_module, capsys, "--model-name", str(tmp_path))
+
+
+def test_malformed_dataset(train_module, capsys, single_rank, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": oops}\n')
+    assert "line 2 is not valid JSON" in refuse(train_module, capsys, "--dataset-path", str(bad))
+
+
+def test_config_stage_contradicting_zero_stage(train_module, capsys, single_rank):
+    err = refuse(train_module, capsys, "--deepspeed_config", str(REPO / "harness/configs/zero2.json"),
+                 "--zero-stage", "1")
+    assert "sets zero_optimization.stage 2 but --zero-stage is 1" in err
+
+
+def test_bad_config_key_is_named(train_module, capsys, single_rank, tmp_path):
+    config = tmp_path / "typo.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimisation": {}}))
+    assert "zero_optimisation" in refuse(train_module, capsys, "--deepspeed_config", str(config))
+
+
+def test_fp16_with_official_on_cpu(train_module, capsys, single_rank):
+    err = refuse(train_module, capsys, "--impl", "official", "--device", "cpu", "--model-dtype", "float16")
+    assert "fp16" in err and "bfloat16" in err
+
+
+def test_more_processes_than_cuda_devices(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(WorkloadError, match="2 processes per node but only 1 visible CUDA"):
+        resolve_device("auto", local_world_size=2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(WorkloadError, match="torch sees no CUDA device"):
+        resolve_device("cuda", local_world_size=1)
+
+
+def test_the_script_itself_exits_2_without_a_traceback():
+    done = subprocess.run([sys.executable, str(TRAIN), "--model-name", "huge"], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: --model-name 'huge' is neither a preset")
+    assert done.stderr.count("\n") == 1

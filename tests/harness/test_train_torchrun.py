@@ -1,0 +1,168 @@
+"""harness/train.py under torchrun on CPU (tiny, world size 2, fp32): the log contract, nano vs
+official losses, live bytes against the ZeRO formulas, and bytes per collective per step.
+
+Each (impl, stage, reduce_scatter) is launched once per module and its rank-0 log reused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.spawn import free_port
+from zero_lab.nano.memory_formula import model_state_bytes, padded_numel
+from zero_lab.workload.log_lines import parse_line
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+WORLD_SIZE, STEPS = 2, 3
+FP32 = 4
+ZERO_KEYS = {"impl", "stage", "world_size", "reduce_scatter", "reduce_bucket_size",
+             "allgather_bucket_size", "overlap_comm", "communication_data_type"}
+MODEL_KEYS = {"name", "params", "param_dtype", "compute_dtype", "ds_precision", "device"}
+STEP_KEYS = {"loss", "grad_norm", "lr", "loss_scale", "step_ms", "tokens_per_s", "alloc_max_mb",
+             "reserved_max_mb", "peak_alloc_max_mb", "peak_reserved_max_mb", "comm_mb"}
+
+
+def torchrun_command(config: Path, impl: str) -> list[str]:
+    return [str(Path(sys.executable).with_name("torchrun")), "--nnodes=1",
+            f"--nproc-per-node={WORLD_SIZE}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(REPO / "harness" / "train.py"),
+            "--impl", impl, "--deepspeed_config", str(config), "--model-name", "tiny",
+            "--steps", str(STEPS), "--batch-size", "2", "--seq-len", "32", "--seed", "0"]
+
+
+def read_log(text: str) -> dict:
+    """The contract lines of a rank-0 log, by tag ('opt_step' and 'comm' as lists)."""
+    log = {"opt_step": [], "comm": {}, "warn": []}
+    for line in text.splitlines():
+        parsed = parse_line(line)
+        if parsed is None:
+            continue
+        tag, step, fields = parsed
+        if tag == "opt_step":
+            log["opt_step"].append((step, fields))
+        elif tag == "comm":
+            log["comm"][fields["op"]] = fields
+        elif tag == "warn":
+            log["warn"].append(fields)
+        else:
+            log[tag] = fields
+    return log
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """run(impl, stage, reduce_scatter=True) -> the parsed rank-0 log of that launch (cached)."""
+    logs: dict = {}
+
+    def launch(impl: str, stage: int, reduce_scatter: bool = True) -> dict:
+        key = (impl, stage, reduce_scatter)
+        if key not in logs:
+            config = json.loads((REPO / "harness" / "configs" / f"zero{stage}.json").read_text())
+            config["zero_optimization"]["reduce_scatter"] = reduce_scatter
+            path = tmp_path_factory.mktemp("config") / "config.json"
+            path.write_text(json.dumps(config))
+            env = {**os.environ, "OMP_NUM_THREADS": "1",
+                   "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
+            done = subprocess.run(torchrun_command(path, impl), capture_output=True, text=True,
+                                  env=env, timeout=600, cwd=REPO)
+            assert done.returncode == 0, f"{key} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            logs[key] = read_log(done.stdout)
+        return logs[key]
+
+    return launch
+
+
+@pytest.mark.parametrize("impl", ["nano", "official"])
+def test_every_contract_line_is_present_and_parses(run, impl):
+    log = run(impl, 2)
+    assert ZERO_KEYS <= log["zero"].keys() and MODEL_KEYS <= log["model"].keys()
+    assert (log["zero"]["impl"], log["zero"]["stage"], log["zero"]["world_size"]) == (impl, 2, 2)
+    assert log["model"]["ds_precision"] == "fp32" and log["model"]["device"] == "cpu"
+    assert [step for step, _ in log["opt_step"]] == list(range(1, STEPS + 1))
+    for _, fields in log["opt_step"]:
+        assert STEP_KEYS <= fields.keys()
+        assert all(isinstance(fields[key], (int, float)) for key in STEP_KEYS)
+        assert math.isfinite(fields["loss"]) and fields["alloc_max_mb"] > 0
+        assert fields["peak_alloc_max_mb"] >= fields["alloc_max_mb"] and fields["comm_mb"] > 0
+    assert log["comm"] and all({"calls", "mb"} <= fields.keys() for fields in log["comm"].values())
+    assert log["warn"] == []
+
+
+def test_nano_and_official_losses_agree_per_step(run):
+    nano, official = run("nano", 2), run("official", 2)
+    for (step, ours), (_, theirs) in zip(nano["opt_step"], official["opt_step"]):
+        assert abs(ours["loss"] - theirs["loss"]) <= 1e-5, f"step {step}: {ours['loss']} vs {theirs['loss']}"
+
+
+def official_state_bytes(stage: int, numel: int, world_size: int) -> int:
+    """Official DeepSpeed in fp32 between steps (what its code keeps, measured here): the full fp32
+    parameters; stage 0: torch's AdamW states for all of them; stages 1-2: a separate fp32 master
+    partition plus AdamW states for it. Gradients are released by the step's zero_grad."""
+    partition = numel if stage == 0 else padded_numel(numel, world_size) // world_size
+    master = 0 if stage == 0 else partition * FP32
+    return numel * FP32 + master + 2 * partition * FP32
+
+
+def nano_state_bytes(stage: int, numel: int, categories: tuple[str, ...]) -> int:
+    table = model_state_bytes(stage, "fp32", numel, WORLD_SIZE)
+    return sum(table[category] for category in categories)
+
+
+def last_step(log: dict) -> dict:
+    return log["opt_step"][-1][1]
+
+
+def test_nano_stage2_saves_the_formulas_bytes(run):
+    """Before the optimizer step every formula term is live (gradients included); at the end of the
+    step the gradients are released and parameters + optimizer states remain."""
+    stage0, stage2 = run("nano", 0), run("nano", 2)
+    numel = stage2["model"]["params"]
+    every_term = tuple(model_state_bytes(0, "fp32", 1, 1))
+    between_steps = ("parameters", "fp32_master_partition", "optimizer_states")
+    for field, terms in (("pre_step_alloc_max_bytes", every_term), ("alloc_max_bytes", between_steps)):
+        measured = last_step(stage0)[field] - last_step(stage2)[field]
+        formula = nano_state_bytes(0, numel, terms) - nano_state_bytes(2, numel, terms)
+        assert formula > 0 and abs(measured - formula) <= 0.01 * formula, (field, measured, formula)
+
+
+def test_official_stage2_saves_the_formulas_bytes(run):
+    stage0, stage2 = run("official", 0), run("official", 2)
+    numel = stage2["model"]["params"]
+    measured = last_step(stage0)["alloc_max_bytes"] - last_step(stage2)["alloc_max_bytes"]
+    formula = official_state_bytes(0, numel, WORLD_SIZE) - official_state_bytes(2, numel, WORLD_SIZE)
+    assert formula > 0 and abs(measured - formula) <= 0.01 * formula, (measured, formula)
+
+
+def bytes_per_step(log: dict) -> dict[str, int]:
+    return {op: fields["bytes"] // STEPS for op, fields in log["comm"].items()}
+
+
+@pytest.mark.parametrize("reduce_scatter", [True, False])
+def test_nano_stage2_moves_the_formulas_bytes(run, reduce_scatter):
+    """Gradients: reduce-scatter of the whole flat buffer (or all-reduce of it); parameters: an
+    all-gather of the whole buffer; plus one fp32 scalar all-reduce, the squared gradient norm."""
+    log = run("nano", 2, reduce_scatter)
+    buffer_bytes = padded_numel(log["model"]["params"], WORLD_SIZE) * FP32
+    norm = FP32
+    expected = ({"reduce_scatter": buffer_bytes, "all_gather": buffer_bytes, "all_reduce": norm}
+                if reduce_scatter else {"all_reduce": buffer_bytes + norm, "all_gather": buffer_bytes})
+    assert bytes_per_step(log) == expected
+
+
+def test_official_stage2_moves_the_formulas_bytes(run):
+    """DeepSpeed 0.19's stage 2 (use_multi_rank_bucket_allreduce) all-reduces gradient buckets even
+    with reduce_scatter true, all-gathers each parameter group's flat buffer, and all-reduces two
+    fp32 scalars (the overflow check's MAX and the gradient norm's SUM)."""
+    log = run("official", 2)
+    numel = log["model"]["params"]
+    assert bytes_per_step(log) == {"all_reduce": numel * FP32 + 2 * FP32,
+                                   "all_gather_into_tensor": numel * FP32}
