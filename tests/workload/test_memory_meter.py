@@ -7,12 +7,12 @@ from zero_lab.workload.memory_meter import LiveStorageTracker, MemoryMeter
 
 def test_tracker_sees_an_allocation_and_its_release():
     with LiveStorageTracker() as tracker:
-        baseline = tracker.refresh()
+        baseline = tracker.live_bytes
         block = torch.empty(1_000_000)  # 4,000,000 bytes
         view = block[10:20].view(2, 5)  # shares block's storage: no new bytes
-        assert tracker.refresh() - baseline == 4_000_000
+        assert tracker.live_bytes - baseline == 4_000_000
         del block, view
-        assert tracker.refresh() == baseline
+        assert tracker.live_bytes == baseline
         assert tracker.peak_bytes - baseline >= 4_000_000
 
 
@@ -21,7 +21,7 @@ def test_peak_is_the_high_water_mark_since_the_last_reset():
         first = torch.zeros(250_000)  # 1,000,000 bytes
         del first
         tracker.reset_peak()
-        baseline = tracker.refresh()
+        baseline = tracker.live_bytes
         second = torch.zeros(125_000)  # 500,000 bytes
         assert tracker.peak_bytes - baseline == 500_000
         del second
@@ -30,9 +30,9 @@ def test_peak_is_the_high_water_mark_since_the_last_reset():
 def test_resize_in_place_is_followed():
     with LiveStorageTracker() as tracker:
         grown = torch.zeros(10)
-        baseline = tracker.refresh()
+        baseline = tracker.live_bytes
         grown.resize_(1000)  # the same storage, now 4,000 bytes
-        assert tracker.refresh() - baseline == 4000 - 40
+        assert tracker.live_bytes - baseline == 4000 - 40
 
 
 def test_meter_samples_cpu_memory_and_resets_peaks():

@@ -4,7 +4,7 @@ resident or reserved memory, read from outside the engine so neither impl grades
 On CUDA the caching allocator already keeps these figures (`torch.cuda.memory_allocated` and
 friends). On CPU there is no allocator to ask, so `LiveStorageTracker` watches every aten op's
 outputs through a `TorchDispatchMode` and remembers each untyped storage by weak reference: a
-storage counts from the first op that produces it until Python frees it. Process RSS alone is no
+storage counts from the first op that produces it until it is freed. Process RSS alone is no
 substitute: some 800 MB of library baseline hides the stage differences.
 
 The tracker only sees storages produced while it is active, so enter it before building the model.
@@ -16,12 +16,13 @@ Phase 3: `MemoryMeter.sample()` returns a `MemorySample` and resets the peaks fo
 
 from __future__ import annotations
 
+import functools
 import resource
+import weakref
 from dataclasses import dataclass
 
 import psutil
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -39,14 +40,15 @@ class MemorySample:
 class LiveStorageTracker(TorchDispatchMode):
     """Bytes of tensor storage alive in this process on one device type, and their peak.
 
-    Storages are keyed by the address of their StorageImpl; a key whose weak reference has
-    expired was freed, so a later storage at the same address is a new one.
+    torch keeps one Python object per live storage (PyObject preservation), so a weak reference
+    to it fires its callback exactly when the storage is freed: frees are counted as they happen,
+    with no scan over the storages.
     """
 
     def __init__(self, device_type: str = "cpu"):
         super().__init__()
         self.device_type = device_type
-        self._storages: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._storages: dict[int, tuple[weakref.ref, int]] = {}  # id(storage) -> (ref, bytes)
         self.live_bytes = 0
         self.peak_bytes = 0
 
@@ -62,29 +64,23 @@ class LiveStorageTracker(TorchDispatchMode):
             storage = tensor.untyped_storage()
         except (NotImplementedError, RuntimeError):  # sparse and other storage-less layouts
             return
-        key = storage._cdata
+        key, nbytes = id(storage), storage.nbytes()
         known = self._storages.get(key)
-        if known is not None and not known[0].expired():
-            if known[1] != storage.nbytes():  # resized in place (resize_, set_)
-                self._storages[key] = (known[0], storage.nbytes())
-                self.live_bytes += storage.nbytes() - known[1]
-                self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        if known is None:
+            self._storages[key] = (weakref.ref(storage, functools.partial(self._freed, key)), nbytes)
+            self.live_bytes += nbytes
+        elif known[1] != nbytes:  # resized in place (resize_, set_)
+            self._storages[key] = (known[0], nbytes)
+            self.live_bytes += nbytes - known[1]
+        else:
             return
-        # A new storage: forget the freed ones first so the peak is the true high-water mark.
-        self.refresh()
-        self._storages[key] = (StorageWeakRef(storage), storage.nbytes())
-        self.live_bytes += storage.nbytes()
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
-    def refresh(self) -> int:
-        """Drop freed storages from the count; returns the live bytes."""
-        freed = [key for key, (ref, _) in self._storages.items() if ref.expired()]
-        for key in freed:
-            self.live_bytes -= self._storages.pop(key)[1]
-        return self.live_bytes
+    def _freed(self, key: int, _ref) -> None:
+        self.live_bytes -= self._storages.pop(key)[1]
 
     def reset_peak(self) -> None:
-        self.peak_bytes = self.refresh()
+        self.peak_bytes = self.live_bytes
 
 
 def resident_bytes() -> int:
@@ -132,7 +128,7 @@ class MemoryMeter:
         """Bytes of live tensors now (CUDA: allocated), without touching the peaks."""
         if self.tracker is None:
             return torch.cuda.memory_allocated(self.device)
-        return self.tracker.refresh()
+        return self.tracker.live_bytes
 
     def sample(self) -> MemorySample:
         """The memory now and the peaks since the previous sample; then reset the peaks."""
@@ -145,7 +141,7 @@ class MemoryMeter:
             )
             torch.cuda.reset_peak_memory_stats(self.device)
             return sample
-        alloc = self.tracker.refresh()
+        alloc = self.tracker.live_bytes
         reserved = resident_bytes()
         sample = MemorySample(
             alloc=alloc,
