@@ -1,0 +1,60 @@
+"""Presets give the same weights for a seed; a local Hugging Face directory loads from disk only,
+and its tokenizer's chat template masks the prompt."""
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from zero_lab.workload.data import IGNORE_INDEX, conversation_example
+from zero_lab.workload.errors import WorkloadError
+from zero_lab.workload.models import build_model, check_model_name, load_tokenizer, parameter_groups
+
+WORDS = ["[UNK]", "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "hi", "there", "hello", "friend"]
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The tiny preset saved as a Hugging Face directory, with a word-level tokenizer."""
+    path = tmp_path_factory.mktemp("hf-tiny")
+    build_model("tiny", seed=5).save_pretrained(path)
+    words = Tokenizer(models.WordLevel({word: i for i, word in enumerate(WORDS)}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<|pad|>", eos_token="<|end|>",
+                                        additional_special_tokens=["<|user|>", "<|assistant|>"])
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_preset_is_the_same_for_a_seed_and_differs_across_seeds():
+    first, again, other = (build_model("tiny", seed) for seed in (1, 1, 2))
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), again.parameters()))
+    assert not torch.equal(next(first.parameters()), next(other.parameters()))
+
+
+def test_a_local_directory_loads_its_weights_and_tokenizer(model_dir):
+    loaded = build_model(str(model_dir), seed=0, dtype="bfloat16")
+    saved = build_model("tiny", seed=5)
+    assert next(loaded.parameters()).dtype == torch.bfloat16
+    assert all(torch.equal(a.to(torch.bfloat16), b) for a, b in zip(saved.parameters(), loaded.parameters()))
+    tokenizer = load_tokenizer(str(model_dir))
+    messages = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello friend"}]
+    example = conversation_example(tokenizer, messages)
+    targets = [token for token, label in zip(example.input_ids, example.labels) if label != IGNORE_INDEX]
+    assert tokenizer.decode(targets) == "hello friend <|end|>"
+
+
+def test_bad_model_names(tmp_path):
+    with pytest.raises(WorkloadError, match="neither a preset"):
+        check_model_name("huge")
+    with pytest.raises(WorkloadError, match="no config.json"):
+        check_model_name(str(tmp_path))
+
+
+def test_norms_and_biases_get_no_weight_decay():
+    decay, no_decay = parameter_groups(build_model("tiny", seed=0), weight_decay=0.1)
+    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0) and no_decay["params"]
