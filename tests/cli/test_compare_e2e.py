@@ -130,3 +130,31 @@ def test_stopping_a_run_ends_torchrun_and_every_worker_within_seconds(tmp_path):
     assert time.monotonic() - started < 10
     assert not [member for member in family if member.is_running() and member.status() != psutil.STATUS_ZOMBIE]
     assert process.returncode is not None
+
+
+def test_ctrl_c_marks_the_run_interrupted_keeps_its_results_and_exits_130(tmp_path, monkeypatch):
+    from zero_lab.cli import launcher
+
+    script = tmp_path / "slow_train.py"
+    script.write_text('import os, time\nif os.environ["RANK"] == "0":\n'
+                      '    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)\ntime.sleep(60)\n')
+    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
+    real_stream = launcher.stream
+
+    def stream_then_ctrl_c(process, console_log, progress, task):
+        with open(console_log, "w") as sink:
+            for line in process.stdout:
+                sink.write(line)
+                if "[opt_step 1]" in line:
+                    raise KeyboardInterrupt  # what Python raises on SIGINT in the main thread
+        real_stream(process, console_log, progress, task)
+
+    monkeypatch.setattr(launcher, "stream", stream_then_ctrl_c)
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["run", "--impl", "nano", "--gpus", "2", "--device", "cpu", "--out",
+                                      str(tmp_path / "runs"), "--name", "stop", "--format", "json"])
+    assert result.exit_code == 130, result.output
+    assert time.monotonic() - started < 30, "workers sleeping 60 s were stopped"
+    summary = json.loads((tmp_path / "runs" / "stop" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == 1
+    assert (tmp_path / "runs" / "stop" / "logs" / "rank1.stdout.log").is_file()

@@ -35,9 +35,12 @@ def plot_losses(summaries: list[dict], path: Path) -> Path | None:
     if not curves:
         return None
     figure, axes = plt.subplots(figsize=(7, 4))
-    for label, losses in curves:
+    # Matching impls draw on top of each other: alternate solid and dashed so both stay visible.
+    for index, (label, losses) in enumerate(curves):
         steps = sorted(losses)
-        axes.plot(steps, [losses[step] for step in steps], marker=".", label=label)
+        axes.plot(steps, [losses[step] for step in steps], marker=".", label=label,
+                  linestyle="-" if index % 2 == 0 else "--")
+    axes.xaxis.get_major_locator().set_params(integer=True)
     axes.set_xlabel("optimizer step")
     axes.set_ylabel("loss")
     axes.set_title("Loss")

@@ -63,7 +63,8 @@ def run_jobs(jobs: list[Job], environment: dict, show_progress: bool = True) -> 
                 summary = execute(job.spec, job.run_dir, job.config, job.official_config, environment,
                                   job.label, progress if live else None)
             except KeyboardInterrupt:
-                summaries.append(rundir.read_json(job.run_dir / rundir.SUMMARY))
+                if (job.run_dir / rundir.SUMMARY).is_file():  # absent if Ctrl-C came before the launch
+                    summaries.append(rundir.read_json(job.run_dir / rundir.SUMMARY))
                 return summaries, True
             summaries.append(summary)
             output.stderr.print(f"{job.label}: {summary['status']}, {summary['steps']} steps, last loss "

@@ -107,9 +107,13 @@ def execute(
     try:
         stream(process, run_dir / "console.log", progress, task)
     except KeyboardInterrupt:
-        # Phase 3
+        # Phase 3: a second Ctrl-C must not cut the clean-up short and leave workers behind.
         interrupted = True
-        stop_process_tree(process)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            stop_process_tree(process)
+        finally:
+            signal.signal(signal.SIGINT, previous)
     # Phase 4
     summary = summarize(spec, run_dir, process.returncode, interrupted, time.monotonic() - started)
     summary.update(config=official_config or config, env=environment, command=launch.shell_quote(command))

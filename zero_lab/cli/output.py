@@ -23,10 +23,11 @@ def progress_bar(disable: bool = False) -> Progress:
     )
 
 
-def print_table(headers: list[str], body: list[list[str]], title: str | None = None) -> None:
+def print_table(headers: list[str], body: list[list[str]], title: str | None = None, numeric: bool = True) -> None:
+    """Numeric tables right-align every column but the first."""
     table = Table(title=title, title_justify="left")
     for index, header in enumerate(headers):
-        table.add_column(header, justify="left" if index == 0 else "right")
+        table.add_column(header, justify="right" if numeric and index else "left")
     for cells in body:
         table.add_row(*cells)
     stdout.print(table)

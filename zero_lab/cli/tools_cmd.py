@@ -131,8 +131,9 @@ REQUIRED = {"python", "torch", "deepspeed", "transformers", "gloo backend", "har
 def doctor() -> None:
     """Versions, devices and backends, and whether official DeepSpeed (and fp16) can run here."""
     checks = doctor_checks()
-    body = [[name, "ok" if ok else "PROBLEM", detail, "" if ok else fix] for name, ok, detail, fix in checks]
-    output.print_table(["check", "status", "detail", "fix"], body, title="zero-lab doctor")
+    body = [[name, "ok" if ok else ("PROBLEM" if name in REQUIRED else "warning"), detail, "" if ok else fix]
+            for name, ok, detail, fix in checks]
+    output.print_table(["check", "status", "detail", "fix"], body, title="zero-lab doctor", numeric=False)
     raise typer.Exit(0 if all(ok for name, ok, _, _ in checks if name in REQUIRED) else 1)
 
 
