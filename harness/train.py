@@ -33,6 +33,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from zero_lab.nano.config import load_config
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.data import make_batches
 from zero_lab.workload.errors import WorkloadError
@@ -73,11 +74,11 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     comm = CommMeter().install()
     memory = MemoryMeter(device)
     memory.start()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     engine_module = load_engine_module(args.impl, device)
     engine_module.init_distributed(dist_backend=None)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
 
     # Phase 3: the same weights on every rank and for both impls, then the engine.
     model = build_model(args.model_name, args.seed, args.model_dtype, args.attn_impl,
@@ -86,20 +87,19 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     engine, _, _, _ = engine_module.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay),
         config=engine_config(args.impl, config, device))
-    zero = config.get("zero_optimization", {})
+    settings = load_config(config, world_size=world_size)  # the config with DeepSpeed's defaults
+    zero = settings.zero_optimization
     emit(rank, "zero", {
         "impl": args.impl, "stage": engine.zero_optimization_stage(), "world_size": world_size,
-        "reduce_scatter": zero.get("reduce_scatter", True),
-        "reduce_bucket_size": zero.get("reduce_bucket_size", 500_000_000),
-        "allgather_bucket_size": zero.get("allgather_bucket_size", 500_000_000),
-        "overlap_comm": zero.get("overlap_comm", False),
-        "communication_data_type": config.get("communication_data_type", "auto"),
+        "reduce_scatter": zero.reduce_scatter, "reduce_bucket_size": zero.reduce_bucket_size,
+        "allgather_bucket_size": zero.allgather_bucket_size, "overlap_comm": zero.overlap_comm,
+        "communication_data_type": settings.communication_data_type or "auto",
         "gradient_accumulation_steps": engine.gradient_accumulation_steps()})
     parameter = next(engine.module.parameters())
     emit(rank, "model", {
         "name": args.model_name, "params": sum(p.numel() for p in engine.module.parameters()),
         "param_dtype": parameter.dtype, "compute_dtype": parameter.dtype,
-        "ds_precision": precision_of(config), "device": device.type,
+        "ds_precision": settings.precision, "device": device.type,
         "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"]})
 
     # Phase 4: the steps. Initialization's broadcasts are not part of any step.
