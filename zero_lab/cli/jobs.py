@@ -18,6 +18,8 @@ from zero_lab.cli.launcher import execute
 
 @dataclass
 class Job:
+    """One prepared run: its launch, directory, the configs each engine receives, a display label."""
+
     spec: launch.LaunchSpec
     run_dir: Path
     config: dict
@@ -48,13 +50,13 @@ def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, st
     return Job(spec, run_dir, config, official, label)
 
 
-def run_jobs(jobs: list[Job], environment: dict, show_progress: bool = True) -> tuple[list[dict], bool]:
+def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], bool]:
     """Phase 2: (summaries of the runs that started, whether Ctrl-C cut the sequence short).
 
     On a terminal a live bar per run; elsewhere (CI logs) one line as each run starts and ends.
     """
     summaries = []
-    live = show_progress and output.stderr.is_terminal
+    live = output.stderr.is_terminal
     with output.progress_bar(disable=not live) as progress:
         for job in jobs:
             if not live:
