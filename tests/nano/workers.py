@@ -10,6 +10,7 @@ import torch
 
 import zero_lab.nano as nano
 from zero_lab.nano.memory_formula import model_state_bytes
+from zero_lab.workload.memory_meter import LiveStorageTracker
 from tests.nano.reference import (ReferenceTrainer, build_model, loss_of, max_difference, micro_batch,
                                   parameter_groups)
 
@@ -90,44 +91,39 @@ def stages_agree_worker(rank: int, world_size: int) -> list[str]:
             for stage, other in ((1, results[1]), (2, results[2])) if max_difference(results[0], other) > 1e-6]
 
 
-def _live_storage_bytes() -> int:
-    """Bytes of every distinct tensor storage alive in the process (found through gc, not the engine)."""
+def _live_bytes(tracker: LiveStorageTracker) -> int:
+    """Bytes of tensor storage alive now, as the harness's external tracker sees them."""
     gc.collect()
-    storages = {}
-    for obj in gc.get_objects():
-        if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu":
-            storage = obj.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
+    return tracker.live_bytes
 
 
 def memory_worker(rank: int, world_size: int) -> list[str]:
-    """Bytes alive while Adam runs, and between steps, equal the documented per-group formula for
-    each stage and precision; memory_breakdown() reports the same categories."""
+    """Bytes alive after backward, while Adam runs, and between steps equal the documented per-group
+    formula for each stage and precision; memory_breakdown() reports the same categories."""
     failures = []
     for precision, stage in itertools.product(("fp32", "bf16"), (0, 1, 2)):
-        baseline = _live_storage_bytes()
+        tracker = LiveStorageTracker("cpu")
+        tracker.__enter__()  # before the model exists, so every storage it and nano make is seen
         model = build_model()
         group_sizes = [sum(p.numel() for p in group["params"]) for group in parameter_groups(model, 0.0)]
         engine, _, _, _ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
                                           config=nano_config(stage, precision=precision, bucket=11))
-        during_step = []
+        moments = {}
         adam_step = engine.optimizer.optimizer.step
 
-        def measured_step(gradients):  # the moment every model state exists at once
-            during_step.append((_live_storage_bytes() - baseline, engine.memory_breakdown()))
+        def measured_step(gradients):  # the moment Adam runs
+            moments["step"] = (_live_bytes(tracker), engine.memory_breakdown())
             adam_step(gradients)
 
         engine.optimizer.optimizer.step = measured_step
         for step in range(2):  # Adam's states exist from the first step on: measure the second
             dtype = next(model.parameters()).dtype  # no input tensor may outlive backward here
             engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE).to(dtype)))
+            moments["backward"] = (_live_bytes(tracker), engine.memory_breakdown())
             engine.step()
-        moments = {"during the step": during_step[-1],
-                   "between steps": (_live_storage_bytes() - baseline, engine.memory_breakdown())}
+        moments["between_steps"] = (_live_bytes(tracker), engine.memory_breakdown())
         for moment, (measured, reported) in moments.items():
-            formulas = [model_state_bytes(stage, precision, numel, world_size, moment == "between steps")
-                        for numel in group_sizes]
+            formulas = [model_state_bytes(stage, precision, numel, world_size, moment) for numel in group_sizes]
             expected = {key: sum(formula[key] for formula in formulas) for key in formulas[0]}
             label = f"ws {world_size} {precision} stage {stage} {moment}"
             if measured != sum(expected.values()):
@@ -135,7 +131,8 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             mismatched = {key: (reported[key], expected[key]) for key in expected if reported[key] != expected[key]}
             if mismatched:
                 failures.append(f"{label}: memory_breakdown vs formula {mismatched}")
-        del engine, model, during_step, moments, adam_step
+        tracker.__exit__(None, None, None)
+        del engine, model, moments, adam_step
     return failures
 
 

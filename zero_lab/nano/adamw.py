@@ -4,6 +4,9 @@ The update is torch.optim.AdamW's single-tensor algorithm, operation for operati
 can be compared element by element with a single-process torch.optim.AdamW reference.
 Per parameter group the optimizer sees one tensor: this rank's fp32 master partition; its
 exp_avg and exp_avg_sq (the optimizer-state partition) are created at the first step.
+The update runs over the partition in chunks, so its temporaries (the denominator) stay a chunk in
+size instead of a partition: small chunks on CPU, large ones on GPUs where each chunk costs kernel
+launches. The arithmetic is elementwise, so chunking does not change a single bit.
 """
 
 from __future__ import annotations
@@ -11,6 +14,12 @@ from __future__ import annotations
 import math
 
 import torch
+
+CHUNK_NUMEL = {"cpu": 1 << 16, "cuda": 1 << 24}
+
+
+def chunk_numel(device: torch.device) -> int:
+    return CHUNK_NUMEL.get(device.type, 1 << 20)
 
 
 @torch.no_grad()
@@ -54,8 +63,12 @@ class PartitionedAdam(torch.optim.Optimizer):
                 state["exp_avg"] = torch.zeros_like(master)
                 state["exp_avg_sq"] = torch.zeros_like(master)
             state["step"] += 1
-            adam_update(master, gradient, state["exp_avg"], state["exp_avg_sq"], state["step"], group["lr"],
-                        group["betas"], group["eps"], group["weight_decay"], self.decoupled_weight_decay)
+            size = chunk_numel(master.device)
+            for start in range(0, master.numel(), size):
+                piece = slice(start, start + size)
+                adam_update(master[piece], gradient[piece], state["exp_avg"][piece], state["exp_avg_sq"][piece],
+                            state["step"], group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                            self.decoupled_weight_decay)
 
     def state_bytes(self) -> int:
         """Bytes of the optimizer-state partition (exp_avg + exp_avg_sq of every group)."""

@@ -3,7 +3,7 @@
 Per micro-step the training loop calls, as with DeepSpeed:
     Phase 1 `engine(batch)`: the module's forward, unchanged (the model knows nothing of ZeRO).
     Phase 2 `engine.backward(loss)`: the loss is divided by the accumulation steps (and multiplied
-             by the fp16 loss scale); the stage attaches or collects gradients around backward.
+             by the fp16 loss scale); stage 2 reduces gradient buckets as backward produces them.
     Phase 3 `engine.step()`: at an accumulation boundary the ZeRO optimizer steps, the learning-rate
              schedule advances unless the step was skipped (fp16 overflow), and global_steps
              counts it; micro_steps counts every call.
@@ -50,7 +50,6 @@ class NanoEngine(torch.nn.Module):
             scaled = scaled / self.gradient_accumulation_steps()
         if self.config.fp16.enabled:
             scaled = scaled * self.optimizer.cur_scale
-        self.optimizer.before_backward()
         scaled.backward(retain_graph=retain_graph)
         self.optimizer.after_backward(self.is_gradient_accumulation_boundary())
         return loss

@@ -3,8 +3,8 @@
 The engine's tests measure the tensors nano really holds and compare them with this table, and
 `zero-lab estimate` prints it beside the ZeRO paper's figures and official DeepSpeed's estimators.
 
-Phase 1: pad the parameter count to a multiple of the partition count (world size; 1 at stage 0) (partitions may cut through
-         parameters, so only the total matters: `padded_numel`).
+Phase 1: pad the parameter count to a multiple of the partition count (the world size; 1 at
+         stage 0). Partitions may cut through parameters, so only the total matters.
 Phase 2: split it into `world_size` partitions (stage 0 keeps one partition: the whole buffer).
 Phase 3: count every buffer of the vocabulary in `zero_lab.nano` at its dtype width.
 """
@@ -41,38 +41,47 @@ def partition_numel(stage: int, numel: int, world_size: int) -> int:
     return padded_numel(numel, count) // count
 
 
-def model_state_bytes(stage: int, precision: str, numel: int, world_size: int,
-                      between_steps: bool = False) -> dict[str, int]:
-    """Bytes per rank for each buffer category while the optimizer steps (the ZeRO paper's model
-    states), or `between_steps`, when nano has released every gradient buffer. Communication
-    buckets are excluded: they live only while a bucket is being reduced.
+MOMENTS = ("backward", "step", "between_steps")
 
-    fp32: the partition of the flat parameter buffer is the master, so there is no master copy, and
-    at stages 0 and 1 the rank's slice of the full gradient buffer is its gradient partition.
-    bf16/fp16: 2-byte parameters (and, at stages 0/1, 2-byte full gradients) plus fp32 master,
-    gradient and optimizer-state partitions.
+
+def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, moment: str = "step") -> dict[str, int]:
+    """Bytes per rank for each buffer category at one moment of a training step:
+
+    backward:      the window's backward is done. Stages 0/1 hold full-size `param.grad`
+                   (the parameters' dtype); stage 2 holds its fp32 gradient partition instead.
+    step:          Adam is running: every stage holds its fp32 gradient partition (full at stage 0)
+                   and has released `param.grad`.
+    between_steps: every gradient buffer is released; parameters, masters and states remain.
+    fp32 needs no master copy: the flat buffer's partition is the master. Communication buckets
+    are excluded: they live only while a bucket is being reduced.
     """
     if stage not in (0, 1, 2):
         raise ValueError(f"nano implements ZeRO stages 0, 1 and 2, not {stage}")
     if precision not in PARAMETER_BYTES:
         raise ValueError(f"precision must be one of {sorted(PARAMETER_BYTES)}, not {precision!r}")
+    if moment not in MOMENTS:
+        raise ValueError(f"moment must be one of {MOMENTS}, not {moment!r}")
     width = PARAMETER_BYTES[precision]
     padded = padded_numel(numel, partition_count(stage, world_size))
     partition = partition_numel(stage, numel, world_size)
-    full_gradients = padded * width if stage in (0, 1) and not between_steps else 0
-    mixed = precision != "fp32"
-    separate_gradient_partition = (mixed or stage == 2) and not between_steps
+    holds_full_gradients = moment == "backward" and stage in (0, 1)
+    holds_gradient_partition = moment == "step" or (moment == "backward" and stage == 2)
     return {
         "parameters": padded * width,
-        "gradients": full_gradients,
-        "fp32_master_partition": partition * FP32_BYTES if mixed else 0,
+        "gradients": numel * width if holds_full_gradients else 0,
+        "fp32_master_partition": partition * FP32_BYTES if precision != "fp32" else 0,
         "optimizer_states": partition * FP32_BYTES * ADAM_STATE_COUNT,
-        "gradient_partition": partition * FP32_BYTES if separate_gradient_partition else 0,
+        "gradient_partition": partition * FP32_BYTES if holds_gradient_partition else 0,
         "communication_buckets": 0,
     }
 
 
-def bytes_per_parameter(stage: int, precision: str, world_size: int, numel: int = 10**9,
-                        between_steps: bool = False) -> float:
-    """Total model-state bytes per parameter per rank (for large models, where padding vanishes)."""
-    return sum(model_state_bytes(stage, precision, numel, world_size, between_steps).values()) / numel
+def peak_model_state_bytes(stage: int, precision: str, numel: int, world_size: int) -> int:
+    """The larger of the backward and step moments: what a rank must fit besides activations."""
+    return max(sum(model_state_bytes(stage, precision, numel, world_size, moment).values())
+               for moment in ("backward", "step"))
+
+
+def bytes_per_parameter(stage: int, precision: str, world_size: int, numel: int = 10**9) -> float:
+    """Peak model-state bytes per parameter per rank (for large models, where padding vanishes)."""
+    return peak_model_state_bytes(stage, precision, numel, world_size) / numel

@@ -2,22 +2,21 @@
 
 Every rank owns the whole flat buffer (one partition), so the master, the gradient partition and
 the optimizer states are full size. Gradients:
-    Phase 1 (backward): autograd accumulates straight into a full flat gradient buffer, because
-             each `param.grad` is a view of it (allocated at a window's first backward and
-             re-attached before every backward, in case the user set grads to None).
-    Phase 2 (boundary): the buffer is all-reduced in buckets of `reduce_bucket_size` elements and
-             each bucket's average lands in the fp32 gradient partition (in fp32 that partition is
-             the gradient buffer itself, so nothing is copied).
-    Phase 3 (after the step): the buffer is released; it exists only while gradients do.
+    Phase 1 (backward): autograd accumulates into each `param.grad` as usual, over every
+             micro-step of the window (allocated as backward reaches each parameter, as in
+             official DeepSpeed, so the gradients never coexist with all the activations).
+    Phase 2 (boundary): the static buckets (flat ranges of `reduce_bucket_size` elements, last
+             parameters first) are packed from `param.grad` and reduced; every rank keeps its
+             share, averaged, in its fp32 gradient partition. Stage 0 keeps everything, so when the
+             gradients travel in fp32 a bucket is packed straight into the partition and
+             all-reduced in place. Each `param.grad` is released once its last piece is packed.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-from zero_lab.nano.gradient_reduction import bucket_for_range, optional_bytes
+from zero_lab.nano.gradient_reduction import optional_bytes
 from zero_lab.nano.zero_optimizer import ZeroOptimizer
 
 
@@ -25,49 +24,39 @@ class Stage0Optimizer(ZeroOptimizer):
     stage = 0
     partitioned = False
 
-    def _build_gradients(self) -> None:
-        self.full_gradients: list[Optional[torch.Tensor]] = [None] * len(self.groups)
-        self.gradient_is_full_buffer = self.dtype == torch.float32
-
-    def _full_gradient_buffer(self, index: int) -> torch.Tensor:
-        if self.full_gradients[index] is None:
-            self.full_gradients[index] = torch.zeros_like(self.groups[index].flat)
-        return self.full_gradients[index]
-
-    def _new_gradient_partition(self, index: int) -> torch.Tensor:
-        if self.gradient_is_full_buffer:
-            return self.groups[index].partition_of(self._full_gradient_buffer(index))
-        return super()._new_gradient_partition(index)
-
-    def before_backward(self) -> None:
-        """Phase 1: point every param.grad into the flat gradient buffer."""
-        for index, group in enumerate(self.groups):
-            gradients = self._full_gradient_buffer(index)
-            for parameter, offset in zip(group.parameters, group.offsets):
-                view = gradients[offset:offset + parameter.numel()].view_as(parameter)
-                if parameter.grad is None or parameter.grad.data_ptr() != view.data_ptr():
-                    if parameter.grad is not None:
-                        view.add_(parameter.grad)
-                    parameter.grad = view
+    def _bucket_buffer(self, index: int, start: int, end: int) -> torch.Tensor:
+        """Where bucket [start, end) is packed: the partition itself, or a buffer in the comm dtype."""
+        if not self.partitioned and self.communication_dtype == torch.float32:
+            return self.gradient_partition(index)[start:end]
+        return torch.zeros(end - start, dtype=self.communication_dtype, device=self.groups[index].flat.device)
 
     def _complete_gradient_partitions(self) -> None:
-        """Phase 2: reduce the full buffer, bucket by bucket, into the gradient partitions."""
+        """Phase 2."""
         bucket_numel = self.config.zero_optimization.reduce_bucket_size
         for index, group in enumerate(self.groups):
-            gradients = self._full_gradient_buffer(index)
+            partition = self.gradient_partition(index)
             for start, end in group.bucket_ranges(bucket_numel):
-                bucket = bucket_for_range(gradients, start, end, self.communication_dtype)
-                self.reducer.launch(group, bucket, start, end, self.gradient_partition(index))
+                bucket = self._bucket_buffer(index, start, end)
+                for piece in group.pieces(start, end):
+                    gradient = group.parameters[piece.parameter_index].grad
+                    if gradient is not None:
+                        bucket[piece.flat_start - start:piece.flat_start - start + piece.numel].copy_(
+                            gradient.reshape(-1)[piece.parameter_offset:piece.parameter_offset + piece.numel])
+                    if piece.parameter_offset == 0:  # its last piece: buckets run back to front
+                        group.parameters[piece.parameter_index].grad = None
+                self.reducer.launch(group, bucket, start, end, partition)
         self.reducer.finish_all()
 
     def _release_gradients(self) -> None:
-        """Phase 3."""
         for group in self.groups:
             for parameter in group.parameters:
                 parameter.grad = None
-        self.full_gradients = [None] * len(self.groups)
         super()._release_gradients()
 
     def _gradient_bytes(self) -> dict[str, int]:
-        separate_partitions = 0 if self.gradient_is_full_buffer else sum(map(optional_bytes, self.gradient_partitions))
-        return {"gradients": sum(map(optional_bytes, self.full_gradients)), "gradient_partition": separate_partitions}
+        full = {}
+        for group in self.groups:
+            for parameter in group.parameters:
+                if parameter.grad is not None:
+                    full[parameter.grad.untyped_storage().data_ptr()] = parameter.grad.untyped_storage().nbytes()
+        return {"gradients": sum(full.values()), "gradient_partition": sum(map(optional_bytes, self.gradient_partitions))}

@@ -2,11 +2,10 @@
 
 The diff from stage 0: each rank owns 1/world_size of the flat buffer. Its fp32 master partition,
 optimizer states and fp32 gradient partition cover only that slice. Gradients still accumulate in
-the full flat gradient buffer during backward (stage 1 partitions optimizer states, not gradients);
-at the boundary each bucket is reduce-scattered (or all-reduced and scattered back, with
-`reduce_scatter: false`) so each rank keeps only its partition's average. After Adam updates the
-partition, the parameters are all-gathered (bucketed by `allgather_bucket_size`).
-In fp32 the rank's slice of the gradient buffer doubles as its gradient partition.
+full-size `param.grad` during backward (stage 1 partitions optimizer states, not gradients); at the
+boundary each bucket is packed into a buffer and reduce-scattered (or all-reduced and scattered
+back, with `reduce_scatter: false`) so each rank keeps only its partition's average. After Adam
+updates the partition, the parameters are all-gathered (bucketed by `allgather_bucket_size`).
 """
 
 from __future__ import annotations

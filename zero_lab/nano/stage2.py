@@ -28,7 +28,6 @@ from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.flat_buffer import FlatParameterGroup, ParameterPiece
 from zero_lab.nano.gradient_reduction import optional_bytes
 from zero_lab.nano.stage1 import Stage1Optimizer
-from zero_lab.nano.zero_optimizer import ZeroOptimizer
 
 
 @dataclass
@@ -107,22 +106,8 @@ class Stage2Optimizer(Stage1Optimizer):
             bucket.arrived.clear()
             bucket.launched = False
 
-    def _new_gradient_partition(self, index: int) -> torch.Tensor:
-        return ZeroOptimizer._new_gradient_partition(self, index)  # never a view: no full buffer
-
-    def before_backward(self) -> None:
-        """Stage 2 keeps no full gradient buffer: nothing to attach."""
-
     def _complete_gradient_partitions(self) -> None:
         """Already complete: every micro-step's backward reduced its buckets."""
-
-    def _release_gradients(self) -> None:
-        for parameter in self.pieces_of:
-            parameter.grad = None
-        ZeroOptimizer._release_gradients(self)  # only partitions: stage 2 has no full gradient buffer
-
-    def _gradient_bytes(self) -> dict[str, int]:
-        return {"gradients": 0, "gradient_partition": sum(map(optional_bytes, self.gradient_partitions))}
 
     def _filling_bucket_bytes(self) -> int:
         return sum(optional_bytes(bucket.buffer) for bucket in self.buckets)

@@ -92,9 +92,6 @@ class ZeroOptimizer:
             self.gradient_partitions[index] = self._new_gradient_partition(index)
         return self.gradient_partitions[index]
 
-    def before_backward(self) -> None:
-        """Called by the engine before every loss.backward()."""
-
     def after_backward(self, boundary: bool) -> None:
         """Called by the engine after every loss.backward(); `boundary` ends an accumulation window."""
 

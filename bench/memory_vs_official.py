@@ -1,0 +1,82 @@
+"""Benchmark: nano's memory and step time as ratios of official DeepSpeed's, measured side by side.
+
+    .venv/bin/python bench/memory_vs_official.py                 # tiny model, 2 CPU ranks, ~4 min
+    .venv/bin/python bench/memory_vs_official.py --model small --steps 8 --device cuda --gpus 2
+
+Phase 1: for each precision, one `zero-lab compare` runs both impls on stages 0, 1 and 2 with the
+         same model, data and seed; memory comes from the harness's external tracker (live tensor
+         storage on CPU, torch.cuda statistics on GPU), identical for both impls.
+Phase 2: print, per precision and stage, nano / official for live bytes after a step, peak bytes
+         within a step, and median step time, plus live bytes per parameter for each impl.
+Targets (issue 2): every memory ratio <= 1.00, and < 1.00 for live bytes in fp32 at stages 1/2.
+Exit code 1 when a memory target is missed, so CI or a person can gate on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MB = 2 ** 20
+
+
+def compare(precision: str, args: argparse.Namespace) -> dict:
+    """Phase 1: one compare run for one precision, parsed from its JSON."""
+    command = [str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", str(args.gpus), "--device",
+               args.device, "--stages", "0,1,2", "--model", args.model, "--steps", str(args.steps), "--dtype",
+               precision, "--format", "json", "--out", str(REPO / "runs" / "bench")]
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if not finished.stdout.strip():
+        sys.exit(f"error: zero-lab compare printed nothing (exit {finished.returncode}):\n{finished.stderr[-2000:]}")
+    return json.loads(finished.stdout)
+
+
+def ratio(numerator, denominator) -> float:
+    return float("nan") if not numerator or not denominator else numerator / denominator
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precisions", default="float32,bfloat16")
+    args = parser.parse_args()
+
+    missed = []
+    header = (f"{'precision':<10}{'stage':>6}{'live nano/off':>15}{'peak nano/off':>15}{'step time n/o':>15}"
+              f"{'live B/param nano':>19}{'official':>10}")
+    print(header)
+    print("-" * len(header))
+    for precision in args.precisions.split(","):
+        result = compare(precision, args)
+        rows = {(row["stage"], row["impl"]): row for row in result["rows"]}
+        for stage in (0, 1, 2):
+            nano, official = rows.get((stage, "nano")), rows.get((stage, "official"))
+            if not nano or not official or nano["status"] != "ok" or official["status"] != "ok":
+                missed.append(f"{precision} stage {stage}: a run failed ({nano and nano['status']}, "
+                              f"{official and official['status']})")
+                continue
+            live = ratio(nano["alloc_max_mb"], official["alloc_max_mb"])
+            peak = ratio(nano["peak_alloc_max_mb"], official["peak_alloc_max_mb"])
+            speed = ratio(nano["step_ms"], official["step_ms"])
+            per_param = [row["alloc_max_mb"] * MB / row["params"] for row in (nano, official)]
+            print(f"{precision:<10}{stage:>6}{live:>15.3f}{peak:>15.3f}{speed:>15.3f}"
+                  f"{per_param[0]:>19.2f}{per_param[1]:>10.2f}")
+            if live > 1.0 or peak > 1.0:
+                missed.append(f"{precision} stage {stage}: nano holds more than official (live {live:.3f}, "
+                              f"peak {peak:.3f})")
+            if precision == "float32" and stage > 0 and not live < 1.0:
+                missed.append(f"float32 stage {stage}: live ratio {live:.3f} is not below 1")
+    for line in missed:
+        print(f"MISSED: {line}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
