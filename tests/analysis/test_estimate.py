@@ -46,6 +46,9 @@ def test_official_stage2_code_counts_4_bytes_more_per_parameter_than_the_paper()
 
 def test_nano_column_is_nanos_formula_and_absent_for_stage_3():
     assert nano_bytes(2, "fp32", 1000, 2) == 4 * 1000 + 12 * 1000 // 2
+    # stage 1 peaks at the end of backward: full fp32 gradients beside parameters and states
+    assert nano_bytes(1, "fp32", 1000, 2) == 4 * 1000 + 4 * 1000 + 8 * 1000 // 2
+    assert nano_bytes(2, "bf16", 1000, 2) == 2 * 1000 + 16 * 1000 // 2
     assert nano_bytes(3, "fp32", 1000, 2) is None
 
 

@@ -17,7 +17,7 @@ stage 3 is `4 * largest_layer + 18P/N`, and it has none for stages 0 and 1.
 
 from __future__ import annotations
 
-from zero_lab.nano.memory_formula import model_state_bytes
+from zero_lab.nano.memory_formula import peak_model_state_bytes
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DTYPE_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -61,10 +61,11 @@ def official_bytes(stage: int, numel: int, world_size: int, largest_layer: int |
 
 
 def nano_bytes(stage: int, precision: str, numel: int, world_size: int) -> int | None:
-    """nano's documented bytes per rank, or None for a stage nano does not implement."""
+    """nano's documented peak model-state bytes per rank (the larger of the end of backward and the
+    optimizer step), or None for a stage nano does not implement."""
     if stage not in (0, 1, 2):
         return None
-    return sum(model_state_bytes(stage, precision, numel, world_size).values())
+    return peak_model_state_bytes(stage, precision, numel, world_size)
 
 
 def estimate_rows(
