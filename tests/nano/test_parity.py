@@ -29,3 +29,7 @@ def test_live_bytes_equal_the_documented_formula(world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_fp16_overflow_on_one_rank_skips_on_every_rank(world_size):
     assert run_distributed(workers.fp16_overflow_worker, world_size) == []
+
+
+def test_unused_parameters_are_handled_as_deepspeed_does():
+    assert run_distributed(workers.unused_parameters_worker, 2) == []

@@ -20,13 +20,14 @@ FP32_TOLERANCE = 1e-5
 
 def nano_config(stage: int, accumulation: int = 1, clipping: float = 0.0, reduce_scatter: bool = True,
                 overlap: bool = False, bucket: int = 500_000_000, gather_bucket: int = 500_000_000,
-                precision: str = "fp32", **extra) -> dict:
+                precision: str = "fp32", ignore_unused: bool = True, **extra) -> dict:
     config = {
         "train_micro_batch_size_per_gpu": MICRO_SIZE, "gradient_accumulation_steps": accumulation,
         "gradient_clipping": clipping, "steps_per_print": 10_000,
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
         "zero_optimization": {"stage": stage, "reduce_scatter": reduce_scatter, "overlap_comm": overlap,
-                              "reduce_bucket_size": bucket, "allgather_bucket_size": gather_bucket},
+                              "reduce_bucket_size": bucket, "allgather_bucket_size": gather_bucket,
+                              "ignore_unused_parameters": ignore_unused},
     }
     if precision == "bf16":
         config["bf16"] = {"enabled": True}
@@ -164,4 +165,48 @@ def fp16_overflow_worker(rank: int, world_size: int) -> list[str]:
                                 f"was_step_applied={engine.was_step_applied()}")
         if engine.skipped_steps != 2 or engine.global_steps != len(expected_scales):
             failures.append(f"stage {stage}: skipped_steps {engine.skipped_steps}, global_steps {engine.global_steps}")
+    return failures
+
+
+class WithUnusedLayer(torch.nn.Module):
+    """The reference model plus a layer the loss never touches."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = build_model()
+        self.unused = torch.nn.Linear(3, 3)
+
+    def forward(self, inputs):
+        return self.used(inputs)
+
+
+def unused_parameters_worker(rank: int, world_size: int) -> list[str]:
+    """Parameters with no gradient count as zero (their bucket is still reduced, on every rank, in the
+    same order); with ignore_unused_parameters false stage 2 names the parameter."""
+    failures = []
+    for stage in (0, 1, 2):
+        model = WithUnusedLayer()
+        reference = ReferenceTrainer(model.used, LR, WEIGHT_DECAY, clipping=0.0)
+        unused_before = model.unused.weight.detach().clone()
+        engine, *_ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
+                                     config=nano_config(stage, bucket=8))
+        for step in range(2):
+            engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE)))
+            engine.step()
+            reference.step(step, world_size, 1, MICRO_SIZE)
+        difference = max_difference(model.used, reference.model)
+        if difference > FP32_TOLERANCE:
+            failures.append(f"stage {stage}: the used layers differ from the reference by {difference:.3g}")
+        # zero gradients: AdamW's decoupled decay is all that moves the unused weight
+        expected = unused_before * (1 - LR * WEIGHT_DECAY) ** 2
+        if not torch.allclose(model.unused.weight, expected, atol=1e-7):
+            failures.append(f"stage {stage}: the unused weight moved other than by weight decay")
+    model = WithUnusedLayer()
+    engine, *_ = nano.initialize(model=model, config=nano_config(2, ignore_unused=False))
+    try:
+        engine.backward(loss_of(engine, micro_batch(0, 0, rank, MICRO_SIZE)))
+        failures.append("ignore_unused_parameters=false did not raise")
+    except nano.NanoConfigError as error:
+        if "unused.weight" not in str(error) and "unused.bias" not in str(error):
+            failures.append(f"the error does not name the unused parameter: {error}")
     return failures

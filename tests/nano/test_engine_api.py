@@ -1,0 +1,82 @@
+"""The DeepSpeed-shaped API on one process: entry points, accessors, refusals, comm and memory reports."""
+
+import argparse
+
+import pytest
+import torch
+import torch.distributed
+
+import zero_lab.nano as nano
+from tests.nano.reference import build_model, loss_of, micro_batch, parameter_groups
+from tests.nano.workers import nano_config
+from tests.spawn import free_port
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1").items():
+        monkeypatch.setenv(name, value)
+    nano.init_distributed()
+    nano.init_distributed()  # a second call is harmless
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_accessors_follow_deepspeed(single_process):
+    config = nano_config(2, accumulation=2, scheduler={"type": "WarmupLR", "params": {
+        "warmup_min_lr": 0.0, "warmup_max_lr": 0.01, "warmup_num_steps": 4, "warmup_type": "linear"}})
+    model = build_model()
+    engine, optimizer, loader, scheduler = nano.initialize(model=model, model_parameters=parameter_groups(model, 0.1),
+                                                           config=config)
+    assert (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps(),
+            engine.zero_optimization_stage()) == (4, 2, 2, 2)
+    assert loader is None and engine.module is model and optimizer is engine.optimizer
+    assert engine.get_lr() == [0.0, 0.0] and engine.get_global_grad_norm() is None
+    boundaries = []
+    for micro in range(4):
+        boundaries.append(engine.is_gradient_accumulation_boundary())
+        engine.backward(loss_of(engine, micro_batch(0, micro, 0, 2)))
+        engine.step()
+    assert boundaries == [False, True, False, True]
+    assert (engine.global_steps, engine.micro_steps, engine.global_samples) == (2, 4, 8)
+    # DeepSpeed's WarmupLR: iteration -1 at construction, so after two steps lr = 0.01 * 1/4
+    assert engine.get_lr() == pytest.approx([0.0025, 0.0025]) and engine.get_global_grad_norm() > 0
+    assert engine.was_step_applied() and engine.current_loss_scale() == 1.0
+    assert engine.comm_stats() == {}  # one rank: nothing is sent
+    engine.eval()
+    assert not model.training
+    engine.train()
+    assert model.training
+
+
+def test_refusals_are_one_line(single_process):
+    model = build_model()
+    with pytest.raises(nano.NanoConfigError, match="builds its own ZeRO optimizer"):
+        nano.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=nano_config(1))
+    with pytest.raises(nano.NanoConfigError, match="no \"optimizer\" section"):
+        nano.initialize(model=model, config={"train_micro_batch_size_per_gpu": 1})
+    with pytest.raises(nano.NanoConfigError, match="stage 3"):
+        nano.initialize(model=model, config=nano_config(3))
+
+
+def test_config_from_args_and_add_config_arguments(single_process, tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text(__import__("json").dumps(nano_config(1)))
+    parser = nano.add_config_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--deepspeed", "--deepspeed_config", str(path)])
+    assert args.deepspeed is True
+    engine, *_ = nano.initialize(args=args, model=build_model())
+    assert engine.zero_optimization_stage() == 1
+    memory = engine.memory_breakdown()
+    assert memory["total"] == sum(value for key, value in memory.items() if key != "total") > 0
+
+
+def test_user_scheduler_callable_gets_the_torch_optimizer(single_process):
+    engine, _, _, scheduler = nano.initialize(
+        model=build_model(), config=nano_config(2),
+        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5))
+    engine.backward(loss_of(engine, micro_batch(0, 0, 0, 2)))
+    engine.step()
+    assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR) and engine.get_lr() == pytest.approx([0.005])
