@@ -1,6 +1,7 @@
 """CLI behaviour that needs no launch: bad input, parse, report, estimate, config official."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -9,6 +10,7 @@ from zero_lab.analysis.rundir import write_json
 from zero_lab.cli.app import app
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[2]
 
 OUR_LOG = """\
 [default0]:[zero] impl=nano stage=2 world_size=2 reduce_scatter=True
@@ -38,6 +40,8 @@ def one_line_error(result):
     (["run", "--device", "cpu", "--impl", "megatron"], "unknown impl"),
     (["run", "--device", "cpu", "--steps", "0"], "--steps must be at least 1"),
     (["parse", "missing.log"], "missing.log does not exist"),
+    (["parse", str(REPO / "docs")], "docs is a directory"),
+    (["report", str(REPO / "pyproject.toml")], "pyproject.toml is a file, not a directory"),
     (["report", "nowhere"], "nowhere does not exist"),
     (["estimate", "--dtype", "int8"], "--dtype int8"),
 ])

@@ -22,10 +22,15 @@ from zero_lab.cli.reporting import write_report
 PARSE_FORMATS = ("table", "csv", "json")
 
 
-def existing(paths: list[Path], what: str) -> list[Path]:
+def existing(paths: list[Path], what: str, directories: bool) -> list[Path]:
+    """The paths, each existing and a directory (directories) or a file (not directories), or BadInput."""
     for path in paths:
         if not path.exists():
             raise BadInput(f"{what} {path} does not exist", "check the path")
+        if directories and not path.is_dir():
+            raise BadInput(f"{what} {path} is a file, not a directory", "pass run or compare directories")
+        if not directories and path.is_dir():
+            raise BadInput(f"{what} {path} is a directory", "pass log files, e.g. DIR/logs/rank0.stdout.log")
     return paths
 
 
@@ -37,7 +42,7 @@ def parse(
     """Parse training logs into one row per optimizer step (garbled lines are skipped and counted)."""
     if format not in PARSE_FORMATS:
         raise BadInput(f"--format {format} is not one of {', '.join(PARSE_FORMATS)}", "pick one")
-    parsed = {str(path): parse_file(path) for path in existing(logs, "log")}
+    parsed = {str(path): parse_file(path) for path in existing(logs, "log", directories=False)}
     if format == "json":
         output.print_json({"logs": [{"path": path, "zero": log.zero, "model": log.model, "steps": log.steps,
                                      "comm": log.comm, "warnings": log.warnings, "skipped_lines": log.skipped_lines}
@@ -65,7 +70,7 @@ def report(
     loss_tol: Annotated[float | None, typer.Option(help="Max per-step loss difference for parity.")] = None,
 ) -> None:
     """Write a markdown report (tables, environment, config differences, plots) from saved runs."""
-    summaries = [rundir.read_json(path) for path in rundir.find_summaries(existing(directories, "directory"))]
+    summaries = [rundir.read_json(path) for path in rundir.find_summaries(existing(directories, "directory", directories=True))]
     summaries = [summary for summary in summaries if "warmup" not in Path(summary.get("run_dir", "")).parts]
     if not summaries:
         raise BadInput("no summary.json under the given directories", "pass directories written by run or compare")
