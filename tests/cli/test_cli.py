@@ -43,7 +43,14 @@ def one_line_error(result):
     (["parse", str(REPO / "docs")], "docs is a directory"),
     (["report", str(REPO / "pyproject.toml")], "pyproject.toml is a file, not a directory"),
     (["report", "nowhere"], "nowhere does not exist"),
-    (["estimate", "--dtype", "int8"], "--dtype int8"),
+    (["estimate", "--dtype", "int8"], "--dtype int8 is not one of float32, bfloat16, float16"),
+    (["estimate", "--format", "xml"], "--format xml is not one of table, json"),
+    (["run", "--device", "tpu"], "--device tpu is not one of auto, cpu, cuda"),
+    (["compare", "--device", "tpu"], "--device tpu is not one of auto, cpu, cuda"),
+    (["config", "official", "missing.json", "--device", "tpu"], "--device tpu is not one of auto, cpu, cuda"),
+    (["run", "--device", "cpu", "--dtype", "fp8"], "--dtype fp8 is not one of float32, bfloat16, float16"),
+    (["run", "--device", "cpu", "--format", "csv"], "--format csv is not one of table, json"),
+    (["parse", "missing.log", "--format", "xml"], "--format xml is not one of table, csv, json"),
 ])
 def test_bad_input_is_one_line_and_exit_2(arguments, words):
     assert words in one_line_error(runner.invoke(app, arguments))

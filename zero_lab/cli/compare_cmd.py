@@ -21,8 +21,8 @@ from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import cell_table, render_report, run_table, verdict_lines
 from zero_lab.analysis.metrics import build_comparison
 from zero_lab.cli import jobs, options, output, plan
-from zero_lab.cli.environment import environment, resolve_device
-from zero_lab.cli.errors import BadInput, one_line_errors, parse_int_list
+from zero_lab.cli.environment import DEVICES, environment, resolve_device
+from zero_lab.cli.errors import BadInput, check_choice, one_line_errors, parse_int_list
 from zero_lab.cli.reporting import write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
 
@@ -62,15 +62,14 @@ def compare(
     failed, 130 interrupted. Arguments after `--` go to torchrun.
     """
     # Phase 1
-    if format not in FORMATS:
-        raise BadInput(f"--format {format} is not one of {', '.join(FORMATS)}", "pick one")
+    check_choice(format, "--format", FORMATS)
     if warmup_steps < 0:
         raise BadInput("--warmup-steps is negative", "use 0 for no warm-up")
     world_sizes = parse_int_list(gpus, "--gpus")
     stage_list = parse_int_list(stages, "--stages", range(0, 4))
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
     plan.check_impls(impl_list)
-    device = resolve_device(device)
+    device = resolve_device(check_choice(device, "--device", DEVICES))
     multi = options.multi_node(nnodes, node_rank, rdzv_endpoint, rdzv_id)
     for world_size in world_sizes:
         plan.check_processes(world_size, device, multi)

@@ -41,7 +41,11 @@ def cuda_devices() -> list[str]:
     return [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
 
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
 def resolve_device(device: str) -> str:
+    """auto: cuda when a CUDA device is visible, else cpu (device already checked against DEVICES)."""
     if device != "auto":
         return device
     return "cuda" if cuda_devices() else "cpu"

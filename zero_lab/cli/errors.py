@@ -41,6 +41,13 @@ def fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+def check_choice(value: str, option: str, choices: tuple[str, ...]) -> str:
+    """value if it is one of choices, or BadInput naming the option and the choices."""
+    if value not in choices:
+        raise BadInput(f"{option} {value} is not one of {', '.join(choices)}", f"for example {option} {choices[0]}")
+    return value
+
+
 def parse_int_list(text: str, option: str, allowed: range | None = None) -> list[int]:
     """'1,2,8' -> [1, 2, 8], or BadInput naming the option."""
     try:

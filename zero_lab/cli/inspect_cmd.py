@@ -16,7 +16,7 @@ from zero_lab.analysis import rundir
 from zero_lab.analysis.logparse import STEP_FIELDS, parse_file
 from zero_lab.analysis.metrics import build_comparison
 from zero_lab.cli import output
-from zero_lab.cli.errors import BadInput, one_line_errors
+from zero_lab.cli.errors import BadInput, check_choice, one_line_errors
 from zero_lab.cli.reporting import write_report
 
 PARSE_FORMATS = ("table", "csv", "json")
@@ -40,8 +40,7 @@ def parse(
     format: Annotated[str, typer.Option(help="table, csv or json.")] = "table",
 ) -> None:
     """Parse training logs into one row per optimizer step (garbled lines are skipped and counted)."""
-    if format not in PARSE_FORMATS:
-        raise BadInput(f"--format {format} is not one of {', '.join(PARSE_FORMATS)}", "pick one")
+    check_choice(format, "--format", PARSE_FORMATS)
     parsed = {str(path): parse_file(path) for path in existing(logs, "log", directories=False)}
     if format == "json":
         output.print_json({"logs": [{"path": path, "zero": log.zero, "model": log.model, "steps": log.steps,

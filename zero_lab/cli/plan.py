@@ -16,7 +16,7 @@ from pathlib import Path
 
 from zero_lab.analysis import launch
 from zero_lab.cli.environment import cpu_cores, cuda_devices
-from zero_lab.cli.errors import BadInput
+from zero_lab.cli.errors import BadInput, check_choice
 
 IMPLS = ("nano", "official")
 
@@ -79,8 +79,7 @@ def check_impls(impls: list[str]) -> None:
 
 
 def check_workload(workload: launch.Workload, device: str, impls: list[str]) -> None:
-    if workload.dtype not in launch.MODEL_DTYPES:
-        raise BadInput(f"--dtype {workload.dtype} is not one of {', '.join(launch.MODEL_DTYPES)}", "pick one of them")
+    check_choice(workload.dtype, "--dtype", launch.MODEL_DTYPES)
     if workload.dtype == "float16" and device == "cpu" and "official" in impls:
         raise BadInput("official DeepSpeed rejects fp16 on this CPU (Type fp16 is not supported on your device)",
                        "use --dtype bfloat16 or float32 on CPU")

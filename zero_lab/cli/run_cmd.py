@@ -14,10 +14,11 @@ import typer
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import run_table
 from zero_lab.cli import jobs, options, output, plan
-from zero_lab.cli.environment import environment, resolve_device
-from zero_lab.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, BadInput, one_line_errors
+from zero_lab.cli.environment import DEVICES, environment, resolve_device
+from zero_lab.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, BadInput, check_choice, one_line_errors
 
 EXTRA_ARGS = {"allow_extra_args": True}
+FORMATS = ("table", "json")
 
 
 def stage_of(config: dict) -> int:
@@ -78,9 +79,8 @@ def run(
 
     Arguments after `--` go to torchrun.
     """
-    if format not in ("table", "json"):
-        raise BadInput(f"--format {format} is not table or json", "pick one")
-    device = resolve_device(device)
+    check_choice(format, "--format", FORMATS)
+    device = resolve_device(check_choice(device, "--device", DEVICES))
     plan.check_impls([impl])
     multi = options.multi_node(nnodes, node_rank, rdzv_endpoint, rdzv_id)
     plan.check_processes(gpus, device, multi)

@@ -20,9 +20,10 @@ from zero_lab.analysis import launch
 from zero_lab.analysis.estimate import DTYPE_PRECISION, estimate_rows, parse_param_count
 from zero_lab.analysis.markdown import fmt
 from zero_lab.cli import output, plan
-from zero_lab.cli.environment import cpu_cores, cuda_devices, environment
-from zero_lab.cli.errors import BadInput, one_line_errors, parse_int_list
+from zero_lab.cli.environment import DEVICES, cpu_cores, cuda_devices, environment, resolve_device
+from zero_lab.cli.errors import BadInput, check_choice, one_line_errors, parse_int_list
 
+ESTIMATE_FORMATS = ("table", "json")
 config_app = typer.Typer(help="DeepSpeed config tools.", no_args_is_help=True)
 
 
@@ -57,8 +58,8 @@ def estimate(
     Official DeepSpeed's estimators assume 16-bit training (stage 2 in code: 2P + 18P/N); it has
     none for stages 0 and 1. Activations are not counted.
     """
-    if dtype not in DTYPE_PRECISION:
-        raise BadInput(f"--dtype {dtype} is not one of {', '.join(DTYPE_PRECISION)}", "pick one")
+    check_choice(dtype, "--dtype", tuple(DTYPE_PRECISION))
+    check_choice(format, "--format", ESTIMATE_FORMATS)
     world_sizes = parse_int_list(gpus, "--gpus", range(1, 1 << 20))
     stage_list = parse_int_list(stages, "--stages", range(0, 4))
     numel, largest = parse_param_count(model), None
@@ -144,12 +145,10 @@ def config_official(
     device: Annotated[str, typer.Option(help="cpu or cuda (auto: what this machine has).")] = "auto",
 ) -> None:
     """Print the config official DeepSpeed accepts, derived from a nano config."""
+    device = resolve_device(check_choice(device, "--device", DEVICES))
     config = plan.load_config_file(path)
     try:
         from zero_lab.nano.official_config import to_official_config
     except ImportError:
         raise BadInput("this checkout's nano engine has no official_config module yet", "update zero-lab")
-    device = "cuda" if device == "auto" and cuda_devices() else ("cpu" if device == "auto" else device)
-    if device not in ("cpu", "cuda"):
-        raise BadInput(f"--device {device} is not cpu or cuda", "pick one")
     print(json.dumps(to_official_config(config, device=device), indent=2))
