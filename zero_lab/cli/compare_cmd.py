@@ -66,7 +66,7 @@ def compare(
     if warmup_steps < 0:
         raise BadInput("--warmup-steps is negative", "use 0 for no warm-up")
     world_sizes = parse_int_list(gpus, "--gpus")
-    stage_list = parse_int_list(stages, "--stages", range(0, 4))
+    stage_list = [plan.check_stage(stage, "--stages") for stage in parse_int_list(stages, "--stages")]
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
     plan.check_impls(impl_list)
     device = resolve_device(check_choice(device, "--device", DEVICES))

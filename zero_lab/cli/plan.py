@@ -19,6 +19,15 @@ from zero_lab.cli.environment import cpu_cores, cuda_devices
 from zero_lab.cli.errors import BadInput, check_choice
 
 IMPLS = ("nano", "official")
+STAGES = (0, 1, 2)  # nano implements 0-2; the harness does not wire official DeepSpeed's stage 3
+
+
+def check_stage(stage: int, source: str) -> int:
+    """stage if zero-lab can run it; source says where it came from (--stage, a config file)."""
+    if stage not in STAGES:
+        raise BadInput(f"stage {stage} ({source}) is not one zero-lab runs: nano implements stages 0-2 and the "
+                       "harness does not wire official DeepSpeed's stage 3", "use 0, 1 or 2")
+    return stage
 
 
 def default_config_path(stage: int) -> Path:

@@ -85,7 +85,8 @@ def run(
     multi = options.multi_node(nnodes, node_rank, rdzv_endpoint, rdzv_id)
     plan.check_processes(gpus, device, multi)
     if stage is None:
-        stage = stage_of(plan.load_config_file(config)) if config else 2
+        stage = plan.check_stage(stage_of(plan.load_config_file(config)), f"zero_optimization.stage of {config}") if config else 2
+    plan.check_stage(stage, "--stage")
     work = options.workload(model, steps, batch_size, seq_len, dtype, seed, dataset_path)
     plan.check_workload(work, device, [impl])
     run_dir = out / (name or f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}")
