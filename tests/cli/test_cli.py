@@ -41,6 +41,13 @@ def one_line_error(result):
     (["compare", "--device", "cpu", "--config", "missing.json"], "missing.json does not exist"),
     (["run", "--device", "cpu", "--impl", "megatron"], "unknown impl"),
     (["run", "--device", "cpu", "--steps", "0"], "--steps must be at least 1"),
+    (["run", "--device", "cpu", "--batch-size", "0"], "--batch-size 0 is not a micro-batch size"),
+    (["compare", "--device", "cpu", "--batch-size", "-2"], "--batch-size -2 is not a micro-batch size"),
+    (["run", "--device", "cpu", "--seq-len", "1"], "--seq-len 1 leaves no token to predict"),
+    (["compare", "--device", "cpu", "--loss-tol", "-1e-4"], "--loss-tol -0.0001 is negative"),
+    (["compare", "--device", "cpu", "--fail-on-regression", "-5"], "--fail-on-regression -5.0 is negative"),
+    (["compare", "--device", "cpu", "--warmup-steps", "-1"], "--warmup-steps -1 is negative"),
+    (["report", "nowhere", "--loss-tol", "-1"], "--loss-tol -1.0 is negative"),
     (["parse", "missing.log"], "missing.log does not exist"),
     (["parse", str(REPO / "docs")], "docs is a directory"),
     (["report", str(REPO / "pyproject.toml")], "pyproject.toml is a file, not a directory"),
@@ -54,7 +61,13 @@ def one_line_error(result):
     (["run", "--device", "cpu", "--format", "csv"], "--format csv is not one of table, json"),
     (["parse", "missing.log", "--format", "xml"], "--format xml is not one of table, csv, json"),
 ])
-def test_bad_input_is_one_line_and_exit_2(arguments, words):
+def test_bad_input_is_one_line_and_exit_2(arguments, words, monkeypatch):
+    from zero_lab.cli import launcher
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("bad input launched torchrun")
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", no_launch)
     assert words in one_line_error(runner.invoke(app, arguments))
 
 
@@ -68,7 +81,8 @@ def test_config_nano_refuses_is_one_line_and_exit_2(tmp_path):
     pytest.importorskip("zero_lab.nano.official_config")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "no_such_key": 1}}))
-    assert "no_such_key" in one_line_error(runner.invoke(app, ["compare", "--device", "cpu", "--config", str(bad)]))
+    line = one_line_error(runner.invoke(app, ["compare", "--device", "cpu", "--config", str(bad)]))
+    assert "no_such_key" in line and str(bad) in line, "names the user's file, not the scratch copy"
 
 
 def test_parse_formats_map_seed_names_and_count_garbled_lines(tmp_path):

@@ -22,7 +22,7 @@ from zero_lab.analysis.markdown import cell_table, render_report, run_table, ver
 from zero_lab.analysis.metrics import build_comparison
 from zero_lab.cli import jobs, options, output, plan
 from zero_lab.cli.environment import DEVICES, environment, resolve_device
-from zero_lab.cli.errors import BadInput, check_choice, one_line_errors, parse_int_list
+from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors, parse_int_list
 from zero_lab.cli.reporting import write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
 
@@ -63,8 +63,9 @@ def compare(
     """
     # Phase 1
     check_choice(format, "--format", FORMATS)
-    if warmup_steps < 0:
-        raise BadInput("--warmup-steps is negative", "use 0 for no warm-up")
+    check_not_negative(warmup_steps, "--warmup-steps")
+    check_not_negative(loss_tol, "--loss-tol")
+    check_not_negative(fail_on_regression, "--fail-on-regression")
     world_sizes = parse_int_list(gpus, "--gpus")
     stage_list = [plan.check_stage(stage, "--stages") for stage in parse_int_list(stages, "--stages")]
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]

@@ -41,6 +41,12 @@ def fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+def check_not_negative(value: float | None, option: str) -> None:
+    """None (not given) or a value of 0 or more, else BadInput naming the option."""
+    if value is not None and value < 0:
+        raise BadInput(f"{option} {value} is negative", f"pass 0 or more to {option}")
+
+
 def check_choice(value: str, option: str, choices: tuple[str, ...]) -> str:
     """value if it is one of choices, or BadInput naming the option and the choices."""
     if value not in choices:

@@ -16,7 +16,7 @@ from zero_lab.analysis import rundir
 from zero_lab.analysis.logparse import STEP_FIELDS, parse_file
 from zero_lab.analysis.metrics import build_comparison
 from zero_lab.cli import output
-from zero_lab.cli.errors import BadInput, check_choice, one_line_errors
+from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors
 from zero_lab.cli.reporting import write_report
 
 PARSE_FORMATS = ("table", "csv", "json")
@@ -69,6 +69,7 @@ def report(
     loss_tol: Annotated[float | None, typer.Option(help="Max per-step loss difference for parity.")] = None,
 ) -> None:
     """Write a markdown report (tables, environment, config differences, plots) from saved runs."""
+    check_not_negative(loss_tol, "--loss-tol")
     summaries = [rundir.read_json(path) for path in rundir.find_summaries(existing(directories, "directory", directories=True))]
     summaries = [summary for summary in summaries if "warmup" not in Path(summary.get("run_dir", "")).parts]
     if not summaries:

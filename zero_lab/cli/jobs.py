@@ -44,7 +44,7 @@ def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, st
     staged = plan.config_for_stage(plan.load_config_file(source), stage)
     spec = plan.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
                           shared.extra_torchrun_args, steps=steps)
-    config = plan.received_config(staged, spec)
+    config = plan.received_config(staged, spec, source)
     official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     label = f"{impl} w{nproc} s{stage}" + (" (warm-up)" if steps is not None else "")
     return Job(spec, run_dir, config, official, label)

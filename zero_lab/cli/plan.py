@@ -54,9 +54,12 @@ def config_for_stage(base: dict, stage: int) -> dict:
     return config
 
 
-def received_config(staged: dict, spec: launch.LaunchSpec) -> dict:
+def received_config(staged: dict, spec: launch.LaunchSpec, source: Path) -> dict:
     """The config the harness will train with, from its own parser and builder (which validate it
-    as nano does): precision from --dtype, batch size from --batch-size, batch sizes inferred."""
+    as nano does): precision from --dtype, batch size from --batch-size, batch sizes inferred.
+
+    The builder reads a scratch copy; its errors name source, the file the user gave (or the default)."""
+    from zero_lab.workload.errors import WorkloadError
     from zero_lab.workload.run_config import build_config, build_parser
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -65,7 +68,10 @@ def received_config(staged: dict, spec: launch.LaunchSpec) -> dict:
         arguments = launch.train_arguments(dataclasses.replace(spec, config_path=path))
         nnodes = spec.multi_node.nnodes or "1"
         world_size = spec.nproc * (int(nnodes) if nnodes.isdigit() else 1)
-        return build_config(build_parser().parse_args(arguments), world_size)
+        try:
+            return build_config(build_parser().parse_args(arguments), world_size)
+        except WorkloadError as error:
+            raise BadInput(error.problem.replace(str(path), str(source)), error.fix) from None
 
 
 def official_config(config: dict, device: str) -> dict:
@@ -94,6 +100,10 @@ def check_workload(workload: launch.Workload, device: str, impls: list[str]) -> 
                        "use --dtype bfloat16 or float32 on CPU")
     if workload.steps < 1:
         raise BadInput("--steps must be at least 1", "pass a positive number of optimizer steps")
+    if workload.batch_size is not None and workload.batch_size < 1:
+        raise BadInput(f"--batch-size {workload.batch_size} is not a micro-batch size", "pass 1 or more")
+    if workload.seq_len is not None and workload.seq_len < 2:
+        raise BadInput(f"--seq-len {workload.seq_len} leaves no token to predict", "pass 2 or more")
     if workload.dataset_path is not None and not Path(workload.dataset_path).exists():
         raise BadInput(f"--dataset-path {workload.dataset_path} does not exist", "give a JSON or JSONL file")
     check_model(workload.model)
