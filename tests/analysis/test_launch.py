@@ -54,3 +54,11 @@ def test_cpu_environment_splits_cores_and_selects_deepspeeds_cpu_accelerator():
 def test_free_ports_differ_between_launches():
     ports = {free_port() for _ in range(5)}
     assert len(ports) >= 2 and all(1024 <= port < 65536 for port in ports)
+
+
+def test_a_single_node_launch_without_a_port_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="needs spec.port"):
+        torchrun_command(spec(port=None))
+    assert "--master-port" not in torchrun_command(spec(port=None, multi_node=MultiNode(nnodes="2", rdzv_endpoint="h:1")))

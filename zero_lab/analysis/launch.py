@@ -1,8 +1,9 @@
 """Build the torchrun command and environment for one run: pure functions, no process started.
 
 On CPU, `--gpus N` means N processes, each given `cores // N` threads; on CUDA it means N devices.
-Single-node runs get their own free port (static rendezvous on 127.0.0.1), so side-by-side runs on
-one host never collide; multi-node runs pass `--nnodes`, `--node-rank`, `--rdzv-*` to torchrun.
+Single-node runs get their own free port (static rendezvous on 127.0.0.1), which the launcher
+asks the OS for just before it starts torchrun (a port picked minutes earlier, while other cells
+ran, may have been taken since by another comparison on the same host); multi-node runs pass `--nnodes`, `--node-rank`, `--rdzv-*` to torchrun.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class LaunchSpec:
     config_path: Path
     workload: Workload
     log_dir: Path
-    port: int = 29500
+    port: int | None = None  # single node: set by the launcher just before torchrun starts
     multi_node: MultiNode = field(default_factory=MultiNode)
     extra_torchrun_args: list[str] = field(default_factory=list)
     python: str = sys.executable
@@ -77,6 +78,8 @@ def threads_per_process(cores: int, nproc: int) -> int:
 
 def torchrun_command(spec: LaunchSpec) -> list[str]:
     """The exact argv: `python -m torch.distributed.run <launcher flags> harness/train.py <flags>`."""
+    if spec.port is None and not spec.multi_node.enabled:
+        raise ValueError("a single-node launch needs spec.port; pick it with free_port() just before launching")
     command = [spec.python, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.nproc)]
     if spec.multi_node.enabled:
         node = spec.multi_node

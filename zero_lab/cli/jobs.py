@@ -1,7 +1,7 @@
 """Prepare every run of a command up front (so bad input stops all before any launch), then run them.
 
 Phase 1: `prepare` gives each (impl, stage, world size) its config, the official conversion (which
-         validates the config as nano does) and a launch spec with its own port.
+         validates the config as nano does) and a launch spec (its port is picked when it starts).
 Phase 2: `run_jobs` runs them one after another under one progress display; a failed run does
          not stop the others; Ctrl-C stops the current one and skips the rest.
 """

@@ -1,7 +1,8 @@
 """Run one torchrun job into a run directory, with live progress and a clean Ctrl-C.
 
 Phase 1: write what the run is given (command, configs, environment) before it starts.
-Phase 2: start torchrun in its own session and stream rank 0's output: to console.log, and each
+Phase 2: pick a free port, then at once start torchrun in its own session (a port picked earlier
+         could have been taken by a concurrent comparison), and stream rank 0's output: to console.log, and each
          `[opt_step k]` line to the progress bar with its loss.
 Phase 3: on Ctrl-C, stop torchrun's process group and every worker's (torchrun starts each worker
          in a session of its own), SIGTERM then SIGKILL, within seconds.
@@ -11,6 +12,7 @@ Phase 4: gather every rank's log, parse rank 0's, and write metrics.csv and summ
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -92,12 +94,14 @@ def execute(
     rundir.write_json(spec.config_path, config)
     if official_config is not None:
         rundir.write_json(run_dir / "config.official.json", official_config)
-    command = launch.torchrun_command(spec)
-    (run_dir / "command.txt").write_text(launch.shell_quote(command) + "\n")
     rundir.write_json(run_dir / "env.json", environment)
     child_env = launch.launch_environment(dict(os.environ), spec.device, spec.nproc, environment["cpu_cores"])
     task = progress.add_task(label, total=spec.workload.steps, loss="-") if progress is not None else None
     # Phase 2
+    if not spec.multi_node.enabled:
+        spec = dataclasses.replace(spec, port=launch.free_port())
+    command = launch.torchrun_command(spec)
+    (run_dir / "command.txt").write_text(launch.shell_quote(command) + "\n")
     started = time.monotonic()
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",

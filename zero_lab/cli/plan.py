@@ -136,7 +136,7 @@ def make_spec(
     extra_torchrun_args: list[str],
     steps: int | None = None,
 ) -> launch.LaunchSpec:
-    """One launch with its own free port; steps overrides the workload's (for warm-ups)."""
+    """One launch (its port is picked at launch time, by the launcher); steps overrides the workload's (for warm-ups)."""
     if steps is not None:
         workload = dataclasses.replace(workload, steps=steps)
     return launch.LaunchSpec(
@@ -147,7 +147,6 @@ def make_spec(
         config_path=run_dir / "config.json",
         workload=workload,
         log_dir=run_dir / "torchrun-logs",
-        port=launch.free_port(),
         multi_node=multi_node,
         extra_torchrun_args=extra_torchrun_args,
     )
