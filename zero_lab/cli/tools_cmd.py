@@ -2,7 +2,7 @@
 
     zero-lab estimate --model qwen3-0.6b --gpus 1,2,8 --stages 0,1,2,3 --dtype bfloat16
     zero-lab doctor
-    zero-lab config official harness/configs/zero2_fp32.json --device cpu
+    zero-lab config official harness/configs/zero2.json --device cpu
 """
 
 from __future__ import annotations
@@ -28,16 +28,19 @@ config_app = typer.Typer(help="DeepSpeed config tools.", no_args_is_help=True)
 
 
 def count_parameters(model: str) -> tuple[int, int]:
-    """(parameters, largest layer's own parameters) of a preset or local HF model, built on meta."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    """(parameters, largest layer's own parameters) of a preset or local HF model, built on meta.
 
-    from zero_lab.workload.models import _SHARED, PRESETS, check_model_name
+    Presets come from the workload's own build_model (the model a run trains); a directory from its
+    config alone, since from_pretrained would read the weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from zero_lab.workload.models import PRESETS, build_model, check_model_name
 
     check_model_name(model)
     with torch.device("meta"):
         if model in PRESETS:
-            network = Qwen3ForCausalLM(Qwen3Config(**PRESETS[model], **_SHARED))
+            network = build_model(model, seed=0)
         else:
             network = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model, local_files_only=True))
     total = sum(parameter.numel() for parameter in network.parameters())
