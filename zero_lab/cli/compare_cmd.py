@@ -21,7 +21,7 @@ from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import cell_table, render_report, run_table, verdict_lines
 from zero_lab.analysis.metrics import build_comparison
 from zero_lab.cli import jobs, options, output, plan
-from zero_lab.cli.environment import DEVICES, environment, resolve_device
+from zero_lab.cli.environment import environment
 from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors, parse_int_list
 from zero_lab.cli.reporting import write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
@@ -30,31 +30,18 @@ FORMATS = ("table", "json", "markdown")
 
 
 @one_line_errors
+@options.common_options
 def compare(
-    context: typer.Context,
     gpus: Annotated[str, typer.Option(help="World sizes, e.g. 2,8: GPUs per node on CUDA, processes on CPU.")] = "2",
     impls: Annotated[str, typer.Option(help="Impls; the first is compared against the second.")] = "nano,official",
     stages: Annotated[str, typer.Option(help="ZeRO stages, e.g. 1,2.")] = "1,2",
-    device: options.Device = "auto",
-    config: options.Config = None,
-    model: options.Model = options.DEFAULT_MODEL,
-    steps: options.Steps = options.DEFAULT_STEPS,
-    batch_size: options.BatchSize = None,
-    seq_len: options.SeqLen = None,
-    dtype: options.Dtype = "float32",
-    seed: options.Seed = 42,
-    dataset_path: options.DatasetPath = None,
     warmup_steps: Annotated[int, typer.Option(help="Unrecorded warm-up run per impl first (0: none).")] = 0,
     report: Annotated[Optional[Path], typer.Option(help="Also write a markdown report (and PNG plots) here.")] = None,
     loss_tol: Annotated[Optional[float], typer.Option(help="Max per-step loss difference for parity (default 1e-4 fp32, 5e-2 bf16/fp16).")] = None,
     fail_on_regression: Annotated[Optional[float], typer.Option(help="Exit 1 when a memory figure of the first impl exceeds the second's by more than PCT %.", metavar="PCT")] = None,
     format: Annotated[str, typer.Option(help="table, json (one object; docs/compare-json.md) or markdown.")] = "table",
-    out: options.Out = Path("runs"),
-    name: options.Name = None,
-    nnodes: options.Nnodes = None,
-    node_rank: options.NodeRank = None,
-    rdzv_endpoint: options.RdzvEndpoint = None,
-    rdzv_id: options.RdzvId = None,
+    *,
+    common: options.Common,
 ) -> None:
     """Run nano and official DeepSpeed on the same workload and compare memory, loss and speed.
 
@@ -69,17 +56,11 @@ def compare(
     world_sizes = parse_int_list(gpus, "--gpus")
     stage_list = [plan.check_stage(stage, "--stages") for stage in parse_int_list(stages, "--stages")]
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
-    plan.check_impls(impl_list)
-    device = resolve_device(check_choice(device, "--device", DEVICES))
-    multi = options.multi_node(nnodes, node_rank, rdzv_endpoint, rdzv_id)
-    for world_size in world_sizes:
-        plan.check_processes(world_size, device, multi)
-    work = options.workload(model, steps, batch_size, seq_len, dtype, seed, dataset_path)
-    plan.check_workload(work, device, impl_list)
-    compare_dir = out / (name or f"compare-{rundir.timestamp()}")
+    shared = common.launch
+    jobs.check(shared, impl_list, world_sizes)
+    compare_dir = common.out / (common.name or f"compare-{rundir.timestamp()}")
     if (compare_dir / rundir.COMPARE).exists():
         raise BadInput(f"{compare_dir} already holds a comparison", "pick another --name or --out")
-    shared = jobs.Launch(config, device, work, multi, list(context.args))
     warmups = [
         jobs.prepare(shared, impl, stage_list[0], world_sizes[0],
                      compare_dir / "warmup" / rundir.cell_name(impl, stage_list[0], world_sizes[0]), steps=warmup_steps)
@@ -90,7 +71,7 @@ def compare(
         for world_size in world_sizes for stage in stage_list for impl in impl_list
     ]
     # Phase 2
-    env = environment(device)
+    env = environment(shared.device)
     _, interrupted = jobs.run_jobs(warmups, env) if warmups else ([], False)
     summaries, cut_short = ([], interrupted) if interrupted else jobs.run_jobs(cells, env)
     # Phase 3

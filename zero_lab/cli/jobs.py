@@ -38,6 +38,14 @@ class Launch:
     extra_torchrun_args: list[str]
 
 
+def check(shared: Launch, impls: list[str], world_sizes: list[int]) -> None:
+    """Before any config is read: known impls, processes the device can hold, a workload the harness accepts."""
+    plan.check_impls(impls)
+    for world_size in world_sizes:
+        plan.check_processes(world_size, shared.device, shared.multi_node)
+    plan.check_workload(shared.workload, shared.device, impls)
+
+
 def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None) -> Job:
     """Phase 1 for one run: the config as the harness will build it, validated, and its launch."""
     source = shared.config_path or plan.default_config_path(stage)

@@ -1,13 +1,24 @@
-"""Options shared by `run` and `compare`, declared once so both commands read the same."""
+"""Options shared by `run` and `compare`, declared and checked once so both commands read the same.
+
+`@common_options` adds them to a command's signature (Typer builds the options from it) and hands
+the command one `common: Common` argument instead: the launch every run of the command shares,
+with --device checked and resolved, and the two run-directory options.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from zero_lab.analysis import launch
+from zero_lab.cli.environment import DEVICES, resolve_device
+from zero_lab.cli.errors import check_choice
+from zero_lab.cli.jobs import Launch
 
 WORKLOAD = "Workload (identical for every impl)"
 LAUNCH = "Launch (torchrun)"
@@ -32,10 +43,63 @@ DEFAULT_MODEL = "small"  # ~24M parameters: memory differences show, 4 runs x 20
 DEFAULT_STEPS = 20
 
 
-def workload(model, steps, batch_size, seq_len, dtype, seed, dataset_path) -> launch.Workload:
-    return launch.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
-                           seed=seed, dataset_path=dataset_path)
 
 
-def multi_node(nnodes, node_rank, rdzv_endpoint, rdzv_id) -> launch.MultiNode:
-    return launch.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
+@dataclass
+class Common:
+    """What `@common_options` hands a command: the shared launch, and where its run directories go."""
+
+    launch: Launch
+    out: Path
+    name: str | None
+
+
+def _option(name: str, annotation: object, default: object) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+COMMON_OPTIONS = [
+    _option("device", Device, "auto"),
+    _option("config", Config, None),
+    _option("model", Model, DEFAULT_MODEL),
+    _option("steps", Steps, DEFAULT_STEPS),
+    _option("batch_size", BatchSize, None),
+    _option("seq_len", SeqLen, None),
+    _option("dtype", Dtype, "float32"),
+    _option("seed", Seed, 42),
+    _option("dataset_path", DatasetPath, None),
+    _option("out", Out, Path("runs")),
+    _option("name", Name, None),
+    _option("nnodes", Nnodes, None),
+    _option("node_rank", NodeRank, None),
+    _option("rdzv_endpoint", RdzvEndpoint, None),
+    _option("rdzv_id", RdzvId, None),
+]
+# Typer passes the context by its type; its extra arguments (after `--`) go to torchrun.
+CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+
+
+def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
+           out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id) -> Common:
+    """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda."""
+    work = launch.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
+                           dataset_path=dataset_path)
+    node = launch.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
+    device = resolve_device(check_choice(device, "--device", DEVICES))
+    return Common(Launch(config, device, work, node, list(context.args)), out, name)
+
+
+def common_options(command):
+    """command(own options..., common) -> a Typer command with its own options, then the shared ones."""
+    own = [parameter for parameter in inspect.signature(command, eval_str=True).parameters.values()
+           if parameter.name != "common"]
+
+    @functools.wraps(command)
+    def with_common_options(context: typer.Context, **given):
+        shared = {parameter.name: given.pop(parameter.name) for parameter in COMMON_OPTIONS}
+        return command(**given, common=common(context, **shared))
+
+    parameters = [CONTEXT, *own, *COMMON_OPTIONS]
+    with_common_options.__signature__ = inspect.Signature(parameters)
+    with_common_options.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
+    return with_common_options

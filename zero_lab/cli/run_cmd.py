@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,7 +13,7 @@ import typer
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import run_table
 from zero_lab.cli import jobs, options, output, plan
-from zero_lab.cli.environment import DEVICES, environment, resolve_device
+from zero_lab.cli.environment import environment
 from zero_lab.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, BadInput, check_choice, one_line_errors
 
 EXTRA_ARGS = {"allow_extra_args": True}
@@ -53,48 +52,31 @@ def report_problems(summaries: list[dict]) -> None:
 
 
 @one_line_errors
+@options.common_options
 def run(
-    context: typer.Context,
     impl: Annotated[str, typer.Option(help="nano or official.")] = "nano",
     gpus: Annotated[int, typer.Option(help="Processes per node: GPUs on CUDA, processes on CPU.")] = 1,
-    device: options.Device = "auto",
     stage: Annotated[int | None, typer.Option(help="ZeRO stage; overrides the config's.")] = None,
-    config: options.Config = None,
-    model: options.Model = options.DEFAULT_MODEL,
-    steps: options.Steps = options.DEFAULT_STEPS,
-    batch_size: options.BatchSize = None,
-    seq_len: options.SeqLen = None,
-    dtype: options.Dtype = "float32",
-    seed: options.Seed = 42,
-    dataset_path: options.DatasetPath = None,
-    out: options.Out = Path("runs"),
-    name: options.Name = None,
     format: Annotated[str, typer.Option(help="table or json.")] = "table",
-    nnodes: options.Nnodes = None,
-    node_rank: options.NodeRank = None,
-    rdzv_endpoint: options.RdzvEndpoint = None,
-    rdzv_id: options.RdzvId = None,
+    *,
+    common: options.Common,
 ) -> None:
     """Train one impl under torchrun and save runs/<run-id>/ (logs, metrics.csv, summary.json).
 
     Arguments after `--` go to torchrun.
     """
     check_choice(format, "--format", FORMATS)
-    device = resolve_device(check_choice(device, "--device", DEVICES))
-    plan.check_impls([impl])
-    multi = options.multi_node(nnodes, node_rank, rdzv_endpoint, rdzv_id)
-    plan.check_processes(gpus, device, multi)
+    shared = common.launch
+    jobs.check(shared, [impl], [gpus])
+    config = shared.config_path
     if stage is None:
         stage = plan.check_stage(stage_of(plan.load_config_file(config)), f"zero_optimization.stage of {config}") if config else 2
     plan.check_stage(stage, "--stage")
-    work = options.workload(model, steps, batch_size, seq_len, dtype, seed, dataset_path)
-    plan.check_workload(work, device, [impl])
-    run_dir = out / (name or f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}")
+    run_dir = common.out / (common.name or f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}")
     if (run_dir / rundir.SUMMARY).exists():
         raise BadInput(f"{run_dir} already holds a run", "pick another --name or --out")
-    shared = jobs.Launch(config, device, work, multi, list(context.args))
     job = jobs.prepare(shared, impl, stage, gpus, run_dir)
-    summaries, interrupted = jobs.run_jobs([job], environment(device))
+    summaries, interrupted = jobs.run_jobs([job], environment(shared.device))
     summary = summaries[0]
     if summary["status"] == "bad_input":
         pass  # the harness's one line below says it all
