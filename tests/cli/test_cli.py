@@ -71,6 +71,11 @@ def test_bad_input_is_one_line_and_exit_2(arguments, words, monkeypatch):
     assert words in one_line_error(runner.invoke(app, arguments))
 
 
+def test_estimate_of_an_unreadable_model_directory_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    assert "cannot read the model config" in one_line_error(runner.invoke(app, ["estimate", "--model", str(tmp_path)]))
+
+
 def test_malformed_config_is_one_line_and_exit_2(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text('{"zero_optimization": {"stage": 2,}')

@@ -42,7 +42,12 @@ def count_parameters(model: str) -> tuple[int, int]:
         if model in PRESETS:
             network = build_model(model, seed=0)
         else:
-            network = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model, local_files_only=True))
+            try:
+                network = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model, local_files_only=True))
+            except (OSError, ValueError) as error:  # what Hugging Face raises for a config it cannot read
+                problem = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")
+                raise BadInput(f"cannot read the model config in {model}: {problem}",
+                               "give a Hugging Face model directory or a parameter count (600M, 1.5B)")
     total = sum(parameter.numel() for parameter in network.parameters())
     largest = max(sum(p.numel() for p in module.parameters(recurse=False)) for module in network.modules())
     return total, largest
