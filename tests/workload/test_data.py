@@ -81,6 +81,7 @@ def test_max_samples_and_min_target_tokens(lima, tmp_path):
     ('[{"text": "ok"}, ', "is not valid JSON"),
     ('{"prompt": "no known field"}\n', "neither 'conversations' nor a 'text'"),
     ('{"conversations": [{"from": "human", "value": "only a question"}]}\n', "no assistant turn"),
+    ('{"conversations": ["only a prompt"]}\n', "no assistant turn"),
     ('{"conversations": [{"speaker": "human", "value": "?"}]}\n', "a turn is not"),
     ("\n\n", "holds no records"),
 ])
@@ -88,6 +89,13 @@ def test_malformed_files_are_one_line_errors(tmp_path, text, message):
     with pytest.raises(WorkloadError, match=message) as error:
         load_examples(write(tmp_path / "bad.jsonl", text), TOKENIZER, seq_len=64)
     assert "\n" not in str(error.value)
+
+
+def test_a_file_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes('{"text": "café"}\n'.encode("latin-1"))
+    with pytest.raises(WorkloadError, match="is not UTF-8 text .*Save the file as UTF-8"):
+        load_examples(path, TOKENIZER, seq_len=64)
 
 
 def test_tiny_learns_the_builtin_corpus_within_50_steps():

@@ -84,25 +84,35 @@ def _messages(record, where: str) -> list[dict]:
         raise WorkloadError(f"{where}: 'conversations' is not a non-empty list",
                             "Give a list of {\"from\": ..., \"value\": ...} turns")
     if all(isinstance(turn, str) for turn in turns):  # original LIMA: user and assistant alternate
-        return [{"role": ("user", "assistant")[i % 2], "content": turn} for i, turn in enumerate(turns)]
-    messages = []
-    for turn in turns:
-        if not (isinstance(turn, dict) and isinstance(turn.get("value"), str)
-                and turn.get("from") in ROLES):
-            raise WorkloadError(f"{where}: a turn is not {{\"from\": one of {sorted(ROLES)}, "
-                                f"\"value\": text}}: {str(turn)[:80]}", "Fix or drop that record")
-        messages.append({"role": ROLES[turn["from"]], "content": turn["value"]})
+        messages = [{"role": ("user", "assistant")[i % 2], "content": turn}
+                    for i, turn in enumerate(turns)]
+    else:
+        messages = [_message(turn, where) for turn in turns]
+    # Checked for both forms: a lone string is a prompt with no reply, as much as a lone human turn.
     if not any(message["role"] == "assistant" for message in messages):
         raise WorkloadError(f"{where}: the conversation has no assistant turn",
-                            "Add a turn from 'gpt' or 'assistant', or drop the record")
+                            "Add a reply (a turn from 'gpt' or 'assistant', or a second string), "
+                            "or drop the record")
     return messages
+
+
+def _message(turn, where: str) -> dict:
+    if not (isinstance(turn, dict) and isinstance(turn.get("value"), str)
+            and turn.get("from") in ROLES):
+        raise WorkloadError(f"{where}: a turn is not {{\"from\": one of {sorted(ROLES)}, "
+                            f"\"value\": text}}: {str(turn)[:80]}", "Fix or drop that record")
+    return {"role": ROLES[turn["from"]], "content": turn["value"]}
 
 
 def read_records(path: Path) -> list[tuple[str, dict]]:
     """(location, record) pairs from a JSON array or a JSON-lines file."""
     if not path.is_file():
         raise WorkloadError(f"dataset {path} does not exist", "Check --dataset-path")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise WorkloadError(f"{path} is not UTF-8 text (byte {error.object[error.start]:#04x} at "
+                            f"offset {error.start})", "Save the file as UTF-8") from None
     if text.lstrip().startswith("["):
         try:
             records = json.loads(text)
