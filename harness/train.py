@@ -21,7 +21,9 @@ Commands (from the repository root; on CPU each process is one rank):
 
 Bad input (unknown preset, missing model directory, malformed dataset, more processes than GPUs,
 a config stage contradicting --zero-stage, fp16 with official DeepSpeed on CPU) prints
-`error: <problem>. <fix>` on stderr and exits 2 before any engine starts.
+`error: <problem>. <fix>` on stderr and exits 2 before any engine starts; so do the problems only
+the engine or Hugging Face find (a config value nano rejects, an --attn-impl that is not
+installed, a model directory that does not load).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.nano.config import load_config
+from zero_lab.nano.errors import NanoConfigError
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.data import make_batches
 from zero_lab.workload.errors import WorkloadError
@@ -44,7 +47,7 @@ from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
 from zero_lab.workload.run_config import (DTYPE_OF_PRECISION, build_parser, check_launch,
                                           precision_of)
-from zero_lab.workload.step_metrics import StepMetrics, comm_totals
+from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
 
 
 def emit(rank: int, tag: str, fields: dict, step: int | None = None) -> None:
@@ -52,6 +55,11 @@ def emit(rank: int, tag: str, fields: dict, step: int | None = None) -> None:
     if rank == 0:
         sys.stdout.write(format_line(tag, fields, step) + "\n")
         sys.stdout.flush()
+
+
+def dist_backend(device: torch.device) -> str:
+    """The process group's backend for the run's device: gloo for CPU tensors, nccl for CUDA."""
+    return "gloo" if device.type == "cpu" else "nccl"
 
 
 def prepare(argv: list[str] | None):
@@ -77,7 +85,9 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     engine_module = load_engine_module(args.impl, device)
-    engine_module.init_distributed(dist_backend=None)
+    # Named, not left to the engine: nano (like DeepSpeed) defaults to nccl whenever CUDA exists,
+    # which breaks `--device cpu` on a GPU host.
+    engine_module.init_distributed(dist_backend=dist_backend(device))
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
     # Phase 3: the same weights on every rank and for both impls, then the engine.
@@ -124,11 +134,9 @@ def train(args, device: torch.device, config: dict, batches) -> None:
                   "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
                   "lr": float(engine.get_lr()[0]), "loss_scale": loss_scale(engine), **fields}
         emit(rank, "opt_step", fields, step)
-        if not math.isfinite(fields["loss"]):
-            emit(rank, "warn", {"step": step, "kind": "non_finite_loss", "loss": fields["loss"]})
-        if engine.skipped_steps > skipped_before:
-            emit(rank, "warn", {"step": step, "kind": "skipped_step",
-                                "loss_scale": fields["loss_scale"]})
+        for warning in step_warnings(step, fields["loss"], fields["loss_scale"],
+                                     skipped=engine.skipped_steps > skipped_before):
+            emit(rank, "warn", warning)
 
     # Phase 5: totals per collective type over the training steps; no rank tears its process
     # group down while another still works.
@@ -140,14 +148,16 @@ def train(args, device: torch.device, config: dict, batches) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """0 after training; 2 with one `error:` line for bad input, found before or inside `train`
+    (nano rejecting a config value, Hugging Face rejecting the model or --attn-impl)."""
     try:
-        prepared = prepare(argv)
-    except WorkloadError as error:
+        train(*prepare(argv))
+    except (WorkloadError, NanoConfigError) as error:
+        if not isinstance(error, WorkloadError):
+            error = WorkloadError.from_nano(error)
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"error: {error}", file=sys.stderr)
         return 2
-    try:
-        train(*prepared)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

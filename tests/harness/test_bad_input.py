@@ -50,6 +50,12 @@ def test_malformed_dataset(train_module, capsys, single_rank, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": oops}\n')
     assert "line 2 is not valid JSON" in refuse(train_module, capsys, "--dataset-path", str(bad))
+    prompt_only = tmp_path / "prompt_only.jsonl"
+    prompt_only.write_text('{"conversations": ["only a prompt"]}\n')
+    assert "no assistant turn" in refuse(train_module, capsys, "--dataset-path", str(prompt_only))
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"text": "café"}\n'.encode("latin-1"))
+    assert "is not UTF-8" in refuse(train_module, capsys, "--dataset-path", str(latin1))
 
 
 def test_config_stage_contradicting_zero_stage(train_module, capsys, single_rank):
@@ -62,6 +68,14 @@ def test_bad_config_key_is_named(train_module, capsys, single_rank, tmp_path):
     config = tmp_path / "typo.json"
     config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimisation": {}}))
     assert "zero_optimisation" in refuse(train_module, capsys, "--deepspeed_config", str(config))
+
+
+def test_config_that_is_not_a_utf8_json_object(train_module, capsys, single_rank, tmp_path):
+    listed, latin1 = tmp_path / "list.json", tmp_path / "latin1.json"
+    listed.write_text("[1, 2]")
+    latin1.write_bytes('{"train_micro_batch_size_per_gpu": 1, "é": 1}'.encode("latin-1"))
+    assert "not an object" in refuse(train_module, capsys, "--deepspeed_config", str(listed))
+    assert "not UTF-8" in refuse(train_module, capsys, "--deepspeed_config", str(latin1))
 
 
 def test_fp16_with_official_on_cpu(train_module, capsys, single_rank):

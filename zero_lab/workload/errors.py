@@ -4,9 +4,21 @@ from __future__ import annotations
 
 
 class WorkloadError(Exception):
-    """Bad input found before training: `train.py` prints `error: <problem>. <fix>` and exits 2."""
+    """Bad input: `train.py` prints `error: <problem>. <fix>` and exits 2."""
 
     def __init__(self, problem: str, fix: str):
         super().__init__(f"{problem}. {fix}")
         self.problem = problem
         self.fix = fix
+
+    @classmethod
+    def from_nano(cls, error: Exception, where: str = "") -> WorkloadError:
+        """nano's NanoConfigError reads "<problem>; <fix>" (a few carry no fix)."""
+        problem, _, fix = first_line(error).partition("; ")
+        return cls(f"{where}{problem}", fix[:1].upper() + fix[1:] or "Fix the config")
+
+
+def first_line(error: Exception) -> str:
+    """An exception's message as one line without a closing period (libraries' may span several)."""
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__).rstrip(".")

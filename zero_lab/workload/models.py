@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from zero_lab.workload.errors import WorkloadError
+from zero_lab.workload.errors import WorkloadError, first_line
 from zero_lab.workload.tokenizer import ByteTokenizer
 
 _SHARED = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "use_cache": False}
@@ -33,6 +33,9 @@ PRESETS = {
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                        head_dim=128, max_position_embeddings=40_960, tie_word_embeddings=True),
 }
+# What Hugging Face raises for a bad model directory or attention implementation: a missing or
+# unreadable file (OSError), a value it rejects (ValueError), an uninstalled kernel (ImportError).
+LOAD_ERRORS = (OSError, ValueError, ImportError)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -57,8 +60,13 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
         return ByteTokenizer()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name, local_files_only=True,
-                                         trust_remote_code=trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True,
+                                             trust_remote_code=trust_remote_code)
+    except LOAD_ERRORS as error:
+        raise WorkloadError(f"cannot load the tokenizer of {name}: {first_line(error)}",
+                            "Give a complete Hugging Face model directory (tokenizer files "
+                            "included), with --trust-remote-code if it ships its own code") from None
 
 
 def build_model(name: str, seed: int, dtype: str = "float32", attn_impl: str | None = None,
@@ -68,15 +76,21 @@ def build_model(name: str, seed: int, dtype: str = "float32", attn_impl: str | N
 
     check_model_name(name)
     torch.manual_seed(seed)
-    if name in PRESETS:
-        config = Qwen3Config(**PRESETS[name], **_SHARED)
-        if attn_impl:
-            config._attn_implementation = attn_impl
-        model = Qwen3ForCausalLM(config).to(DTYPES[dtype])
-    else:
-        model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=DTYPES[dtype], attn_implementation=attn_impl, local_files_only=True,
-            trust_remote_code=trust_remote_code)
+    try:  # Hugging Face checks the attention implementation and the files while it builds
+        if name in PRESETS:
+            config = Qwen3Config(**PRESETS[name], **_SHARED)
+            if attn_impl:
+                config._attn_implementation = attn_impl
+            model = Qwen3ForCausalLM(config).to(DTYPES[dtype])
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                name, dtype=DTYPES[dtype], attn_implementation=attn_impl, local_files_only=True,
+                trust_remote_code=trust_remote_code)
+    except LOAD_ERRORS as error:
+        raise WorkloadError(f"cannot build model {name} (--attn-impl {attn_impl}): "
+                            f"{first_line(error)}",
+                            "Pick an --attn-impl that is installed (eager, sdpa), or fix the model "
+                            "directory (config, weights)") from None
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.config.use_cache = False

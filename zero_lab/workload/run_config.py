@@ -83,10 +83,16 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise WorkloadError(f"config file {path} does not exist", "Check --deepspeed_config")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise WorkloadError(f"config file {path} is not UTF-8 text", "Save it as UTF-8") from None
     except json.JSONDecodeError as error:
         raise WorkloadError(f"config file {path} is not valid JSON ({error.msg} at line "
                             f"{error.lineno})", "Fix the file") from None
+    if not isinstance(config, dict):
+        raise WorkloadError(f"config file {path} holds a JSON {type(config).__name__}, not an "
+                            "object", "Give a DeepSpeed config object {...}")
+    return config
 
 
 def build_config(args: argparse.Namespace, world_size: int) -> dict:
@@ -114,9 +120,8 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict:
         config.pop("train_batch_size", None)  # re-inferred from micro x accumulation x world
     try:  # both impls get this config (official through to_official_config), so nano's rules hold
         load_config(config, world_size=world_size)
-    except NanoConfigError as error:  # nano's messages read "<problem>; <fix>"
-        problem, _, fix = str(error).rstrip(".").partition("; ")
-        raise WorkloadError(f"{path}: {problem}", fix[:1].upper() + fix[1:] or "Fix the config") from None
+    except NanoConfigError as error:
+        raise WorkloadError.from_nano(error, where=f"{path}: ") from None
     return config
 
 

@@ -3,8 +3,9 @@
 Phase 1: `begin()` notes the time and the communication counts.
 Phase 2: the caller runs the step's micro-steps, hands each micro-step's loss to `add_loss`, and
          calls `before_optimizer_step()` between the last backward and `engine.step()`: live
-         bytes there hold parameters, gradients and optimizer states, every term of the ZeRO
-         formulas (at the end of a step the engines have already released the gradients).
+         bytes there are nano's formula at its "backward" moment (parameters, optimizer states,
+         and gradients: full param.grad at stages 0/1, the gradient partition at stage 2); at
+         the end of the step they are its "between_steps" moment (no gradient buffer).
 Phase 3: `end()` samples this rank's memory, then (with the comm meter paused, so the harness's
          own collectives never count) averages the loss over micro-steps and ranks (SUM, then
          divide: gloo's AVG has had silent bugs) and takes the max over ranks of memory, step
@@ -13,6 +14,7 @@ Phase 3: `end()` samples this rank's memory, then (with the comm meter paused, s
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -82,3 +84,17 @@ def comm_totals(counts: dict[str, OpCount], steps: int) -> list[dict]:
     """Fields of the `[comm]` lines: one per collective type, over all training steps."""
     return [{"op": name, "calls": count.calls, "mb": count.bytes / MB, "bytes": count.bytes,
              "bytes_per_step": count.bytes // steps} for name, count in sorted(counts.items())]
+
+
+def step_warnings(step: int, loss: float, loss_scale: float, skipped: bool) -> list[dict]:
+    """Fields of a step's `[warn]` lines: a non-finite loss, and a step the engine skipped.
+
+    Both engines count skipped steps in `engine.skipped_steps` (official: fp16 overflow; nano: a
+    non-finite global gradient norm in any precision), so `skipped` is that count having grown.
+    """
+    warnings = []
+    if not math.isfinite(loss):
+        warnings.append({"step": step, "kind": "non_finite_loss", "loss": loss})
+    if skipped:
+        warnings.append({"step": step, "kind": "skipped_step", "loss_scale": loss_scale})
+    return warnings

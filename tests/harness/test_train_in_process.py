@@ -1,0 +1,125 @@
+"""harness/train.py's `main` in this process (world size 1, tiny): the process group's backend
+follows --device, bad input that only the engine or Hugging Face find exits 2 with one line, and
+the `[warn]` lines follow the engine's loss and skipped steps."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.spawn import free_port
+from zero_lab.workload.log_lines import parse_line
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_RUN = ("--model-name", "tiny", "--steps", "2", "--batch-size", "1", "--seq-len", "16",
+            "--device", "cpu")
+
+
+@pytest.fixture(scope="module")
+def train_module():
+    spec = importlib.util.spec_from_file_location("harness_train", REPO / "harness" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    environment = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine's cores are shared with the torchrun tests
+    yield
+    torch.set_num_threads(threads)
+    assert not dist.is_initialized()  # main tears its process group down, even on error
+
+
+def contract_lines(text: str) -> list[tuple]:
+    return [parsed for parsed in map(parse_line, text.splitlines()) if parsed is not None]
+
+
+def test_device_cpu_uses_gloo_on_a_host_with_cuda(train_module, one_process, monkeypatch, capsys):
+    """nano, like DeepSpeed, defaults to nccl whenever CUDA exists; --device cpu must not."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert train_module.dist_backend(torch.device("cpu")) == "gloo"
+    assert train_module.dist_backend(torch.device("cuda", 0)) == "nccl"
+    assert train_module.main(["--impl", "nano", *TINY_RUN]) == 0
+    steps = [fields for tag, _, fields in contract_lines(capsys.readouterr().out) if tag == "opt_step"]
+    assert len(steps) == 2 and all(math.isfinite(fields["loss"]) for fields in steps)
+
+
+def refuse(train_module, capsys, *argv: str) -> str:
+    assert train_module.main(list(argv)) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
+    assert "Traceback" not in captured.err
+    return captured.err
+
+
+def test_config_value_nano_rejects_in_initialize(train_module, one_process, capsys, tmp_path):
+    """load_config accepts the scheduler's params; nano's scheduler rejects the value."""
+    config = json.loads((REPO / "harness" / "configs" / "zero2.json").read_text())
+    config["scheduler"]["params"]["warmup_type"] = "cubic"
+    path = tmp_path / "cubic.json"
+    path.write_text(json.dumps(config))
+    err = refuse(train_module, capsys, "--deepspeed_config", str(path), *TINY_RUN)
+    assert "warmup_type must be 'log' or 'linear'" in err
+
+
+def test_attention_implementation_that_does_not_exist(train_module, one_process, capsys):
+    err = refuse(train_module, capsys, "--attn-impl", "bogus", *TINY_RUN)
+    assert "cannot build model tiny (--attn-impl bogus)" in err and "Pick an --attn-impl" in err
+
+
+class NonFiniteEngine:
+    """An engine whose loss is nan and which skips every step (a non-finite gradient norm)."""
+
+    def __init__(self, model):
+        self.module = model
+        self.skipped_steps = 0
+        self.optimizer = SimpleNamespace(cur_scale=1024.0)
+
+    def __call__(self, **batch):
+        return SimpleNamespace(loss=self.module(**batch).loss * math.nan)
+
+    def backward(self, loss):
+        pass
+
+    def step(self):
+        self.skipped_steps += 1
+
+    def gradient_accumulation_steps(self):
+        return 1
+
+    def zero_optimization_stage(self):
+        return 2
+
+    def get_global_grad_norm(self):
+        return math.inf
+
+    def get_lr(self):
+        return [0.0]
+
+
+def test_non_finite_loss_and_skipped_steps_are_warned(train_module, one_process, monkeypatch, capsys):
+    import zero_lab.nano as nano
+
+    engine_module = SimpleNamespace(
+        init_distributed=nano.init_distributed,
+        initialize=lambda model, model_parameters, config: (NonFiniteEngine(model), None, None, None))
+    monkeypatch.setattr(train_module, "load_engine_module", lambda impl, device: engine_module)
+    assert train_module.main(list(TINY_RUN)) == 0
+    warnings = [fields for tag, _, fields in contract_lines(capsys.readouterr().out) if tag == "warn"]
+    kinds = [(fields["step"], fields["kind"]) for fields in warnings]
+    assert kinds == [(1, "non_finite_loss"), (1, "skipped_step"), (2, "non_finite_loss"),
+                     (2, "skipped_step")]
+    assert math.isnan(warnings[0]["loss"]) and warnings[1]["loss_scale"] == 1024
