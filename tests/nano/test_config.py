@@ -49,6 +49,10 @@ BAD_CONFIGS = [
     (with_(communication_data_type="int8"), "communication_data_type"),
     (with_(zero_optimization__contiguous_gradients=False), "contiguous_gradients"),
     (with_(scheduler={"type": "OneCycle", "params": {}}), "OneCycle"),
+    (with_(fp16={"enabled": True, "auto_cast": True}), "'fp16.auto_cast' is known to official DeepSpeed"),
+    (with_(bf16={"enabled": True, "immediate_grad_update": True}), "'bf16.immediate_grad_update' is known"),
+    (with_(zero_optimization__stage="2"), "zero_optimization.stage"),
+    (with_(zero_optimization__overlap_comm=1), "zero_optimization.overlap_comm"),
 ]
 
 
@@ -108,5 +112,8 @@ def test_official_config_is_accepted_by_deepspeed():
     parsed = DeepSpeedConfig(official, world_size=1) if "world_size" in DeepSpeedConfig.__init__.__code__.co_varnames \
         else DeepSpeedConfig(official)
     assert parsed.zero_optimization_stage == 2 and parsed.gradient_clipping == 1.0
+    multi_rank = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                  "optimizer": BASE["optimizer"]}
+    assert to_official_config(multi_rank)["train_batch_size"] == 4  # valid at 2 ranks: not checked at 1
     with pytest.raises(NanoConfigError, match="fp16 on CPU"):
         to_official_config(with_(fp16={"enabled": True}), device="cpu")

@@ -12,7 +12,7 @@ from tests.spawn import run_distributed
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_every_step_matches_the_reference(world_size):
-    assert len(workers.parity_cases()) == 56
+    assert len(workers.parity_cases()) == 80
     assert run_distributed(workers.parity_worker, world_size) == []
 
 
@@ -33,3 +33,7 @@ def test_fp16_overflow_on_one_rank_skips_on_every_rank(world_size):
 
 def test_unused_parameters_are_handled_as_deepspeed_does():
     assert run_distributed(workers.unused_parameters_worker, 2) == []
+
+
+def test_a_nan_gradient_on_one_rank_skips_the_step_on_every_rank():
+    assert run_distributed(workers.nonfinite_worker, 2) == []

@@ -38,12 +38,12 @@ def nano_config(stage: int, accumulation: int = 1, clipping: float = 0.0, reduce
 
 
 def parity_cases() -> list[dict]:
-    """Every stage x accumulation 1/3 x clipping off/on x reduce-scatter paths x overlap x bucket sizes."""
+    """Every stage x accumulation 1/3 x clipping off/on x reduce-scatter paths x overlap x bucket sizes (80)."""
     cases = []
     for stage, accumulation, clipping, (bucket, gather_bucket) in itertools.product(
             (0, 1, 2), (1, 3), (0.0, 0.05), ((500_000_000, 500_000_000), (5, 3))):
         for reduce_scatter in ((True,) if stage == 0 else (True, False)):
-            for overlap in ((False, True) if stage == 2 else (False,)):
+            for overlap in (False, True):
                 cases.append(dict(stage=stage, accumulation=accumulation, clipping=clipping, bucket=bucket,
                                   gather_bucket=gather_bucket, reduce_scatter=reduce_scatter, overlap=overlap))
     return cases
@@ -82,14 +82,50 @@ def parity_worker(rank: int, world_size: int) -> list[str]:
 
 
 def stages_agree_worker(rank: int, world_size: int) -> list[str]:
-    """Stages 0, 1 and 2 reach the same parameters from the same start (clipping and accumulation on)."""
-    results = []
+    """Stages 0, 1 and 2 reach the same parameters from the same start (clipping and accumulation on):
+    within 1e-6 in fp32; in bf16 and fp16 (static scale), with gradients travelling in fp32, within
+    4e-3 (a few roundings of the 16-bit parameters; measured: at most 1e-3), having moved 0.03."""
+    failures = []
+    for precision, tolerance in (("fp32", 1e-6), ("bf16", 4e-3), ("fp16", 4e-3)):
+        extra = {} if precision == "fp32" else {"communication_data_type": "fp32"}
+        if precision == "fp16":
+            extra["fp16"] = {"loss_scale": 1024.0}
+        initial, results = build_model(), []
+        for stage in (0, 1, 2):
+            model = copy.deepcopy(initial)
+            train_nano(model, nano_config(stage, accumulation=2, clipping=0.05, bucket=7, gather_bucket=5,
+                                          precision=precision, **extra), rank, STEPS)
+            results.append(model)
+        moved = max_difference(initial, results[0])
+        if moved < 5 * tolerance:
+            failures.append(f"{precision}: stage 0 moved only {moved:.3g} from the start")
+        for stage, other in ((1, results[1]), (2, results[2])):
+            difference = max_difference(results[0], other)
+            if difference > tolerance:
+                failures.append(f"{precision}: stage {stage} differs from stage 0 by {difference:.3g}")
+    return failures
+
+
+def nonfinite_worker(rank: int, world_size: int) -> list[str]:
+    """A NaN gradient on one rank in fp32 makes every rank skip the step and keep its parameters."""
+    failures = []
     for stage in (0, 1, 2):
         model = build_model()
-        train_nano(model, nano_config(stage, accumulation=2, clipping=0.05, bucket=7, gather_bucket=5), rank, STEPS)
-        results.append(model)
-    return [f"stage {stage} differs from stage 0 by {max_difference(results[0], other):.3g}"
-            for stage, other in ((1, results[1]), (2, results[2])) if max_difference(results[0], other) > 1e-6]
+        engine, *_ = nano.initialize(model=model, config=nano_config(stage, bucket=9))
+        before = [parameter.detach().clone() for parameter in model.parameters()]
+        loss = loss_of(engine, micro_batch(0, 0, rank, MICRO_SIZE))
+        engine.backward(loss * float("nan") if rank == 0 else loss)
+        engine.step()
+        unchanged = all(torch.equal(old, new) for old, new in zip(before, model.parameters()))
+        if not unchanged or engine.was_step_applied() or engine.skipped_steps != 1 or \
+                engine.get_global_grad_norm() != float("inf"):
+            failures.append(f"stage {stage}: unchanged={unchanged} applied={engine.was_step_applied()} "
+                            f"skipped={engine.skipped_steps} norm={engine.get_global_grad_norm()}")
+        engine.backward(loss_of(engine, micro_batch(1, 0, rank, MICRO_SIZE)))
+        engine.step()
+        if not engine.was_step_applied():
+            failures.append(f"stage {stage}: the step after a skipped one was not applied")
+    return failures
 
 
 def _live_bytes(tracker: LiveStorageTracker) -> int:

@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator,
+                      model_validator)
 
 from zero_lab.nano import config_keys
 from zero_lab.nano.errors import NanoConfigError
@@ -34,8 +35,8 @@ class OptimizerParams(_Strict):
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam's (beta1, beta2).")
     eps: float = Field(1e-8, gt=0, description="Added to the denominator for stability.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled (AdamW) or L2 (Adam) decay; DeepSpeed's default is 0.")
-    adam_w_mode: bool = Field(True, description="True: AdamW's decoupled decay; False: Adam with L2 decay.")
-    torch_adam: bool = Field(False, description="Official DeepSpeed's switch to torch.optim; nano's math always equals torch.optim.AdamW's.")
+    adam_w_mode: StrictBool = Field(True, description="True: AdamW's decoupled decay; False: Adam with L2 decay.")
+    torch_adam: StrictBool = Field(False, description="Official DeepSpeed's switch to torch.optim; nano's math always equals torch.optim.AdamW's.")
 
 
 class OptimizerConfig(_Strict):
@@ -61,28 +62,29 @@ class SchedulerConfig(_Strict):
 
 
 class Fp16Config(_Strict):
-    enabled: bool = Field(False, description="fp16 parameters with dynamic (or static) loss scaling.")
+    enabled: StrictBool = Field(False, description="fp16 parameters with dynamic (or static) loss scaling.")
     loss_scale: float = Field(0.0, ge=0, description="0 = dynamic loss scaling; > 0 = this static scale.")
     initial_scale_power: int = Field(16, ge=0, description="Dynamic scaling starts at 2**initial_scale_power.")
     loss_scale_window: int = Field(1000, ge=1, description="Overflow-free steps before the scale doubles.")
     hysteresis: int = Field(2, ge=1, description="Overflows tolerated before the scale is halved.")
-    consecutive_hysteresis: bool = Field(False, description="Refill hysteresis after each overflow-free step.")
+    consecutive_hysteresis: StrictBool = Field(False, description="Refill hysteresis after each overflow-free step.")
     min_loss_scale: float = Field(1.0, gt=0, description="The scale never drops below this.")
 
 
 class Bf16Config(_Strict):
-    enabled: bool = Field(False, description="bf16 parameters with fp32 master partitions; no loss scaling.")
+    enabled: StrictBool = Field(False, description="bf16 parameters with fp32 master partitions; no loss scaling.")
 
 
 class ZeroConfig(_Strict):
-    stage: int = Field(0, description="0: data parallel; 1: partition optimizer states; 2: also gradients.")
-    reduce_scatter: bool = Field(True, description="Stage 1/2: reduce-scatter (True) or all-reduce + local scatter-back (False).")
+    stage: StrictInt = Field(0, description="0: data parallel; 1: partition optimizer states; 2: also gradients.")
+    reduce_scatter: StrictBool = Field(True, description="Stage 1/2: reduce-scatter (True) or all-reduce + local scatter-back (False).")
     reduce_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per gradient bucket.")
     allgather_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per parameter all-gather.")
-    overlap_comm: bool = Field(False, description="Stage 2: reduce buckets asynchronously while backward runs.")
-    contiguous_gradients: bool = Field(True, description="Accepted as true only: nano always packs gradients contiguously.")
-    allgather_partitions: bool = Field(True, description="Accepted as true only: nano always all-gathers whole partitions.")
-    ignore_unused_parameters: bool = Field(True, description="Stage 2: a parameter with no gradient counts as zero (False: error).")
+    overlap_comm: StrictBool = Field(False, description="Reduce buckets asynchronously (stage 2: while backward runs; "
+                                     "stages 0/1: while the next bucket is packed), at most two in flight.")
+    contiguous_gradients: StrictBool = Field(True, description="Accepted as true only: nano always packs gradients contiguously.")
+    allgather_partitions: StrictBool = Field(True, description="Accepted as true only: nano always all-gathers whole partitions.")
+    ignore_unused_parameters: StrictBool = Field(True, description="Stage 2: a parameter with no gradient counts as zero (False: error).")
 
     @field_validator("stage")
     @classmethod
@@ -158,6 +160,11 @@ def _reject_unknown_keys(raw: dict) -> None:
 
     top_level = {field.alias or name for name, field in NanoConfig.model_fields.items()} | set(NanoConfig.model_fields)
     check(raw, top_level, config_keys.DEEPSPEED_ONLY_TOP_LEVEL, "")
+    for section, model, deepspeed_only in (("fp16", Fp16Config, config_keys.DEEPSPEED_ONLY_FP16),
+                                           ("bf16", Bf16Config, config_keys.DEEPSPEED_ONLY_BF16),
+                                           ("bfloat16", Bf16Config, config_keys.DEEPSPEED_ONLY_BF16)):
+        if isinstance(raw.get(section), dict):
+            check(raw[section], set(model.model_fields), deepspeed_only, f"{section}.")
     zero = raw.get("zero_optimization")
     if isinstance(zero, dict):
         if zero.get("stage") == 3 or any(key.startswith("offload") for key in zero):
@@ -196,7 +203,7 @@ def _resolve_auto(raw: dict, hidden_size: Optional[int]) -> None:
     leftover = find_auto(raw, "")
     if leftover:
         raise NanoConfigError(f"config value '{leftover}' is \"auto\", which only the Hugging Face Trainer fills in; "
-                              "give a number")
+                              "give an explicit value")
 
 
 def _first_error_line(error: ValidationError) -> str:
@@ -235,17 +242,22 @@ def _infer_batch_sizes(config: NanoConfig, world_size: int) -> None:
     config.gradient_accumulation_steps = accumulation
 
 
-def load_config(config: Any = None, args: Any = None, world_size: int = 1,
-                hidden_size: Optional[int] = None) -> NanoConfig:
-    """Read, check and complete a DeepSpeed config for `world_size` ranks (see the module phases)."""
+def validate_config(config: Any = None, args: Any = None, hidden_size: Optional[int] = None) -> NanoConfig:
+    """Phases 1-4: a typed config whose batch sizes are still as given (world size unknown)."""
     raw = read_config_source(config, args)
     if not isinstance(raw, dict):
         raise NanoConfigError("config must be a JSON object at the top level; wrap the keys in {}")
     _reject_unknown_keys(raw)
     _resolve_auto(raw, hidden_size)
     try:
-        parsed = NanoConfig.model_validate(raw)
+        return NanoConfig.model_validate(raw)
     except ValidationError as error:
         raise NanoConfigError(_first_error_line(error)) from None
+
+
+def load_config(config: Any = None, args: Any = None, world_size: int = 1,
+                hidden_size: Optional[int] = None) -> NanoConfig:
+    """Read, check and complete a DeepSpeed config for `world_size` ranks (see the module phases)."""
+    parsed = validate_config(config, args, hidden_size)
     _infer_batch_sizes(parsed, world_size)
     return parsed

@@ -41,3 +41,8 @@ DEEPSPEED_ONLY_OPTIMIZERS = frozenset({
 
 # Scheduler types official DeepSpeed accepts that nano does not implement.
 DEEPSPEED_ONLY_SCHEDULERS = frozenset({"LRRangeTest", "OneCycle", "WarmupCosineDecayLR"})
+
+# fp16 / bf16 keys official DeepSpeed accepts that nano does not implement.
+DEEPSPEED_ONLY_FP16 = frozenset({"auto_cast", "fp16_master_weights_and_grads", "initial_scale"})
+DEEPSPEED_ONLY_BF16 = frozenset({"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                                 "bf16_optimizer_states"})

@@ -5,7 +5,8 @@ Per micro-step the training loop calls, as with DeepSpeed:
     Phase 2 `engine.backward(loss)`: the loss is divided by the accumulation steps (and multiplied
              by the fp16 loss scale); stage 2 reduces gradient buckets as backward produces them.
     Phase 3 `engine.step()`: at an accumulation boundary the ZeRO optimizer steps, the learning-rate
-             schedule advances unless the step was skipped (fp16 overflow), and global_steps
+             schedule advances unless the step was skipped (a non-finite gradient norm: an fp16
+             overflow or a diverged run), and global_steps
              counts it; micro_steps counts every call.
 """
 
@@ -45,14 +46,12 @@ class NanoEngine(torch.nn.Module):
 
     # Phase 2
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
-        scaled = loss
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
-            scaled = scaled / self.gradient_accumulation_steps()
-        if self.config.fp16.enabled:
-            scaled = scaled * self.optimizer.cur_scale
+            loss = loss / self.gradient_accumulation_steps()
+        scaled = loss * self.optimizer.cur_scale if self.config.fp16.enabled else loss
         scaled.backward(retain_graph=retain_graph)
         self.optimizer.after_backward(self.is_gradient_accumulation_boundary())
-        return loss
+        return loss  # divided by the accumulation steps, as DeepSpeed's backward returns it
 
     # Phase 3
     def step(self, lr_kwargs: Optional[dict] = None) -> None:
@@ -85,7 +84,7 @@ class NanoEngine(torch.nn.Module):
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
     def was_step_applied(self) -> bool:
-        """False when the last boundary step was skipped (fp16 overflow) or step() was not at a boundary."""
+        """False when the last boundary step was skipped (non-finite gradients) or step() was not at a boundary."""
         return self._step_applied
 
     # DeepSpeed's accessors

@@ -3,8 +3,9 @@
 Phase 1 (layout): parameters are laid end to end in registration order; the length is padded with
          zeros up to a multiple of `partition_count` (1 at stage 0, world size above).
 Phase 2 (move in): each parameter's values are copied into its slice and `param.data` becomes a
-         view of it, so the original storage is freed parameter by parameter (start-up never holds
-         a second flat copy, only the not-yet-moved originals).
+         view of it, so each original storage is freed as soon as it is copied. Start-up holds the
+         flat buffer beside the not-yet-moved originals (as official DeepSpeed's flattening does),
+         never a further copy; parameters are marked, so a second engine cannot adopt them.
 Phase 3 (partitions): rank r owns elements [r * partition_numel, (r + 1) * partition_numel).
          A partition may cut through a parameter; `owner_ranges` and `pieces` answer "who owns
          which part of this range" and "which parameter pieces does this range hold".
@@ -52,6 +53,7 @@ class FlatParameterGroup:
             view = self.flat[offset:offset + parameter.numel()]
             view.copy_(parameter.data.reshape(-1))
             parameter.data = view.view_as(parameter)
+            parameter.zero_lab_flat_buffer = True
 
     # Phase 3: partition arithmetic.
     def partition_of(self, buffer: torch.Tensor) -> torch.Tensor:

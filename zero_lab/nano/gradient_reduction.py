@@ -83,20 +83,22 @@ class BucketReducer:
 
 
 def gather_partitions(collectives: Collectives, group: FlatParameterGroup, bucket_numel: int) -> None:
-    """Every rank's partition of `group.flat` to every rank, `bucket_numel` elements per rank at a time."""
+    """Every rank's partition of `group.flat` to every rank, at most `bucket_numel` elements per call.
+
+    When one call may carry whole partitions, the flat buffer is gathered in place (no temporary);
+    smaller buckets gather the same offset of every partition per call into a list of views.
+    """
     if group.partition_count == 1:
         return
-    for offset in range(0, group.partition_numel, bucket_numel):
-        length = min(bucket_numel, group.partition_numel - offset)
+    chunk = max(1, bucket_numel // group.partition_count)
+    if chunk >= group.partition_numel:
+        collectives.all_gather_into_tensor(group.flat, group.partition_of(group.flat))
+        return
+    for offset in range(0, group.partition_numel, chunk):
+        length = min(chunk, group.partition_numel - offset)
         outputs = [group.flat[owner * group.partition_numel + offset:owner * group.partition_numel + offset + length]
                    for owner in range(group.partition_count)]
         collectives.all_gather(outputs, outputs[group.rank])
-
-
-def bucket_for_range(gradients: torch.Tensor, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
-    """The bucket for [start, end) of a full gradient buffer: a view, or a copy in the comm dtype."""
-    view = gradients[start:end]
-    return view if view.dtype == dtype else view.to(dtype)
 
 
 def optional_bytes(tensor: Optional[torch.Tensor]) -> int:

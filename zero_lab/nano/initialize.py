@@ -103,6 +103,10 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     # Phase 4
     groups = _parameter_groups(model, model_parameters)
     names = {parameter: name for name, parameter in model.named_parameters()}
+    adopted = [names.get(p, "?") for group in groups for p in group["params"] if getattr(p, "zero_lab_flat_buffer", False)]
+    if adopted:
+        raise NanoConfigError(f"parameter {adopted[0]} already belongs to another nano engine; build a fresh model "
+                              "(or a deep copy) for each initialize()")
     # Phase 5
     zero_optimizer = STAGE_OPTIMIZERS[nano_config.zero_optimization.stage](
         groups, nano_config, collectives, device, names)

@@ -11,16 +11,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from zero_lab.nano.config import load_config, read_config_source
+from zero_lab.nano.config import read_config_source, validate_config
 from zero_lab.nano.errors import NanoConfigError
 
 
 def to_official_config(config: Any, device: str = "cuda") -> dict:
     """A dict official DeepSpeed accepts, derived from a nano config (dict or JSON path)."""
     raw = read_config_source(config)
-    batch = raw.get("train_micro_batch_size_per_gpu") or raw.get("train_batch_size")
-    # Phase 1: world size 1 only to satisfy batch inference; the result keeps the user's keys.
-    load_config(raw if batch else {**raw, "train_micro_batch_size_per_gpu": 1})
+    validate_config(raw)  # Phase 1 (batch sizes are checked by each engine, which knows the world size)
     official = copy.deepcopy(raw)
     if device == "cpu":
         if official.get("fp16", {}).get("enabled"):

@@ -60,6 +60,8 @@ class Stage2Optimizer(Stage1Optimizer):
 
     def _on_gradient_ready(self, parameter: torch.nn.Parameter) -> None:
         """Phase 1 (and Phase 2 for every bucket this gradient completes)."""
+        if parameter.grad is None:  # nothing accumulated (e.g. a hook fired by another engine's use)
+            return
         with torch.no_grad():
             gradient = parameter.grad.reshape(-1)
             for bucket, piece in self.pieces_of[parameter]:

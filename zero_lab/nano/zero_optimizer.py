@@ -11,8 +11,11 @@ Construction:
     Phase 4: Adam over the master partitions (optimizer-state partitions appear at the first step).
 Optimizer step, at each gradient-accumulation boundary:
     Phase 1: the stage completes the gradient partitions (`_complete_gradient_partitions`).
-    Phase 2: fp16: unscale, and every rank learns whether any rank overflowed (then all skip).
-    Phase 3: the global gradient norm (partition sums of squares, summed over ranks); clipping.
+    Phase 2: fp16: unscale by the loss scale.
+    Phase 3: the global gradient norm (partition sums of squares, summed over ranks). It is the
+             same number on every rank, so a non-finite norm (an inf or NaN gradient on any rank:
+             an fp16 overflow, or a diverged fp32/bf16 run) makes every rank skip the step
+             without another collective; otherwise clip.
     Phase 4: Adam on the master partitions.
     Phase 5: master -> own partition of the flat buffer (mixed precision), then all-gather every
              partition into every rank's flat buffer (stages 1/2), bucketed.
@@ -63,7 +66,7 @@ class ZeroOptimizer:
         self.gradient_partitions: list[Optional[torch.Tensor]] = [None] * len(self.groups)
         self._build_gradients()
         self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(), accumulate=self.stage == 2,
-                                     max_in_flight=2 if (config.zero_optimization.overlap_comm and self.stage == 2) else 0)
+                                     max_in_flight=2 if config.zero_optimization.overlap_comm else 0)
         # Phase 4: Adam.
         optimizer_config = config.optimizer
         hyper = optimizer_config.params
@@ -114,18 +117,19 @@ class ZeroOptimizer:
         # Phase 1: gradient partitions complete (summed over ranks, averaged).
         self._complete_gradient_partitions()
         partitions = [self.gradient_partition(index) for index in range(len(self.groups))]
-        # Phase 2: unscale and agree on overflow.
+        # Phase 2: unscale.
         scale = self.loss_scaler.loss_scale
         if scale != 1.0:
             for partition in partitions:
                 partition.div_(scale)
-        self.overflow = self.config.fp16.enabled and self._any_rank_overflowed(partitions)
+        # Phase 3: global norm; skip on non-finite; clip (torch.nn.utils.clip_grad_norm_'s coefficient).
+        self.global_grad_norm = self._global_norm(partitions)
+        self.overflow = not math.isfinite(self.global_grad_norm)
         self.loss_scaler.update_scale(self.overflow)
         if self.overflow:
+            self.global_grad_norm = math.inf
             self._release_gradients()
             return
-        # Phase 3: global norm and clipping (torch.nn.utils.clip_grad_norm_'s coefficient).
-        self.global_grad_norm = self._global_norm(partitions)
         max_norm = self.config.gradient_clipping
         if max_norm > 0:
             coefficient = max_norm / (self.global_grad_norm + 1e-6)
@@ -142,13 +146,6 @@ class ZeroOptimizer:
             gather_partitions(self.collectives, group, self.config.zero_optimization.allgather_bucket_size)
         # Phase 6: no gradient memory between steps.
         self._release_gradients()
-
-    def _any_rank_overflowed(self, partitions: list[torch.Tensor]) -> bool:
-        flag = torch.tensor([0.0 if all(bool(torch.isfinite(p).all()) for p in partitions) else 1.0],
-                            device=partitions[0].device)
-        if self.partitioned:
-            self.collectives.all_reduce(flag, maximum=True)
-        return bool(flag.item())
 
     def _global_norm(self, partitions: list[torch.Tensor]) -> float:
         squares = torch.zeros(1, dtype=torch.float32, device=partitions[0].device)
