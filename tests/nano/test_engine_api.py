@@ -59,6 +59,9 @@ def test_refusals_are_one_line(single_process):
         nano.initialize(model=model, config={"train_micro_batch_size_per_gpu": 1})
     with pytest.raises(nano.NanoConfigError, match="stage 3"):
         nano.initialize(model=model, config=nano_config(3))
+    nano.initialize(model=model, config=nano_config(2))
+    with pytest.raises(nano.NanoConfigError, match="already belongs to another nano engine"):
+        nano.initialize(model=model, config=nano_config(2))
 
 
 def test_config_from_args_and_add_config_arguments(single_process, tmp_path):

@@ -69,3 +69,11 @@ def test_static_and_disabled_scales_never_move():
         static.update_scale(overflow)
         disabled.update_scale(overflow)
     assert (static.loss_scale, disabled.loss_scale) == (128.0, 1.0)
+
+
+def test_overflow_at_the_minimum_scale_is_an_error_as_in_deepspeed():
+    scaler = LossScaler(Fp16Config(enabled=True, initial_scale_power=1, hysteresis=1, min_loss_scale=1.0))
+    scaler.update_scale(True)
+    assert scaler.loss_scale == 1.0
+    with pytest.raises(RuntimeError, match="min_loss_scale"):
+        scaler.update_scale(True)

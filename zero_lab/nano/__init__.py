@@ -4,23 +4,26 @@
     engine, optimizer, _, scheduler = deepspeed.initialize(model=model, model_parameters=params,
                                                            config="ds_config.json")
 
-Vocabulary: every tensor a reader meets (P = parameters of a group, padded to a multiple of the
-world size N; bytes per rank; "w" = 4 in fp32, 2 in bf16/fp16)
+Vocabulary: every tensor a reader meets, and the bytes each takes on one rank (P = parameters of
+a group, padded to a multiple of the world size N; w = 4 in fp32, 2 in bf16/fp16).
 
-| name                     | what it is                                                  | stage 0 | stage 1   | stage 2   |
-|--------------------------|-------------------------------------------------------------|---------|-----------|-----------|
-| flat parameter buffer    | all parameters end to end; each param.data is a view of it  | wP      | wP        | wP        |
-| partition                | this rank's 1/N slice [rank*P/N, (rank+1)*P/N) of a flat buffer | all  | P/N       | P/N       |
-| fp32 master partition    | fp32 copy of the partition Adam updates (fp32: the partition itself, no copy) | 4P / 0 | 4P/N / 0 | 4P/N / 0 |
-| full gradient buffer     | flat gradients; each param.grad is a view of it             | wP      | wP        | -         |
-| gradient bucket          | a flat range of gradients reduced together (reduce_bucket_size) | view | view      | transient |
-| gradient partition       | fp32 averaged gradients of the partition (fp32 stages 0/1: the buffer's slice) | 4P / 0 | 4P/N / 0 | 4P/N |
-| optimizer-state partition| Adam's exp_avg and exp_avg_sq for the partition, fp32       | 8P      | 8P/N      | 8P/N      |
+| name                       | what it is                                                     | stage 0 | stage 1 | stage 2   |
+|----------------------------|----------------------------------------------------------------|---------|---------|-----------|
+| flat parameter buffer      | a group's parameters end to end; each param.data is a view     | wP      | wP      | wP        |
+| partition                  | this rank's slice [rank*P/N, (rank+1)*P/N) of a flat buffer     | all of it | P/N   | P/N       |
+| fp32 master partition      | fp32 copy of the partition that Adam updates (fp32: none, the partition itself is the master) | 4P | 4P/N | 4P/N |
+| full gradients             | autograd's own param.grad, accumulated over the window         | wP      | wP      | -         |
+| gradient bucket            | a flat range of gradients reduced together (reduce_bucket_size) | transient | transient | transient |
+| gradient partition         | the partition's averaged gradients, fp32                       | 4P      | 4P/N    | 4P/N      |
+| optimizer-state partition  | Adam's exp_avg and exp_avg_sq for the partition, fp32          | 8P      | 8P/N    | 8P/N      |
 
-Totals per parameter (see `memory_formula` and docs/nano-memory.md): fp32 16 / 8+8/N / 4+12/N;
-bf16 20 / 4+16/N / 2+16/N. Layers, each importing only those above it in this list:
-collectives -> flat_buffer, gradient_reduction -> adamw, loss_scaler, lr_schedules -> zero_optimizer
--> stage0 -> stage1 -> stage2 -> engine -> initialize (this package's API).
+Gradients exist only while they are needed: full gradients from backward until they are packed
+into buckets, gradient partitions from the window's first reduction until the optimizer step.
+`memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
+
+Layers, each importing only those listed before it: errors, config_keys -> config -> collectives
+-> flat_buffer -> gradient_reduction -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
+stage0 -> stage1 -> stage2 -> engine -> initialize (the API re-exported here).
 """
 
 from zero_lab.nano.distributed import init_distributed
