@@ -7,8 +7,9 @@ communication dtype. Reducing it runs in two phases:
              receives the whole sum and keeps its share ("scatter-back"). Stage 0 owns everything,
              so it always all-reduces.
     Phase 2 (finish): wait for the collective, divide the sum by the world size (SUM then divide),
-             and copy the share into the fp32 gradient partition (stages 0/1: one reduction per
-             optimizer step) or add it (stage 2: one reduction per micro-step, accumulated).
+             and copy the share into the fp32 gradient partition (stages 0/1, and stage 2's first
+             micro-step of a window) or add it (stage 2's later micro-steps). When copying, a
+             reduce-scatter in fp32 lands straight in the partition: no temporary share at all.
 With overlap, Phase 1 is asynchronous and at most `max_in_flight` buckets wait for Phase 2.
 """
 
@@ -30,20 +31,20 @@ class PendingReduction:
     share: torch.Tensor  # this rank's summed share (comm dtype)
     destination: torch.Tensor  # the matching slice of the fp32 gradient partition
     bucket: torch.Tensor  # kept alive until the collective is done
+    accumulate: bool  # add into the destination (True) or overwrite it
 
 
 class BucketReducer:
     """Launches bucket reductions and lands each rank's share in its gradient partition."""
 
-    def __init__(self, collectives: Collectives, use_reduce_scatter: bool, accumulate: bool, max_in_flight: int):
+    def __init__(self, collectives: Collectives, use_reduce_scatter: bool, max_in_flight: int):
         self.collectives = collectives
         self.use_reduce_scatter = use_reduce_scatter
-        self.accumulate = accumulate
         self.max_in_flight = max_in_flight
         self.pending: deque[PendingReduction] = deque()
 
     def launch(self, group: FlatParameterGroup, bucket: torch.Tensor, start: int, end: int,
-               gradient_partition: torch.Tensor) -> None:
+               gradient_partition: torch.Tensor, accumulate: bool = False) -> None:
         """Phase 1 for the bucket holding flat range [start, end) of `group`."""
         owner_ranges = group.owner_ranges(start, end)
         own_low, own_high = owner_ranges[group.rank if group.partition_count > 1 else 0]
@@ -51,12 +52,14 @@ class BucketReducer:
         asynchronous = self.max_in_flight > 0
         if self.use_reduce_scatter and group.partition_count > 1:
             inputs = [bucket[low - start:high - start] for low, high in owner_ranges]
-            share = torch.empty(own_high - own_low, dtype=bucket.dtype, device=bucket.device)
+            direct = not accumulate and bucket.dtype == destination.dtype
+            share = destination if direct else torch.empty(own_high - own_low, dtype=bucket.dtype,
+                                                                 device=bucket.device)
             work = self.collectives.reduce_scatter(share, inputs, async_op=asynchronous)
         else:
             work = self.collectives.all_reduce(bucket, async_op=asynchronous)
             share = bucket[own_low - start:own_high - start]
-        self.pending.append(PendingReduction(work, share, destination, bucket))
+        self.pending.append(PendingReduction(work, share, destination, bucket, accumulate))
         while len(self.pending) > self.max_in_flight:
             self._finish_oldest()
 
@@ -66,10 +69,10 @@ class BucketReducer:
         if reduction.work is not None:
             reduction.work.wait()
         world_size = self.collectives.world_size
-        if self.accumulate:
+        if reduction.accumulate:
             reduction.destination.add_(reduction.share.to(torch.float32).div_(world_size))
         else:
-            reduction.destination.copy_(reduction.share).div_(world_size)
+            reduction.destination.copy_(reduction.share).div_(world_size)  # copy_ onto itself is a no-op
 
     def finish_all(self) -> None:
         while self.pending:

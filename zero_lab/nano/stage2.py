@@ -57,6 +57,7 @@ class Stage2Optimizer(Stage1Optimizer):
                     self.pieces_of.setdefault(group.parameters[piece.parameter_index], []).append((bucket, piece))
         self.hook_handles = [parameter.register_post_accumulate_grad_hook(self._on_gradient_ready)
                              for parameter in self.pieces_of]
+        self.window_reduced = False  # has a backward of this window reduced into the partitions yet?
 
     def _on_gradient_ready(self, parameter: torch.nn.Parameter) -> None:
         """Phase 1 (and Phase 2 for every bucket this gradient completes)."""
@@ -88,7 +89,7 @@ class Stage2Optimizer(Stage1Optimizer):
                                         device=group.flat.device)
         bucket.launched = True
         self.reducer.launch(group, bucket.buffer, bucket.start, bucket.end,
-                            self.gradient_partition(bucket.group_index))
+                            self.gradient_partition(bucket.group_index), accumulate=self.window_reduced)
         bucket.buffer = None  # the reducer holds it until the reduction is finished
 
     def after_backward(self, boundary: bool) -> None:
@@ -104,9 +105,14 @@ class Stage2Optimizer(Stage1Optimizer):
                                       "zero_optimization.ignore_unused_parameters to true or use it in the loss")
             self._launch(bucket)
         self.reducer.finish_all()
+        self.window_reduced = True
         for bucket in self.buckets:
             bucket.arrived.clear()
             bucket.launched = False
+
+    def _release_gradients(self) -> None:
+        super()._release_gradients()
+        self.window_reduced = False
 
     def _complete_gradient_partitions(self) -> None:
         """Already complete: every micro-step's backward reduced its buckets."""

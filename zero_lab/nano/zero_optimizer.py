@@ -65,7 +65,7 @@ class ZeroOptimizer:
         # Phase 3: gradients.
         self.gradient_partitions: list[Optional[torch.Tensor]] = [None] * len(self.groups)
         self._build_gradients()
-        self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(), accumulate=self.stage == 2,
+        self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(),
                                      max_in_flight=2 if config.zero_optimization.overlap_comm else 0)
         # Phase 4: Adam.
         optimizer_config = config.optimizer
