@@ -14,7 +14,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import socket
 import sys
 import time
 import traceback
@@ -23,11 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from zero_lab.analysis.launch import free_port
 
 
 def _entry(worker: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.spawn import free_port
+from zero_lab.analysis.launch import free_port
 from zero_lab.workload.log_lines import parse_line
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spawn import free_port
+from zero_lab.analysis.launch import free_port
 from zero_lab.nano.memory_formula import model_state_bytes, padded_numel, partition_count
 from zero_lab.workload.log_lines import parse_line
 from zero_lab.workload.models import build_model, parameter_groups
