@@ -165,4 +165,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Leave without interpreter finalization: gloo's worker threads can still hold work objects
+    # whose tensors need the GIL to be freed, and freeing them while the interpreter is torn down
+    # aborts the process (SIGABRT, "terminate called without an active exception") after a run
+    # that finished cleanly. The process group is already destroyed and the output flushed.
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

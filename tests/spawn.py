@@ -3,10 +3,10 @@
 Phase 1: pick a free port on 127.0.0.1 and spawn N processes (one thread each: 2 cores here).
 Phase 2: each joins a gloo group, runs `worker(rank, world_size, *args)` -> list of failure strings.
 Phase 3: failures are all-gathered so every rank reports the union (all ranks fail together); the
-         process group is destroyed in `finally`, after a barrier. A crash before a rank reported,
-         or a hang, is a failure too. gloo occasionally aborts a process while tearing its group
-         down (SIGABRT, "terminate called without an active exception"), after every verdict is
-         in: that is reported on stderr, not as a failure of the code under test.
+         process group is destroyed in `finally`, after a barrier, and the process leaves without
+         interpreter finalization (where gloo's leftover work objects can abort it). A crash
+         before a rank reported, or a hang, is a failure; an exit code after every verdict is in
+         is reported on stderr.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ def _entry(worker: Callable, rank: int, world_size: int, port: int, results: Any
         torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
+        # As harness/train.py: skip interpreter finalization, where gloo's leftover work objects
+        # can abort the process; flush the result queue first.
+        results.close()
+        results.join_thread()
+        os._exit(0)
 
 
 def run_distributed(worker: Callable, world_size: int, *args: Any, timeout: float = 600) -> list[str]:
