@@ -85,7 +85,7 @@ class ZeroOptimizer:
         """Set up the stage's gradient machinery (no gradient memory yet)."""
 
     def _new_gradient_partition(self, index: int) -> torch.Tensor:
-        """A zeroed fp32 gradient partition for group `index` (stages may return a view instead)."""
+        """A zeroed fp32 gradient partition for group `index`."""
         group = self.groups[index]
         return torch.zeros(group.partition_numel, dtype=torch.float32, device=group.flat.device)
 
