@@ -158,3 +158,15 @@ def test_config_paths_in_cli_docstrings_and_docs_exist():
     texts = [path.read_text() for path in [*(REPO / "zero_lab" / "cli").glob("*.py"), REPO / "docs" / "cli.md"]]
     cited = {match for text in texts for match in re.findall(r"harness/configs/[\w.]+\.json", text)}
     assert cited and all((REPO / path).is_file() for path in cited), cited
+
+
+def test_flags_click_cannot_parse_are_one_line_with_exit_2():
+    import subprocess
+    import sys
+    from pathlib import Path
+    zero_lab = str(Path(sys.executable).with_name("zero-lab"))
+    for argv in (["run", "--steps", "abc"], ["no-such-command"], ["compare", "--no-such-flag"]):
+        finished = subprocess.run([zero_lab, *argv], capture_output=True, text=True)
+        assert finished.returncode == 2, argv
+        assert finished.stderr.startswith("error: ") and finished.stderr.count("\n") == 1, finished.stderr
+    assert subprocess.run([zero_lab], capture_output=True, text=True).returncode == 0  # bare: the help

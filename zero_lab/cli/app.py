@@ -8,6 +8,8 @@ Exit codes everywhere: 0 fine, 1 a gate failed, 2 bad input, 3 a run failed, 130
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from zero_lab.cli.compare_cmd import compare
@@ -32,7 +34,23 @@ app.add_typer(config_app, name="config")
 
 
 def main() -> None:
-    app()
+    """Run the app; a flag or command Click cannot parse is one `error:` line and exit 2, like all
+    bad input (a bare command still prints its help)."""
+    try:
+        result = app(standalone_mode=False)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except typer.TyperException as error:  # Click's usage errors
+        if type(error).__name__ == "NoArgsIsHelpError":
+            error.show()
+            sys.exit(0)
+        context = getattr(error, "ctx", None)
+        command = context.command_path if context is not None else "zero-lab"
+        print(f"error: {error.format_message().rstrip('.')}. See '{command} --help'", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(result if isinstance(result, int) else 0)
 
 
 if __name__ == "__main__":
