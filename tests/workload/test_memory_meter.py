@@ -52,3 +52,20 @@ def test_meter_samples_cpu_memory_and_resets_peaks():
     assert after.alloc == before.alloc
     assert after.peak_alloc == during.alloc
     assert quiet.peak_alloc == quiet.alloc == before.alloc  # an earlier peak does not linger
+
+
+def test_a_storage_resized_to_nothing_is_counted_at_its_size_now():
+    """FSDP2's (and nano's) way to free a buffer other references still point to: the storage object
+    lives on with 0 bytes. Neither the figure nor the peak may keep its old size."""
+    with LiveStorageTracker() as tracker:
+        baseline = tracker.live_bytes
+        buffer = torch.zeros(1000)  # 4,000 bytes
+        still_pointing = buffer[:10]  # keeps the storage object alive
+        buffer.untyped_storage().resize_(0)
+        assert tracker.live_bytes == baseline
+        tracker.reset_peak()
+        buffer.untyped_storage().resize_(4000)  # brought back: counted again, and in the peak
+        assert tracker.live_bytes - baseline == 4000
+        assert tracker.peak_bytes - baseline == 4000
+        del buffer, still_pointing
+    assert torch.UntypedStorage.resize_ is torch._C.StorageBase.resize_  # the hook leaves with the tracker

@@ -6,6 +6,11 @@ Byte convention, shared with the harness's meter: all_reduce / broadcast count t
 reduce_scatter counts the whole input (every rank's share); all_gather counts the whole output.
 With one rank nothing is sent and nothing is recorded. Sums are SUM then divide elsewhere: gloo's
 AVG has had silent bugs.
+
+A temporary handed to a collective can outlive the collective: after `wait()` the backend's
+worker thread may still hold its tensors for a moment. `free_storage` releases such a temporary's
+bytes at once (FSDP2's way: the storage shrinks to 0 bytes, the tensor objects stay valid), so
+what a rank holds after a reduction does not depend on thread timing.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ import torch.distributed
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+def free_storage(tensor: torch.Tensor) -> None:
+    """Release the bytes of a finished collective's temporary, whoever still refers to it."""
+    storage = tensor.untyped_storage()
+    if storage.nbytes() > 0:
+        storage.resize_(0)
 
 
 class Collectives:

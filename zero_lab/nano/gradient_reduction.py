@@ -10,6 +10,7 @@ communication dtype. Reducing it runs in two phases:
              and copy the share into the fp32 gradient partition (stages 0/1, and stage 2's first
              micro-step of a window) or add it (stage 2's later micro-steps). When copying, a
              reduce-scatter in fp32 lands straight in the partition: no temporary share at all.
+             Temporaries the reducer was handed (the bucket, a separate share) are freed here.
 With overlap, Phase 1 is asynchronous and at most `max_in_flight` buckets wait for Phase 2.
 """
 
@@ -21,7 +22,7 @@ from typing import Any, Optional
 
 import torch
 
-from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.flat_buffer import FlatParameterGroup
 
 
@@ -32,6 +33,7 @@ class PendingReduction:
     destination: torch.Tensor  # the matching slice of the fp32 gradient partition
     bucket: torch.Tensor  # kept alive until the collective is done
     accumulate: bool  # add into the destination (True) or overwrite it
+    temporaries: list[torch.Tensor]  # freed once the share has landed
 
 
 class BucketReducer:
@@ -44,8 +46,9 @@ class BucketReducer:
         self.pending: deque[PendingReduction] = deque()
 
     def launch(self, group: FlatParameterGroup, bucket: torch.Tensor, start: int, end: int,
-               gradient_partition: torch.Tensor, accumulate: bool = False) -> None:
-        """Phase 1 for the bucket holding flat range [start, end) of `group`."""
+               gradient_partition: torch.Tensor, accumulate: bool = False, owns_bucket: bool = True) -> None:
+        """Phase 1 for the bucket holding flat range [start, end) of `group`; with `owns_bucket` the
+        bucket is a temporary of its own, freed in Phase 2 (not a view of a lasting buffer)."""
         owner_ranges = group.owner_ranges(start, end)
         own_low, own_high = owner_ranges[group.rank if group.partition_count > 1 else 0]
         destination = gradient_partition[own_low - group.partition_start:own_high - group.partition_start]
@@ -59,7 +62,9 @@ class BucketReducer:
         else:
             work = self.collectives.all_reduce(bucket, async_op=asynchronous)
             share = bucket[own_low - start:own_high - start]
-        self.pending.append(PendingReduction(work, share, destination, bucket, accumulate))
+        temporaries = ([bucket] if owns_bucket else []) + ([share] if not same_storage(share, bucket)
+                                                           and not same_storage(share, destination) else [])
+        self.pending.append(PendingReduction(work, share, destination, bucket, accumulate, temporaries))
         while len(self.pending) > self.max_in_flight:
             self._finish_oldest()
 
@@ -73,16 +78,20 @@ class BucketReducer:
             reduction.destination.add_(reduction.share.to(torch.float32).div_(world_size))
         else:
             reduction.destination.copy_(reduction.share).div_(world_size)  # copy_ onto itself is a no-op
+        for temporary in reduction.temporaries:
+            free_storage(temporary)
 
     def finish_all(self) -> None:
         while self.pending:
             self._finish_oldest()
 
     def in_flight_bytes(self) -> int:
-        """Bytes of buckets and shares still waiting for Phase 2."""
-        return sum(item.bucket.untyped_storage().nbytes() + (item.share.untyped_storage().nbytes()
-                   if item.share.untyped_storage().data_ptr() != item.bucket.untyped_storage().data_ptr() else 0)
-                   for item in self.pending)
+        """Bytes of the temporary buckets and shares still waiting for Phase 2."""
+        return sum(temporary.untyped_storage().nbytes() for item in self.pending for temporary in item.temporaries)
+
+
+def same_storage(first: torch.Tensor, second: torch.Tensor) -> bool:
+    return first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
 
 
 def gather_partitions(collectives: Collectives, group: FlatParameterGroup, bucket_numel: int) -> None:

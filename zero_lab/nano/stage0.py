@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from zero_lab.nano.gradient_reduction import optional_bytes
+from zero_lab.nano.gradient_reduction import same_storage, optional_bytes
 from zero_lab.nano.zero_optimizer import ZeroOptimizer
 
 
@@ -44,7 +44,8 @@ class Stage0Optimizer(ZeroOptimizer):
                             gradient.reshape(-1)[piece.parameter_offset:piece.parameter_offset + piece.numel])
                     if piece.parameter_offset == 0:  # its last piece: buckets run back to front
                         group.parameters[piece.parameter_index].grad = None
-                self.reducer.launch(group, bucket, start, end, partition)
+                self.reducer.launch(group, bucket, start, end, partition,
+                                    owns_bucket=not same_storage(bucket, partition))
         self.reducer.finish_all()
 
     def _release_gradients(self) -> None:

@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from zero_lab.nano.adamw import PartitionedAdam
-from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.flat_buffer import FlatParameterGroup
 from zero_lab.nano.gradient_reduction import BucketReducer, gather_partitions, optional_bytes
@@ -153,7 +153,9 @@ class ZeroOptimizer:
             squares += partition.pow(2).sum()
         if self.partitioned:
             self.collectives.all_reduce(squares)
-        return math.sqrt(float(squares.item()))
+        norm = math.sqrt(float(squares.item()))
+        free_storage(squares)  # the backend's worker may still hold it
+        return norm
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._release_gradients()

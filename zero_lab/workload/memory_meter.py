@@ -8,6 +8,9 @@ storage counts from the first op that produces it until it is freed. Process RSS
 substitute: some 800 MB of library baseline hides the stage differences.
 
 The tracker only sees storages produced while it is active, so enter it before building the model.
+A storage can also shrink or grow in place without any op (`untyped_storage().resize_(0)`, the
+way FSDP2 and nano free a buffer that other references still point to): while active, the
+tracker follows those resizes too, and `live_bytes` re-reads every storage's size when asked.
 
 Phase 1: `MemoryMeter.start()` enters the tracker (CPU) or resets CUDA's peak statistics.
 Phase 2: the training step runs; every new storage raises `live_bytes` and possibly `peak_bytes`.
@@ -42,15 +45,34 @@ class LiveStorageTracker(TorchDispatchMode):
 
     torch keeps one Python object per live storage (PyObject preservation), so a weak reference
     to it fires its callback exactly when the storage is freed: frees are counted as they happen,
-    with no scan over the storages.
+    with no scan over the storages. A running total follows every allocation, free and resize
+    for the peak; `live_bytes` reads each storage's size at the moment it is asked, so a resize
+    made where no hook sees it can never leave a stale figure behind.
     """
 
     def __init__(self, device_type: str = "cpu"):
         super().__init__()
         self.device_type = device_type
-        self._storages: dict[int, tuple[weakref.ref, int]] = {}  # id(storage) -> (ref, bytes)
-        self.live_bytes = 0
+        self._storages: dict[int, tuple[weakref.ref, int]] = {}  # id(storage) -> (ref, bytes last seen)
+        self._running_bytes = 0
         self.peak_bytes = 0
+        self._original_resize = None
+
+    def __enter__(self):
+        self._original_resize = torch.UntypedStorage.resize_
+        original = self._original_resize
+
+        def resize_and_observe(storage, size):
+            result = original(storage, size)
+            self._observe_storage(storage)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_and_observe
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._original_resize
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -64,20 +86,35 @@ class LiveStorageTracker(TorchDispatchMode):
             storage = tensor.untyped_storage()
         except (NotImplementedError, RuntimeError):  # sparse and other storage-less layouts
             return
+        self._observe_storage(storage)
+
+    def _observe_storage(self, storage: torch.UntypedStorage) -> None:
+        if storage.device.type != self.device_type:
+            return
         key, nbytes = id(storage), storage.nbytes()
         known = self._storages.get(key)
         if known is None:
             self._storages[key] = (weakref.ref(storage, functools.partial(self._freed, key)), nbytes)
-            self.live_bytes += nbytes
-        elif known[1] != nbytes:  # resized in place (resize_, set_)
+            self._running_bytes += nbytes
+        elif known[1] != nbytes:  # resized in place (resize_, set_, storage resize)
             self._storages[key] = (known[0], nbytes)
-            self.live_bytes += nbytes - known[1]
+            self._running_bytes += nbytes - known[1]
         else:
             return
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.peak_bytes = max(self.peak_bytes, self._running_bytes)
 
     def _freed(self, key: int, _ref) -> None:
-        self.live_bytes -= self._storages.pop(key)[1]
+        self._running_bytes -= self._storages.pop(key)[1]
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of every tracked storage alive now, each sized as it is at this moment."""
+        for key, (reference, seen) in list(self._storages.items()):
+            storage = reference()
+            if storage is not None and storage.nbytes() != seen:
+                self._storages[key] = (reference, storage.nbytes())
+                self._running_bytes += storage.nbytes() - seen
+        return self._running_bytes
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
