@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from zero_lab.analysis.launch import free_port
-from zero_lab.nano.memory_formula import model_state_bytes, padded_numel, partition_count
+from zero_lab.nano.layout import FlatLayout
+from zero_lab.nano.memory_formula import model_state_bytes
 from zero_lab.workload.log_lines import parse_line
 from zero_lab.workload.models import build_model, parameter_groups
 
@@ -108,7 +109,7 @@ def official_state_bytes(stage: int, numel: int, world_size: int) -> int:
     """Official DeepSpeed in fp32 between steps (what its code keeps, measured here): the full fp32
     parameters; stage 0: torch's AdamW states for all of them; stages 1-2: a separate fp32 master
     partition plus AdamW states for it. Gradients are released by the step's zero_grad."""
-    partition = numel if stage == 0 else padded_numel(numel, world_size) // world_size
+    partition = FlatLayout.for_stage((numel,), stage, "fp32", world_size).partition_numel
     master = 0 if stage == 0 else partition * FP32
     return numel * FP32 + master + 2 * partition * FP32
 
@@ -128,9 +129,8 @@ def nano_state_bytes(stage: int, moment: str, group_numels: list[int]) -> int:
 
 
 def flat_buffer_bytes(stage: int, group_numels: list[int]) -> int:
-    """fp32 bytes of every group's flat buffer, each padded to a multiple of its partition count."""
-    count = partition_count(stage, WORLD_SIZE)
-    return sum(padded_numel(numel, count) for numel in group_numels) * FP32
+    """fp32 bytes of every group's flat buffer, each padded as nano's layout pads it."""
+    return sum(FlatLayout.for_stage((numel,), stage, "fp32", WORLD_SIZE).padded_numel for numel in group_numels) * FP32
 
 
 def last_step(log: dict) -> dict:

@@ -25,9 +25,12 @@ def import_official_deepspeed(world_size: int):
     return deepspeed
 
 
-def _losses_and_models(module, initial, config, rank):
+def _losses_and_models(module, initial, config, rank, grouped=True):
+    """Per-micro-step losses, the model after every step, and the engine; `grouped` hands the engine
+    two parameter groups with explicit weight decay, else model.parameters() (the config decides)."""
     model = copy.deepcopy(initial)
-    engine, *_ = module.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY), config=config)
+    parameters = parameter_groups(model, WEIGHT_DECAY) if grouped else model.parameters()
+    engine, *_ = module.initialize(model=model, model_parameters=parameters, config=config)
     losses, snapshots = [], []
     for step in range(STEPS):
         for micro in range(config["gradient_accumulation_steps"]):
@@ -36,26 +39,40 @@ def _losses_and_models(module, initial, config, rank):
             engine.backward(loss)
             engine.step()
         snapshots.append(copy.deepcopy(engine.module))
-    return losses, snapshots
+    return losses, snapshots, engine
+
+
+def without_weight_decay(config: dict) -> dict:
+    """The config with weight_decay left to each engine's default (DeepSpeed's: 0)."""
+    config = copy.deepcopy(config)
+    del config["optimizer"]["params"]["weight_decay"]
+    return config
 
 
 def official_parity_worker(rank: int, world_size: int) -> list[str]:
-    """Stages 1 and 2 (both reduce-scatter settings, accumulation and clipping on): per-step losses and
-    parameters of nano and official DeepSpeed agree within 1e-5."""
+    """Stages 1 and 2 (both reduce-scatter settings, accumulation and clipping on), and stage 2 with
+    weight_decay left out: per-step losses and parameters of nano and official DeepSpeed agree within
+    1e-5, and every rank's fp32 partition has the length of official's."""
     deepspeed = import_official_deepspeed(world_size)
     failures = []
     initial = build_model(seed=3)
-    for stage in (1, 2):
-        for reduce_scatter in (True, False):
-            config = nano_config(stage, accumulation=2, clipping=0.5, reduce_scatter=reduce_scatter, bucket=64)
-            nano_losses, nano_models = _losses_and_models(nano, initial, config, rank)
-            official_losses, official_models = _losses_and_models(deepspeed, initial,
-                                                                  to_official_config(config, device="cpu"), rank)
-            worst_loss = max(abs(a - b) for a, b in zip(nano_losses, official_losses))
-            worst_parameter = max(max_difference(a, b) for a, b in zip(nano_models, official_models))
-            if worst_loss > 1e-5 or worst_parameter > 1e-5:
-                failures.append(f"stage {stage} reduce_scatter={reduce_scatter}: max loss delta {worst_loss:.3g}, "
-                                f"max parameter delta {worst_parameter:.3g}")
-            print(f"[parity] rank {rank} stage {stage} reduce_scatter={reduce_scatter} "
-                  f"max_loss_delta={worst_loss:.3g} max_param_delta={worst_parameter:.3g}", flush=True)
+    cases = [(stage, reduce_scatter, True) for stage in (1, 2) for reduce_scatter in (True, False)] + [(2, True, False)]
+    for stage, reduce_scatter, grouped in cases:
+        config = nano_config(stage, accumulation=2, clipping=0.5, reduce_scatter=reduce_scatter, bucket=64)
+        if not grouped:
+            config = without_weight_decay(config)
+        nano_losses, nano_models, nano_engine = _losses_and_models(nano, initial, config, rank, grouped)
+        official_losses, official_models, official_engine = _losses_and_models(
+            deepspeed, initial, to_official_config(config, device="cpu"), rank, grouped)
+        ours = [group.partition_numel for group in nano_engine.optimizer.groups]
+        theirs = [partition.numel() for partition in official_engine.optimizer.single_partition_of_fp32_groups]
+        if ours != theirs:
+            failures.append(f"stage {stage}: partitions of {ours} elements, official's of {theirs}")
+        worst_loss = max(abs(a - b) for a, b in zip(nano_losses, official_losses))
+        worst_parameter = max(max_difference(a, b) for a, b in zip(nano_models, official_models))
+        if worst_loss > 1e-5 or worst_parameter > 1e-5:
+            failures.append(f"stage {stage} reduce_scatter={reduce_scatter} grouped={grouped}: max loss delta "
+                            f"{worst_loss:.3g}, max parameter delta {worst_parameter:.3g}")
+        print(f"[parity] rank {rank} stage {stage} reduce_scatter={reduce_scatter} grouped={grouped} "
+              f"max_loss_delta={worst_loss:.3g} max_param_delta={worst_parameter:.3g}", flush=True)
     return failures

@@ -45,11 +45,13 @@ class ReferenceTrainer:
         self.clipping = clipping
         self.optimizer = torch.optim.AdamW(parameter_groups(self.model, weight_decay), lr=lr)
 
-    def step(self, step: int, world_size: int, accumulation: int, micro_size: int) -> None:
+    def step(self, step: int, world_size: int, accumulation: int, micro_size: int, loss_factor: float = 1.0) -> None:
+        """One AdamW step on the global batch; `loss_factor` scales its mean loss (a sum over ranks
+        or micro-steps instead of a mean)."""
         inputs = torch.cat([micro_batch(step, micro, rank, micro_size)
                             for micro in range(accumulation) for rank in range(world_size)])
         self.optimizer.zero_grad()
-        loss_of(self.model, inputs).backward()
+        (loss_of(self.model, inputs) * loss_factor).backward()
         if self.clipping > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
         self.optimizer.step()

@@ -50,7 +50,12 @@ BAD_CONFIGS = [
     (with_(zero_optimization__contiguous_gradients=False), "contiguous_gradients"),
     (with_(scheduler={"type": "OneCycle", "params": {}}), "OneCycle"),
     (with_(fp16={"enabled": True, "auto_cast": True}), "'fp16.auto_cast' is known to official DeepSpeed"),
-    (with_(bf16={"enabled": True, "immediate_grad_update": True}), "'bf16.immediate_grad_update' is known"),
+    (with_(bf16={"enabled": True, "immediate_grad_update": True}), "bf16.immediate_grad_update true"),
+    (with_(zero_optimization={"stage": 2, "allgather_bucket_size": 5}), "zero_optimization.allgather_bucket_size"),
+    (with_(zero_optimization={"stage": 1}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
+     "data_types.grad_accum_dtype fp32"),
+    (with_(data_types={"param_dtype": "bf16"}), "'data_types.param_dtype' is known to official DeepSpeed"),
+    (with_(gradient_allreduce_op="max"), "gradient_allreduce_op"),
     (with_(zero_optimization__stage="2"), "zero_optimization.stage"),
     (with_(zero_optimization__overlap_comm=1), "zero_optimization.overlap_comm"),
 ]
@@ -117,3 +122,40 @@ def test_official_config_is_accepted_by_deepspeed():
     assert to_official_config(multi_rank)["train_batch_size"] == 4  # valid at 2 ranks: not checked at 1
     with pytest.raises(NanoConfigError, match="fp16 on CPU"):
         to_official_config(with_(fp16={"enabled": True}), device="cpu")
+
+
+@pytest.mark.parametrize("accepted", [
+    with_(zero_optimization={"stage": 2, "stage3_prefetch_bucket_size": 10, "stage3_param_persistence_threshold": 5,
+                             "stage3_max_live_parameters": 7, "stage3_max_reuse_distance": 3, "sub_group_size": 100,
+                             "stage3_gather_16bit_weights_on_model_save": True}),
+    with_(bf16={"enabled": True, "check_grad_overflow": False, "immediate_grad_update": False}),
+    with_(zero_optimization={"stage": 2}, bf16={"enabled": True, "immediate_grad_update": True}),
+    with_(zero_optimization={"stage": 2}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
+    with_(zero_optimization={"stage": 1}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "bf16"}),
+    with_(gradient_allreduce_op="SUM"),
+], ids=["stage3 keys below stage 3", "bf16 overflow check off", "immediate update at stage 2",
+        "fp32 accumulation at stage 2", "bf16 accumulation at stage 1", "sum"])
+def test_keys_official_deepspeed_accepts_are_accepted_with_its_meaning(accepted):
+    """Keys official DeepSpeed takes (and ignores below stage 3, for the stage-3 ones) load, and
+    DeepSpeed's own config class accepts the same dict."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    config = load_config(accepted, world_size=1)
+    assert config.gradient_allreduce_op in ("mean", "sum")
+    DeepSpeedConfig(to_official_config(accepted, device="cpu"))
+
+
+def test_two_precisions_name_both_keys_without_dumping_the_config():
+    with pytest.raises(NanoConfigError) as raised:
+        load_config(with_(fp16={"enabled": True}, bf16={"enabled": True}))
+    assert str(raised.value) == "fp16.enabled and bf16.enabled are both true; enable at most one"
+
+
+def test_official_gets_nanos_adam_defaults_spelled_out():
+    """torch.optim.AdamW, which official DeepSpeed uses with torch_adam, defaults weight_decay to
+    0.01; DeepSpeed's (and nano's) default is 0. The conversion writes nano's values, so a config
+    that leaves them out trains the same on both sides, and the user's explicit values stay."""
+    official = to_official_config(BASE, device="cpu")["optimizer"]["params"]
+    assert official["weight_decay"] == 0.0 and official["eps"] == 1e-8 and list(official["betas"]) == [0.9, 0.999]
+    assert official["lr"] == 1e-3
+    explicit = to_official_config(with_(optimizer__params__weight_decay=0.1), device="cuda")["optimizer"]["params"]
+    assert explicit["weight_decay"] == 0.1

@@ -83,3 +83,46 @@ def test_user_scheduler_callable_gets_the_torch_optimizer(single_process):
     engine.backward(loss_of(engine, micro_batch(0, 0, 0, 2)))
     engine.step()
     assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR) and engine.get_lr() == pytest.approx([0.005])
+
+
+def test_no_sync_follows_deepspeed(single_process):
+    """Stages 0/1 allow it (they reduce only at step()); step() inside, reentry and stage 2 are
+    refused with DeepSpeed's AssertionError and wording."""
+    for stage in (0, 1):
+        engine, *_ = nano.initialize(model=build_model(), config=nano_config(stage))
+        with engine.no_sync():
+            engine.backward(loss_of(engine, micro_batch(0, 0, 0, 2)))
+            with pytest.raises(AssertionError, match="illegal to call Engine.step"):
+                engine.step()
+            with pytest.raises(AssertionError, match="reentry is unsupported"):
+                with engine.no_sync():
+                    pass
+        engine.step()  # outside again: allowed
+        assert engine.global_steps == 1
+    engine, *_ = nano.initialize(model=build_model(), config=nano_config(2))
+    with pytest.raises(AssertionError, match="incompatible with gradient partitioning logic of ZeRO stage 2"):
+        with engine.no_sync():
+            pass
+
+
+def test_destroy_lets_go_of_the_model(single_process):
+    """After destroy() no nano hook fires (autograd keeps param.grad as usual) and the same model
+    can join a new engine."""
+    model = build_model()
+    engine, *_ = nano.initialize(model=model, config=nano_config(2))
+    engine.destroy()
+    loss_of(model, micro_batch(0, 0, 0, 2)).backward()
+    assert all(parameter.grad is not None for parameter in model.parameters())
+    model.zero_grad(set_to_none=True)
+    again, *_ = nano.initialize(model=model, config=nano_config(2))
+    again.backward(loss_of(again, micro_batch(0, 0, 0, 2)))
+    again.step()
+    assert again.global_steps == 1 and all(parameter.grad is None for parameter in model.parameters())
+
+
+def test_optimizer_reports_dynamic_loss_scaling(single_process):
+    dynamic, *_ = nano.initialize(model=build_model(), config=nano_config(1, precision="fp16"))
+    static, *_ = nano.initialize(model=build_model(), config=nano_config(1, precision="fp16", fp16={"loss_scale": 8.0}))
+    plain, *_ = nano.initialize(model=build_model(), config=nano_config(1))
+    assert (dynamic.optimizer.dynamic_loss_scale, static.optimizer.dynamic_loss_scale,
+            plain.optimizer.dynamic_loss_scale) == (True, False, False)

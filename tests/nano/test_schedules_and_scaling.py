@@ -77,3 +77,35 @@ def test_overflow_at_the_minimum_scale_is_an_error_as_in_deepspeed():
     assert scaler.loss_scale == 1.0
     with pytest.raises(RuntimeError, match="min_loss_scale"):
         scaler.update_scale(True)
+
+
+def tensor_lr_optimizer():
+    weights = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))]
+    return torch.optim.AdamW([{"params": [weights[0]], "lr": torch.tensor(0.01)},
+                              {"params": [weights[1]], "lr": torch.tensor(0.002)}])
+
+
+@pytest.mark.parametrize("name,params", [
+    ("WarmupLR", {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01, "warmup_num_steps": 4, "warmup_type": "cubic"}),
+    ("WarmupDecayLR", {"total_num_steps": 12, "warmup_num_steps": 4, "warmup_type": "exponential"}),
+    ("WarmupCosineLR", {"total_num_steps": 12, "warmup_num_steps": 4, "warmup_type": "?"}),
+    ("WarmupLR", {"warmup_num_steps": 4}),
+    ("WarmupCosineLR", {"total_num_steps": 12, "warmup_num_steps": 4}),
+], ids=["unknown-type-WarmupLR", "unknown-type-WarmupDecayLR", "unknown-type-WarmupCosineLR",
+        "tensor-lr-WarmupLR", "tensor-lr-WarmupCosineLR"])
+def test_unknown_warmup_type_and_tensor_lrs_as_deepspeed(name, params, caplog):
+    """An unknown warmup_type warns and warms up as "log"; a tensor lr is filled in place (the same
+    tensor object stays in the group). Both against DeepSpeed's own classes, at every step."""
+    from deepspeed.runtime import lr_schedules as official_schedules
+    ours_optimizer, theirs_optimizer = tensor_lr_optimizer(), tensor_lr_optimizer()
+    tensors = [group["lr"] for group in ours_optimizer.param_groups]
+    ours = lr_schedules.build_scheduler(name, dict(params), ours_optimizer)
+    theirs = getattr(official_schedules, name)(theirs_optimizer, **params)
+    if params.get("warmup_type") not in (None, "log", "linear"):
+        assert "warmup_type" in caplog.text and ours.warmup_type == "log"
+    for step in range(14):
+        assert [float(g["lr"]) for g in ours_optimizer.param_groups] == pytest.approx(
+            [float(g["lr"]) for g in theirs_optimizer.param_groups], rel=1e-6, abs=1e-12), f"step {step}"
+        assert all(group["lr"] is tensor for group, tensor in zip(ours_optimizer.param_groups, tensors))
+        ours.step()
+        theirs.step()

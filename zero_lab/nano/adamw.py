@@ -67,8 +67,8 @@ class PartitionedAdam(torch.optim.Optimizer):
             for start in range(0, master.numel(), size):
                 piece = slice(start, start + size)
                 adam_update(master[piece], gradient[piece], state["exp_avg"][piece], state["exp_avg_sq"][piece],
-                            state["step"], group["lr"], group["betas"], group["eps"], group["weight_decay"],
-                            self.decoupled_weight_decay)
+                            state["step"], float(group["lr"]), group["betas"], group["eps"], group["weight_decay"],
+                            self.decoupled_weight_decay)  # float(): a schedule may keep lr as a tensor
 
     def state_bytes(self) -> int:
         """Bytes of the optimizer-state partition (exp_avg + exp_avg_sq of every group)."""

@@ -70,6 +70,16 @@ class Collectives:
         self._record("reduce_scatter", _nbytes(inputs))
         return torch.distributed.reduce_scatter(output, inputs, group=self.group, async_op=async_op)
 
+    def reduce_scatter_even(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
+        """Sum input's r-th of world_size equal slices over ranks into rank r's `output`: one
+        contiguous call (gloo emulates the list form above, several times slower on CPU)."""
+        if self.world_size == 1:
+            output.copy_(input)
+            return None
+        self._record("reduce_scatter", _nbytes([input]))
+        scatter = getattr(torch.distributed, "reduce_scatter_single", None) or torch.distributed.reduce_scatter_tensor
+        return scatter(output, input, group=self.group, async_op=async_op)
+
     def all_gather(self, outputs: list[torch.Tensor], local: torch.Tensor, async_op: bool = False):
         """Copy every rank's equal-sized `local` into outputs[rank] on all ranks."""
         if self.world_size == 1:

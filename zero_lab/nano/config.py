@@ -12,6 +12,7 @@ Every error is a `NanoConfigError` whose message names the field and the fix.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -20,6 +21,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valid
 
 from zero_lab.nano import config_keys
 from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.layout import START_ALIGNMENT_FACTOR
 
 DEFAULT_BUCKET_SIZE = 500_000_000
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -73,13 +75,34 @@ class Fp16Config(_Strict):
 
 class Bf16Config(_Strict):
     enabled: StrictBool = Field(False, description="bf16 parameters with fp32 master partitions; no loss scaling.")
+    check_grad_overflow: StrictBool = Field(True, description="Skip a step whose gradients hold an inf or NaN (false: "
+                                            "apply it, as official DeepSpeed then does).")
+    immediate_grad_update: StrictBool = Field(False, description="Move each gradient into fp32 as soon as it is "
+                                              "produced; official's stage-0 bf16 optimizer only (see NanoConfig).")
 
 
-class ZeroConfig(_Strict):
+class Stage3Settings(_Strict):
+    """Official DeepSpeed's stage-3 keys. Below stage 3 it accepts and ignores them, and so does nano."""
+
+    stage3_prefetch_bucket_size: int = Field(50_000_000, ge=0, description="Elements gathered ahead of use.")
+    stage3_param_persistence_threshold: int = Field(100_000, ge=0, description="Smaller parameters stay whole on every rank.")
+    stage3_model_persistence_threshold: int = Field(sys.maxsize, ge=0, description="Cap on persistent elements in all.")
+    stage3_max_live_parameters: int = Field(1_000_000_000, ge=0, description="Gathered elements alive at once, at most.")
+    stage3_max_reuse_distance: int = Field(1_000_000_000, ge=0, description="Keep a gathered parameter this close to reuse.")
+    stage3_gather_16bit_weights_on_model_save: StrictBool = Field(False, description="Gather whole 16-bit weights on save.")
+    stage3_gather_fp16_weights_on_model_save: StrictBool = Field(False, description="Older name of the key above.")
+    stage3_module_granularity_threshold: int = Field(0, ge=0, description="Fetch small modules whole.")
+    stage3_use_all_reduce_for_fetch_params: StrictBool = Field(False, description="Gather with all-reduce.")
+    stage3_allgather_sequential: StrictBool = Field(False, description="Gather parameters one at a time.")
+    sub_group_size: int = Field(1_000_000_000, ge=0, description="Elements per optimizer sub-group (stage 3 offload).")
+
+
+class ZeroConfig(Stage3Settings):
     stage: StrictInt = Field(0, description="0: data parallel; 1: partition optimizer states; 2: also gradients.")
     reduce_scatter: StrictBool = Field(True, description="Stage 1/2: reduce-scatter (True) or all-reduce + local scatter-back (False).")
     reduce_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per gradient bucket.")
-    allgather_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per parameter all-gather.")
+    allgather_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per parameter all-gather; "
+                                       "even, as official DeepSpeed requires (4-byte aligned 16-bit partitions).")
     overlap_comm: StrictBool = Field(False, description="Reduce buckets asynchronously (stage 2: while backward runs; "
                                      "stages 0/1: while the next bucket is packed), at most two in flight.")
     contiguous_gradients: StrictBool = Field(True, description="Accepted as true only: nano always packs gradients contiguously.")
@@ -95,12 +118,26 @@ class ZeroConfig(_Strict):
             raise ValueError(f"must be 0, 1 or 2, not {stage}")
         return stage
 
+    @model_validator(mode="after")
+    def _even_gather_bucket(self) -> "ZeroConfig":
+        """Official DeepSpeed's stages 1 and 2 assert it (stage 0 gathers nothing)."""
+        size = self.allgather_bucket_size
+        if self.stage in (1, 2) and size % START_ALIGNMENT_FACTOR:
+            raise ValueError(f"zero_optimization.allgather_bucket_size {size} is odd; official DeepSpeed requires a "
+                             f"multiple of {START_ALIGNMENT_FACTOR} at stages 1 and 2: use {size + 1}")
+        return self
+
     @field_validator("contiguous_gradients", "allgather_partitions")
     @classmethod
     def _only_true(cls, value: bool) -> bool:
         if not value:
             raise ValueError("false is not implemented by nano (it always behaves as true); remove the key")
         return value
+
+
+class DataTypesConfig(_Strict):
+    grad_accum_dtype: Optional[Literal["fp32", "bf16", "fp16"]] = Field(
+        None, description="dtype gradients accumulate in over a window (null: as nano's stage keeps them).")
 
 
 class NanoConfig(_Strict):
@@ -115,13 +152,36 @@ class NanoConfig(_Strict):
     zero_optimization: ZeroConfig = Field(default_factory=ZeroConfig, description="ZeRO stage and buckets.")
     communication_data_type: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
         None, description="dtype gradients travel in; default: the parameters' dtype.")
+    gradient_allreduce_op: Literal["mean", "sum"] = Field(
+        "mean", description="Average gradients over ranks (mean) or add them up (sum).")
+    data_types: DataTypesConfig = Field(default_factory=DataTypesConfig, description="dtype of gradient accumulation.")
     steps_per_print: int = Field(10, ge=1, description="Rank 0 prints a progress line every this many steps.")
     wall_clock_breakdown: Literal[False] = Field(False, description="Accepted as false only (nano has no timers).")
+
+    @field_validator("gradient_allreduce_op", mode="before")
+    @classmethod
+    def _lower_case(cls, operation: Any) -> Any:
+        return operation.lower() if isinstance(operation, str) else operation
 
     @model_validator(mode="after")
     def _one_precision(self) -> "NanoConfig":
         if self.fp16.enabled and self.bf16.enabled:
             raise ValueError("fp16.enabled and bf16.enabled are both true; enable at most one")
+        return self
+
+    @model_validator(mode="after")
+    def _gradients_accumulate_where_nano_keeps_them(self) -> "NanoConfig":
+        """Stages 0/1 accumulate in autograd's param.grad (the parameters' dtype), stage 2 in its fp32
+        gradient partition; a config asking for anything else cannot be honoured."""
+        stage, precision = self.zero_optimization.stage, self.precision
+        if self.bf16.immediate_grad_update and stage == 0 and precision == "bf16":
+            raise ValueError("bf16.immediate_grad_update true asks for fp32 accumulation during backward, but nano's "
+                             "stage 0 keeps bf16 param.grad until the boundary; set it to false or use stage 2")
+        wanted = self.data_types.grad_accum_dtype
+        kept = "fp32" if stage == 2 else precision
+        if wanted is not None and wanted != kept:
+            raise ValueError(f"data_types.grad_accum_dtype {wanted} cannot be honoured: nano's stage {stage} accumulates "
+                             f"gradients in {kept}; set it to {kept} or remove it")
         return self
 
     @property
@@ -162,7 +222,8 @@ def _reject_unknown_keys(raw: dict) -> None:
     check(raw, top_level, config_keys.DEEPSPEED_ONLY_TOP_LEVEL, "")
     for section, model, deepspeed_only in (("fp16", Fp16Config, config_keys.DEEPSPEED_ONLY_FP16),
                                            ("bf16", Bf16Config, config_keys.DEEPSPEED_ONLY_BF16),
-                                           ("bfloat16", Bf16Config, config_keys.DEEPSPEED_ONLY_BF16)):
+                                           ("bfloat16", Bf16Config, config_keys.DEEPSPEED_ONLY_BF16),
+                                           ("data_types", DataTypesConfig, config_keys.DEEPSPEED_ONLY_DATA_TYPES)):
         if isinstance(raw.get(section), dict):
             check(raw[section], set(model.model_fields), deepspeed_only, f"{section}.")
     zero = raw.get("zero_optimization")
@@ -209,10 +270,12 @@ def _resolve_auto(raw: dict, hidden_size: Optional[int]) -> None:
 def _first_error_line(error: ValidationError) -> str:
     """Phase 4 helper: the first pydantic error as 'field.path: message'."""
     first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "config"
+    location = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{location}'; check its spelling against DeepSpeed's docs"
-    message = first["msg"].removeprefix("Value error, ")
+    if isinstance(first.get("input"), dict):  # a rule across a section's keys: its message names them
+        return message
     return f"config field '{location}': {message} (got {first.get('input')!r})"
 
 

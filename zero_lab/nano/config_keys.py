@@ -8,7 +8,7 @@ user learns which it is.
 DEEPSPEED_ONLY_TOP_LEVEL = frozenset({
     "activation_checkpointing", "aio", "amp", "autotuning", "checkpoint", "comms_logger",
     "compile", "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency",
-    "data_types", "dataloader_drop_last", "disable_allgather", "dump_state", "eigenvalue",
+    "dataloader_drop_last", "disable_allgather", "dump_state", "eigenvalue",
     "elasticity", "flops_profiler", "fp8", "gradient_predivide_factor", "graph_harvesting",
     "hybrid_engine", "load_universal_checkpoint", "memory_breakdown", "monitor_config",
     "nebula", "pipeline", "prescale_gradients", "progressive_layer_drop", "quantize_training",
@@ -27,9 +27,6 @@ DEEPSPEED_ONLY_ZERO = frozenset({
     "round_robin_gradients", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce",
     "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
     "zero_quantized_weights", "zeropp_loco_param", "log_trace_cache_warnings",
-    "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-    "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_model_persistence_threshold",
-    "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "sub_group_size",
     "module_granularity_threshold", "legacy_stage1",
 })
 
@@ -44,5 +41,5 @@ DEEPSPEED_ONLY_SCHEDULERS = frozenset({"LRRangeTest", "OneCycle", "WarmupCosineD
 
 # fp16 / bf16 keys official DeepSpeed accepts that nano does not implement.
 DEEPSPEED_ONLY_FP16 = frozenset({"auto_cast", "fp16_master_weights_and_grads", "initial_scale"})
-DEEPSPEED_ONLY_BF16 = frozenset({"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-                                 "bf16_optimizer_states"})
+DEEPSPEED_ONLY_BF16 = frozenset({"bf16_master_weights_and_grads", "bf16_optimizer_states"})
+DEEPSPEED_ONLY_DATA_TYPES = frozenset({"param_dtype", "buffer_dtype", "keep_in_fp32_modules"})

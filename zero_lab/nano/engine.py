@@ -12,12 +12,14 @@ Per micro-step the training loop calls, as with DeepSpeed:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Optional
 
 import torch
 
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig
+from zero_lab.nano.errors import EngineUsageError
 from zero_lab.nano.zero_optimizer import ZeroOptimizer
 
 
@@ -39,6 +41,8 @@ class NanoEngine(torch.nn.Module):
         self.micro_steps = 0
         self.skipped_steps = 0
         self._step_applied = False
+        self._boundary_override: Optional[bool] = None  # set_gradient_accumulation_boundary
+        self._inside_no_sync = False
 
     # Phase 1
     def forward(self, *args, **kwargs):
@@ -55,6 +59,8 @@ class NanoEngine(torch.nn.Module):
 
     # Phase 3
     def step(self, lr_kwargs: Optional[dict] = None) -> None:
+        if self._inside_no_sync:
+            raise EngineUsageError("It is illegal to call Engine.step() inside no_sync context manager")
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             self.optimizer.step()
@@ -81,7 +87,35 @@ class NanoEngine(torch.nn.Module):
             self.optimizer.zero_grad()
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        if self._boundary_override is not None:
+            return self._boundary_override
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Decide the boundary yourself, as with DeepSpeed: False before each micro-step of a window
+        but the last, True before the last, then one step()."""
+        self._boundary_override = bool(is_boundary)
+
+    @contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients locally, unreduced; step() inside is an
+        error. Stages 0/1 reduce only at step(), so they allow it; stage 2 reduces during backward
+        and refuses it, as DeepSpeed does."""
+        stage = self.zero_optimization_stage()
+        if stage >= 2:
+            raise EngineUsageError(f"no_sync context manager is incompatible with gradient partitioning logic "
+                                   f"of ZeRO stage {stage}")
+        if self._inside_no_sync:
+            raise EngineUsageError("no_sync context manager reentry is unsupported")
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
+
+    def destroy(self) -> None:
+        """Release the engine's hold on the model (hooks, gradient buffers), as DeepSpeed's destroy()."""
+        self.optimizer.destroy()
 
     def was_step_applied(self) -> bool:
         """False when the last boundary step was skipped (non-finite gradients) or step() was not at a boundary."""

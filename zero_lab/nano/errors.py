@@ -1,5 +1,11 @@
-"""The one exception type nano raises for bad input, so callers can print it as a single line."""
+"""The exceptions nano raises for bad input and misuse, each a single line naming the fix."""
 
 
 class NanoConfigError(ValueError):
     """A config, argument or usage problem; the message names the field and the fix in one line."""
+
+
+class EngineUsageError(AssertionError):
+    """An engine call in the wrong place (step() inside no_sync(), no_sync() at stage 2). Official
+    DeepSpeed signals these with `assert`, so code written for it catches AssertionError; this
+    is one, with DeepSpeed's wording."""

@@ -3,10 +3,12 @@
 A bucket is a flat range [start, end) of one parameter group's gradients, held in a tensor of the
 communication dtype. Reducing it runs in two phases:
     Phase 1 (launch): either reduce-scatter, where the bucket is cut at partition boundaries and
-             each rank receives only the sum of its own share, or all-reduce, where every rank
+             each rank receives only the sum of its own share (shares of equal length, as when a
+             bucket holds the whole buffer, travel in one contiguous call), or all-reduce, where every rank
              receives the whole sum and keeps its share ("scatter-back"). Stage 0 owns everything,
              so it always all-reduces.
-    Phase 2 (finish): wait for the collective, divide the sum by the world size (SUM then divide),
+    Phase 2 (finish): wait for the collective, divide the sum by the world size (SUM then divide;
+             not with `gradient_allreduce_op: sum`, which keeps the sum),
              and copy the share into the fp32 gradient partition (stages 0/1, and stage 2's first
              micro-step of a window) or add it (stage 2's later micro-steps). When copying, a
              reduce-scatter in fp32 lands straight in the partition: no temporary share at all.
@@ -39,8 +41,9 @@ class PendingReduction:
 class BucketReducer:
     """Launches bucket reductions and lands each rank's share in its gradient partition."""
 
-    def __init__(self, collectives: Collectives, use_reduce_scatter: bool, max_in_flight: int):
+    def __init__(self, collectives: Collectives, use_reduce_scatter: bool, max_in_flight: int, average: bool = True):
         self.collectives = collectives
+        self.divisor = collectives.world_size if average else 1
         self.use_reduce_scatter = use_reduce_scatter
         self.max_in_flight = max_in_flight
         self.pending: deque[PendingReduction] = deque()
@@ -49,16 +52,19 @@ class BucketReducer:
                gradient_partition: torch.Tensor, accumulate: bool = False, owns_bucket: bool = True) -> None:
         """Phase 1 for the bucket holding flat range [start, end) of `group`; with `owns_bucket` the
         bucket is a temporary of its own, freed in Phase 2 (not a view of a lasting buffer)."""
-        owner_ranges = group.owner_ranges(start, end)
+        owner_ranges = group.layout.owner_ranges(start, end)
         own_low, own_high = owner_ranges[group.rank if group.partition_count > 1 else 0]
         destination = gradient_partition[own_low - group.partition_start:own_high - group.partition_start]
         asynchronous = self.max_in_flight > 0
         if self.use_reduce_scatter and group.partition_count > 1:
-            inputs = [bucket[low - start:high - start] for low, high in owner_ranges]
             direct = not accumulate and bucket.dtype == destination.dtype
             share = destination if direct else torch.empty(own_high - own_low, dtype=bucket.dtype,
                                                                  device=bucket.device)
-            work = self.collectives.reduce_scatter(share, inputs, async_op=asynchronous)
+            if len({high - low for low, high in owner_ranges}) == 1:  # e.g. a bucket of the whole buffer
+                work = self.collectives.reduce_scatter_even(share, bucket, async_op=asynchronous)
+            else:
+                inputs = [bucket[low - start:high - start] for low, high in owner_ranges]
+                work = self.collectives.reduce_scatter(share, inputs, async_op=asynchronous)
         else:
             work = self.collectives.all_reduce(bucket, async_op=asynchronous)
             share = bucket[own_low - start:own_high - start]
@@ -73,11 +79,10 @@ class BucketReducer:
         reduction = self.pending.popleft()
         if reduction.work is not None:
             reduction.work.wait()
-        world_size = self.collectives.world_size
         if reduction.accumulate:
-            reduction.destination.add_(reduction.share.to(torch.float32).div_(world_size))
+            reduction.destination.add_(reduction.share.to(torch.float32).div_(self.divisor))
         else:
-            reduction.destination.copy_(reduction.share).div_(world_size)  # copy_ onto itself is a no-op
+            reduction.destination.copy_(reduction.share).div_(self.divisor)  # copy_ onto itself is a no-op
         for temporary in reduction.temporaries:
             free_storage(temporary)
 

@@ -2,17 +2,22 @@
 
 Each schedule sets every param group's "lr" at construction (iteration -1: the warm-up start) and
 at each `step()`, which the engine calls after every applied optimizer step (not skipped ones).
-Warm-up is "log" (lr rises with log(step + 1)) or "linear"; warmup_num_steps is at least 2.
+Warm-up is "log" (lr rises with log(step + 1)) or "linear"; warmup_num_steps is at least 2. An
+unknown warm-up type is warned about and read as "log", and a group whose lr is a tensor has it
+filled in place, as in DeepSpeed.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import torch
 
 from zero_lab.nano.errors import NanoConfigError
+
+logger = logging.getLogger(__name__)
 
 
 def _per_group(optimizer: torch.optim.Optimizer, value: Any, name: str) -> list[float]:
@@ -33,7 +38,9 @@ class _Warmup:
             raise NanoConfigError(f"scheduler.params.warmup_num_steps must be a positive integer, "
                                   f"not {warmup_num_steps!r}")
         if warmup_type not in ("log", "linear"):
-            raise NanoConfigError(f"scheduler.params.warmup_type must be 'log' or 'linear', not {warmup_type!r}")
+            logger.warning("scheduler.params.warmup_type %r is not 'log' or 'linear'; using 'log', as DeepSpeed does",
+                           warmup_type)
+            warmup_type = "log"
         self.optimizer = optimizer
         self.warmup_num_steps = max(2, warmup_num_steps)
         self.warmup_type = warmup_type
@@ -50,7 +57,10 @@ class _Warmup:
 
     def _apply(self) -> None:
         for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
-            group["lr"] = lr
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def step(self, last_batch_iteration: int | None = None) -> None:
@@ -74,7 +84,7 @@ class WarmupLR(_Warmup):
                  warmup_num_steps: int = 1000, warmup_type: str = "log", last_batch_iteration: int = -1):
         super().__init__(optimizer, warmup_num_steps, warmup_type, last_batch_iteration)
         if warmup_max_lr is None:
-            warmup_max_lr = [group["lr"] for group in optimizer.param_groups]
+            warmup_max_lr = [float(group["lr"]) for group in optimizer.param_groups]
         self.min_lrs = _per_group(optimizer, warmup_min_lr, "warmup_min_lr")
         self.max_lrs = _per_group(optimizer, warmup_max_lr, "warmup_max_lr")
         if last_batch_iteration == -1:
@@ -116,7 +126,7 @@ class WarmupCosineLR(_Warmup):
         self.total_num_steps = total_num_steps
         self.warmup_min_ratio = warmup_min_ratio
         self.cos_min_ratio = cos_min_ratio
-        self.org_lrs = [group["lr"] for group in optimizer.param_groups]
+        self.org_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         if last_batch_iteration == -1:
             self._apply()
 

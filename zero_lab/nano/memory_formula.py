@@ -3,13 +3,15 @@
 The engine's tests measure the tensors nano really holds and compare them with this table, and
 `zero-lab estimate` prints it beside the ZeRO paper's figures and official DeepSpeed's estimators.
 
-Phase 1: pad the parameter count to a multiple of the partition count (the world size; 1 at
-         stage 0). Partitions may cut through parameters, so only the total matters.
-Phase 2: split it into `world_size` partitions (stage 0 keeps one partition: the whole buffer).
-Phase 3: count every buffer of the vocabulary in `zero_lab.nano` at its dtype width.
+Phase 1: lay the group out as the engine does (`layout.FlatLayout`): padded as official DeepSpeed
+         pads, split into `world_size` partitions (stage 0 keeps one: the whole buffer).
+         Partitions may cut through parameters, so only the group's total matters.
+Phase 2: count every buffer of the vocabulary in `zero_lab.nano` at its dtype width.
 """
 
 from __future__ import annotations
+
+from zero_lab.nano.layout import FlatLayout
 
 PARAMETER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 FP32_BYTES = 4
@@ -23,22 +25,6 @@ CATEGORIES = (
     "gradient_partition",
     "communication_buckets",
 )
-
-
-def padded_numel(numel: int, world_size: int) -> int:
-    """The flat parameter buffer's length: numel rounded up to a multiple of world_size."""
-    return -(-numel // world_size) * world_size
-
-
-def partition_count(stage: int, world_size: int) -> int:
-    """Stage 0 keeps the whole buffer as one partition; stages 1 and 2 cut it in world_size."""
-    return 1 if stage == 0 else world_size
-
-
-def partition_numel(stage: int, numel: int, world_size: int) -> int:
-    """Elements in this rank's partition."""
-    count = partition_count(stage, world_size)
-    return padded_numel(numel, count) // count
 
 
 MOMENTS = ("backward", "step", "between_steps")
@@ -62,11 +48,11 @@ def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, m
     if moment not in MOMENTS:
         raise ValueError(f"moment must be one of {MOMENTS}, not {moment!r}")
     width = PARAMETER_BYTES[precision]
-    padded = padded_numel(numel, partition_count(stage, world_size))
-    partition = partition_numel(stage, numel, world_size)
+    layout = FlatLayout.for_stage((numel,), stage, precision, world_size)  # Phase 1
+    padded, partition = layout.padded_numel, layout.partition_numel
     holds_full_gradients = moment == "backward" and stage in (0, 1)
     holds_gradient_partition = moment == "step" or (moment == "backward" and stage == 2)
-    return {
+    return {  # Phase 2
         "parameters": padded * width,
         "gradients": numel * width if holds_full_gradients else 0,
         "fp32_master_partition": partition * FP32_BYTES if precision != "fp32" else 0,

@@ -1,7 +1,9 @@
 """Turn a nano config into one official DeepSpeed accepts, so the same JSON drives both engines.
 
 Phase 1: validate it as nano would (so a bad config fails here, with nano's one-line error).
-Phase 2: copy it, dropping nothing DeepSpeed knows (nano's keys are a subset of DeepSpeed's).
+Phase 2: copy it, dropping nothing DeepSpeed knows (nano's keys are a subset of DeepSpeed's), and
+         spell out the Adam hyper-parameters nano resolved: the optimizer official builds may have
+         other defaults (torch.optim.AdamW's weight_decay is 0.01, DeepSpeed's and nano's 0).
 Phase 3: adapt to the device: on CPU ask DeepSpeed for torch.optim's AdamW (`torch_adam`), which
          is the same math nano uses and avoids JIT-compiling FusedAdam (about 50 s on 2 cores).
 """
@@ -18,9 +20,14 @@ from zero_lab.nano.errors import NanoConfigError
 def to_official_config(config: Any, device: str = "cuda") -> dict:
     """A dict official DeepSpeed accepts, derived from a nano config (dict or JSON path)."""
     raw = read_config_source(config)
-    validate_config(raw)  # Phase 1 (batch sizes are checked by each engine, which knows the world size)
-    official = copy.deepcopy(raw)
-    if device == "cpu":
+    nano = validate_config(raw)  # Phase 1 (batch sizes are checked by each engine, which knows the world size)
+    official = copy.deepcopy(raw)  # Phase 2
+    if nano.optimizer is not None:
+        resolved = nano.optimizer.params
+        params = official["optimizer"].setdefault("params", {})
+        for name in ("lr", "betas", "eps", "weight_decay"):
+            params.setdefault(name, list(getattr(resolved, name)) if name == "betas" else getattr(resolved, name))
+    if device == "cpu":  # Phase 3
         if official.get("fp16", {}).get("enabled"):
             raise NanoConfigError("official DeepSpeed does not support fp16 on CPU; use bf16 or fp32 there")
         if "optimizer" in official:

@@ -35,9 +35,9 @@ class Stage0Optimizer(ZeroOptimizer):
         bucket_numel = self.config.zero_optimization.reduce_bucket_size
         for index, group in enumerate(self.groups):
             partition = self.gradient_partition(index)
-            for start, end in group.bucket_ranges(bucket_numel):
+            for start, end in group.layout.bucket_ranges(bucket_numel):
                 bucket = self._bucket_buffer(index, start, end)
-                for piece in group.pieces(start, end):
+                for piece in group.layout.pieces(start, end):
                     gradient = group.parameters[piece.parameter_index].grad
                     if gradient is not None:
                         bucket[piece.flat_start - start:piece.flat_start - start + piece.numel].copy_(

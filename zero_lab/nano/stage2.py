@@ -25,7 +25,8 @@ from typing import Optional
 import torch
 
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.nano.flat_buffer import FlatParameterGroup, ParameterPiece
+from zero_lab.nano.flat_buffer import FlatParameterGroup
+from zero_lab.nano.layout import ParameterPiece
 from zero_lab.nano.gradient_reduction import optional_bytes
 from zero_lab.nano.stage1 import Stage1Optimizer
 
@@ -49,8 +50,8 @@ class Stage2Optimizer(Stage1Optimizer):
         self.buckets: list[GradientBucket] = []
         self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, ParameterPiece]]] = {}
         for group_index, group in enumerate(self.groups):
-            for start, end in group.bucket_ranges(bucket_numel):
-                pieces = group.pieces(start, end)
+            for start, end in group.layout.bucket_ranges(bucket_numel):
+                pieces = group.layout.pieces(start, end)
                 bucket = GradientBucket(group_index, start, end, frozenset(piece.parameter_index for piece in pieces))
                 self.buckets.append(bucket)
                 for piece in pieces:
@@ -113,6 +114,15 @@ class Stage2Optimizer(Stage1Optimizer):
     def _release_gradients(self) -> None:
         super()._release_gradients()
         self.window_reduced = False
+
+    def destroy(self) -> None:
+        for handle in self.hook_handles:
+            handle.remove()
+        self.hook_handles = []
+        for bucket in self.buckets:
+            bucket.buffer, bucket.launched = None, False
+            bucket.arrived.clear()
+        super().destroy()
 
     def _complete_gradient_partitions(self) -> None:
         """Already complete: every micro-step's backward reduced its buckets."""

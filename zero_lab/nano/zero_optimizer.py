@@ -15,7 +15,7 @@ Optimizer step, at each gradient-accumulation boundary:
     Phase 3: the global gradient norm (partition sums of squares, summed over ranks). It is the
              same number on every rank, so a non-finite norm (an inf or NaN gradient on any rank:
              an fp16 overflow, or a diverged fp32/bf16 run) makes every rank skip the step
-             without another collective; otherwise clip.
+             without another collective (unless bf16's `check_grad_overflow` is false); then clip.
     Phase 4: Adam on the master partitions.
     Phase 5: master -> own partition of the flat buffer (mixed precision), then all-gather every
              partition into every rank's flat buffer (stages 1/2), bucketed.
@@ -33,6 +33,7 @@ from zero_lab.nano.adamw import PartitionedAdam
 from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.flat_buffer import FlatParameterGroup
+from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.gradient_reduction import BucketReducer, gather_partitions, optional_bytes
 from zero_lab.nano.loss_scaler import LossScaler
 
@@ -52,10 +53,9 @@ class ZeroOptimizer:
         self.parameter_names = parameter_names
         self.dtype = PRECISION_DTYPES[config.precision]
         self.communication_dtype = PRECISION_DTYPES[config.communication_data_type or config.precision]
-        partition_count = collectives.world_size if self.partitioned else 1
         # Phase 1: flat parameter buffers, identical on every rank.
-        self.groups = [FlatParameterGroup(group["params"], partition_count, collectives.rank, self.dtype, device)
-                       for group in parameter_groups]
+        self.groups = [FlatParameterGroup(group["params"], self._layout(group["params"]), collectives.rank,
+                                          self.dtype, device) for group in parameter_groups]
         for group in self.groups:
             collectives.broadcast(group.flat, source_rank=0)
         # Phase 2: fp32 master partitions.
@@ -66,7 +66,8 @@ class ZeroOptimizer:
         self.gradient_partitions: list[Optional[torch.Tensor]] = [None] * len(self.groups)
         self._build_gradients()
         self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(),
-                                     max_in_flight=2 if config.zero_optimization.overlap_comm else 0)
+                                     max_in_flight=2 if config.zero_optimization.overlap_comm else 0,
+                                     average=config.gradient_allreduce_op == "mean")
         # Phase 4: Adam.
         optimizer_config = config.optimizer
         hyper = optimizer_config.params
@@ -74,10 +75,15 @@ class ZeroOptimizer:
         self.optimizer = PartitionedAdam(self.master_partitions, options, hyper.lr, hyper.betas, hyper.eps,
                                          hyper.weight_decay, optimizer_config.decoupled_weight_decay)
         self.loss_scaler = LossScaler(config.fp16)
+        self.checks_overflow = config.precision != "bf16" or config.bf16.check_grad_overflow
         self.overflow = False
         self.global_grad_norm: Optional[float] = None
 
     # ----- what each stage decides ---------------------------------------------------------
+    def _layout(self, parameters: list[torch.nn.Parameter]) -> FlatLayout:
+        return FlatLayout.for_stage(tuple(parameter.numel() for parameter in parameters), self.stage,
+                                    self.config.precision, self.collectives.world_size)
+
     def _uses_reduce_scatter(self) -> bool:
         return self.partitioned and self.config.zero_optimization.reduce_scatter
 
@@ -124,7 +130,7 @@ class ZeroOptimizer:
                 partition.div_(scale)
         # Phase 3: global norm; skip on non-finite; clip (torch.nn.utils.clip_grad_norm_'s coefficient).
         self.global_grad_norm = self._global_norm(partitions)
-        self.overflow = not math.isfinite(self.global_grad_norm)
+        self.overflow = self.checks_overflow and not math.isfinite(self.global_grad_norm)
         self.loss_scaler.update_scale(self.overflow)
         if self.overflow:
             self.global_grad_norm = math.inf
@@ -160,6 +166,14 @@ class ZeroOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._release_gradients()
 
+    def destroy(self) -> None:
+        """Let go of the model: no hook of this optimizer stays on a parameter, no gradient buffer
+        stays allocated, and the parameters may join a new engine (which copies them in)."""
+        self._release_gradients()
+        for group in self.groups:
+            for parameter in group.parameters:
+                parameter.zero_lab_flat_buffer = False
+
     # ----- observability -------------------------------------------------------------------
     def memory_breakdown(self) -> dict[str, int]:
         """Bytes this rank holds per buffer category (see the vocabulary in zero_lab.nano)."""
@@ -176,6 +190,11 @@ class ZeroOptimizer:
     @property
     def param_groups(self) -> list[dict]:
         return self.optimizer.param_groups
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """True with fp16's dynamic loss scaling (loss_scale 0), as DeepSpeed's optimizers say."""
+        return self.loss_scaler.dynamic
 
     @property
     def cur_scale(self) -> float:
