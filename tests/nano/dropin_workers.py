@@ -106,9 +106,9 @@ def aligned_partitions_worker(rank: int, world_size: int) -> list[str]:
         torch.manual_seed(0)
         model = torch.nn.Linear(5, 11)  # 55 + 11 = 66 elements, one group
         engine, *_ = nano.initialize(model=model, config=nano_config(stage, precision="bf16"))
-        for group in engine.optimizer.groups:
-            start = group.partition_of(group.flat).data_ptr()
-            if start % 4 or group.flat.numel() % (2 * world_size):
+        for buffer in engine.optimizer.buffers:
+            start = buffer.partition.data_ptr()
+            if start % 4 or buffer.full.numel() % (2 * world_size):
                 failures.append(f"stage {stage} rank {rank}: partition at byte offset "
-                                f"{start - group.flat.data_ptr()}, buffer of {group.flat.numel()} elements")
+                                f"{start - buffer.full.data_ptr()}, buffer of {buffer.full.numel()} elements")
     return failures

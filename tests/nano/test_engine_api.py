@@ -126,3 +126,12 @@ def test_optimizer_reports_dynamic_loss_scaling(single_process):
     plain, *_ = nano.initialize(model=build_model(), config=nano_config(1))
     assert (dynamic.optimizer.dynamic_loss_scale, static.optimizer.dynamic_loss_scale,
             plain.optimizer.dynamic_loss_scale) == (True, False, False)
+
+
+def test_memory_breakdown_by_device_adds_up_to_the_totals(single_process):
+    engine, *_ = nano.initialize(model=build_model(), config=nano_config(1, precision="bf16"))
+    engine.backward(loss_of(engine, micro_batch(0, 0, 0, 2).bfloat16()))
+    engine.step()
+    totals, per_device = engine.memory_breakdown(), engine.memory_breakdown(by_device=True)
+    assert set(per_device) == {"cpu"}  # no offload: one device
+    assert per_device["cpu"] == totals and totals["fp32_master_partition"] > 0 and totals["optimizer_states"] > 0

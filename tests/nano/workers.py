@@ -140,25 +140,24 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     failures = []
     for precision, stage in itertools.product(("fp32", "bf16"), (0, 1, 2)):
         tracker = LiveStorageTracker("cpu")
-        tracker.__enter__()  # before the model exists, so every storage it and nano make is seen
-        model = build_model()
-        group_sizes = [sum(p.numel() for p in group["params"]) for group in parameter_groups(model, 0.0)]
-        engine, _, _, _ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
-                                          config=nano_config(stage, precision=precision, bucket=11))
-        moments = {}
-        adam_step = engine.optimizer.optimizer.step
+        with tracker:  # entered before the model exists, so every storage it and nano make is seen
+            model = build_model()
+            group_sizes = [sum(p.numel() for p in group["params"]) for group in parameter_groups(model, 0.0)]
+            engine, _, _, _ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
+                                              config=nano_config(stage, precision=precision, bucket=11))
+            moments = {}
 
-        def measured_step(gradients):  # the moment Adam runs
-            moments["step"] = (_live_bytes(tracker), engine.memory_breakdown())
-            adam_step(gradients)
+            def measure_step(optimizer, args, kwargs):  # the moment Adam runs
+                moments["step"] = (_live_bytes(tracker), engine.memory_breakdown())
 
-        engine.optimizer.optimizer.step = measured_step
-        for step in range(2):  # Adam's states exist from the first step on: measure the second
-            dtype = next(model.parameters()).dtype  # no input tensor may outlive backward here
-            engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE).to(dtype)))
-            moments["backward"] = (_live_bytes(tracker), engine.memory_breakdown())
-            engine.step()
-        moments["between_steps"] = (_live_bytes(tracker), engine.memory_breakdown())
+            hook = engine.optimizer.adam.register_step_pre_hook(measure_step)
+            for step in range(2):  # Adam's states exist from the first step on: measure the second
+                dtype = next(model.parameters()).dtype  # no input tensor may outlive backward here
+                engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE).to(dtype)))
+                moments["backward"] = (_live_bytes(tracker), engine.memory_breakdown())
+                engine.step()
+            moments["between_steps"] = (_live_bytes(tracker), engine.memory_breakdown())
+            hook.remove()
         for moment, (measured, reported) in moments.items():
             formulas = [model_state_bytes(stage, precision, numel, world_size, moment) for numel in group_sizes]
             expected = {key: sum(formula[key] for formula in formulas) for key in formulas[0]}
@@ -168,8 +167,6 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             mismatched = {key: (reported[key], expected[key]) for key in expected if reported[key] != expected[key]}
             if mismatched:
                 failures.append(f"{label}: memory_breakdown vs formula {mismatched}")
-        tracker.__exit__(None, None, None)
-        del engine, model, moments, adam_step
     return failures
 
 

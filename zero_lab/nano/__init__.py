@@ -1,15 +1,17 @@
-"""nano: a readable ZeRO stage 0/1/2 engine, a drop-in for `deepspeed.initialize`.
+"""nano: a readable ZeRO engine (stages 0, 1 and 2), a drop-in for `deepspeed.initialize`.
 
     import zero_lab.nano as deepspeed
     engine, optimizer, _, scheduler = deepspeed.initialize(model=model, model_parameters=params,
                                                            config="ds_config.json")
 
 Vocabulary: every tensor a reader meets, and the bytes each takes on one rank (P = parameters of
-a group, padded to a multiple of the world size N; w = 4 in fp32, 2 in bf16/fp16).
+a flat buffer, padded as official DeepSpeed pads: to a multiple of 2N at stages 1/2; N ranks;
+w = 4 in fp32, 2 in bf16/fp16).
 
 | name                       | what it is                                                     | stage 0 | stage 1 | stage 2   |
 |----------------------------|----------------------------------------------------------------|---------|---------|-----------|
-| flat parameter buffer      | a group's parameters end to end; each param.data is a view     | wP      | wP      | wP        |
+| unit                       | parameters laid out together (stages 0-2: the whole model)     |         |         |           |
+| flat parameter buffer      | one unit's parameters of one group end to end; param.data views | wP      | wP      | wP        |
 | partition                  | this rank's slice [rank*P/N, (rank+1)*P/N) of a flat buffer     | all of it | P/N   | P/N       |
 | fp32 master partition      | fp32 copy of the partition that Adam updates (fp32: none, the partition itself is the master) | 4P | 4P/N | 4P/N |
 | full gradients             | autograd's own param.grad, accumulated over the window         | wP      | wP      | -         |
@@ -21,9 +23,11 @@ Gradients exist only while they are needed: full gradients from backward until t
 into buckets, gradient partitions from the window's first reduction until the optimizer step.
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
-Layers, each importing only those listed before it: errors, config_keys -> config -> collectives
--> flat_buffer -> gradient_reduction -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
-stage0 -> stage1 -> stage2 -> engine -> initialize (the API re-exported here).
+Layers, each importing only those listed before it:
+    errors, stages, dtypes, layout, config_keys -> config -> config_loading -> official_config,
+    memory_formula -> collectives, distributed -> placement, units -> flat_buffer ->
+    gradient_reduction -> adamw, loss_scaler, lr_schedules -> zero_optimizer -> stage0 -> stage1 ->
+    stage2 -> engine -> initialize (the API re-exported here).
 """
 
 from zero_lab.nano.distributed import init_distributed

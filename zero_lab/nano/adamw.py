@@ -2,8 +2,8 @@
 
 The update is torch.optim.AdamW's single-tensor algorithm, operation for operation, so a nano run
 can be compared element by element with a single-process torch.optim.AdamW reference.
-Per parameter group the optimizer sees one tensor: this rank's fp32 master partition; its
-exp_avg and exp_avg_sq (the optimizer-state partition) are created at the first step.
+Per flat buffer the optimizer sees one tensor: this rank's fp32 master partition; its exp_avg
+and exp_avg_sq (the optimizer-state partition) are created at the first step.
 The update runs over the partition in chunks, so its temporaries (the denominator) stay a chunk in
 size instead of a partition: small chunks on CPU, large ones on GPUs where each chunk costs kernel
 launches. The arithmetic is elementwise, so chunking does not change a single bit.
@@ -42,35 +42,39 @@ def adam_update(parameter: torch.Tensor, gradient: torch.Tensor, exp_avg: torch.
 class PartitionedAdam(torch.optim.Optimizer):
     """torch.optim-compatible holder of hyper-parameters (so LR schedulers work) and Adam states.
 
-    param_groups[i]["params"] == [master partition of group i]; `step(gradients)` takes the fp32
-    gradient partitions in the same order.
+    param_groups[i]["params"] are the fp32 master partitions of parameter group i, one per flat
+    buffer of that group (one at stages 0-2); `step(gradients)` takes the matching fp32 gradient
+    partitions, gradients[i][j] for param_groups[i]["params"][j].
     """
 
-    def __init__(self, master_partitions: list[torch.Tensor], group_options: list[dict], lr: float,
+    def __init__(self, master_partitions: list[list[torch.Tensor]], group_options: list[dict], lr: float,
                  betas: tuple[float, float], eps: float, weight_decay: float, decoupled_weight_decay: bool):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
-        groups = [{**options, "params": [master]} for master, options in zip(master_partitions, group_options)]
+        groups = [{**options, "params": masters} for masters, options in zip(master_partitions, group_options)]
         super().__init__(groups, defaults)
         self.decoupled_weight_decay = decoupled_weight_decay
 
     @torch.no_grad()
-    def step(self, gradients: list[torch.Tensor]) -> None:  # type: ignore[override]
-        for group, gradient in zip(self.param_groups, gradients):
-            master = group["params"][0]
-            state = self.state[master]
-            if not state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(master)
-                state["exp_avg_sq"] = torch.zeros_like(master)
-            state["step"] += 1
-            size = chunk_numel(master.device)
-            for start in range(0, master.numel(), size):
-                piece = slice(start, start + size)
-                adam_update(master[piece], gradient[piece], state["exp_avg"][piece], state["exp_avg_sq"][piece],
-                            state["step"], float(group["lr"]), group["betas"], group["eps"], group["weight_decay"],
-                            self.decoupled_weight_decay)  # float(): a schedule may keep lr as a tensor
+    def step(self, gradients: list[list[torch.Tensor]]) -> None:  # type: ignore[override]
+        for group, group_gradients in zip(self.param_groups, gradients):
+            for master, gradient in zip(group["params"], group_gradients):
+                self._update(master, gradient, group)
+
+    def _update(self, master: torch.Tensor, gradient: torch.Tensor, group: dict) -> None:
+        state = self.state[master]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(master)
+            state["exp_avg_sq"] = torch.zeros_like(master)
+        state["step"] += 1
+        size = chunk_numel(master.device)
+        for start in range(0, master.numel(), size):
+            piece = slice(start, start + size)
+            adam_update(master[piece], gradient[piece], state["exp_avg"][piece], state["exp_avg_sq"][piece],
+                        state["step"], float(group["lr"]), group["betas"], group["eps"], group["weight_decay"],
+                        self.decoupled_weight_decay)  # float(): a schedule may keep lr as a tensor
 
     def state_bytes(self) -> int:
-        """Bytes of the optimizer-state partition (exp_avg + exp_avg_sq of every group)."""
+        """Bytes of the optimizer-state partitions (exp_avg + exp_avg_sq of every master)."""
         return sum(tensor.numel() * tensor.element_size() for state in self.state.values()
                    for tensor in state.values() if isinstance(tensor, torch.Tensor))

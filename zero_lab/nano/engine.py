@@ -162,7 +162,8 @@ class NanoEngine(torch.nn.Module):
     def reset_comm_stats(self) -> None:
         self.collectives.reset_stats()
 
-    def memory_breakdown(self) -> dict[str, int]:
+    def memory_breakdown(self, by_device: bool = False) -> dict:
         """Bytes this rank holds per category: parameters, gradients, fp32_master_partition,
-        optimizer_states, gradient_partition, communication_buckets, and their total."""
-        return self.optimizer.memory_breakdown()
+        optimizer_states, gradient_partition, communication_buckets, and their total; with
+        `by_device`, one such dict per device ("cpu", "cuda:0")."""
+        return self.optimizer.memory_breakdown(by_device)

@@ -1,46 +1,73 @@
-"""The flat parameter buffer of one parameter group: the tensor its parameters are views of.
+"""The flat parameter buffer: the storage one unit's parameters of one group are views of.
 
-Phase 1 (layout): `layout.FlatLayout` says where each parameter goes, how much padding follows and
-         which range this rank owns.
-Phase 2 (move in): each parameter's values are copied into its slice and `param.data` becomes a
-         view of it, so each original storage is freed as soon as it is copied. Start-up holds the
-         flat buffer beside the not-yet-moved originals (as official DeepSpeed's flattening does),
-         never a further copy; parameters are marked, so a second engine cannot adopt them.
+Construction:
+    Phase 1 (layout): `layout.FlatLayout` says where each parameter goes, how much padding follows
+             and which range this rank owns.
+    Phase 2 (move in): each parameter's values are copied into its slice and `param.data` becomes
+             a view of it, so each original storage is freed as soon as it is copied. Start-up holds
+             the flat buffer beside the not-yet-moved originals (as official DeepSpeed's flattening
+             does), never a further copy; parameters are marked, so a second engine cannot adopt them.
+States and verbs:
+    UNSHARDED: `full` holds every element and each `param.data` is a view of it; `partition` is
+               this rank's slice of it. Stages 0-2 stay here.
+    `unshard()` all-gathers every rank's partition into every rank's `full`, in place (after Adam
+               updated the partitions, at stages 1 and 2).
 """
 
 from __future__ import annotations
 
 import torch
 
+from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.layout import FlatLayout
 
 
-class FlatParameterGroup:
-    """One parameter group's parameters as views into a single padded flat buffer."""
+class FlatParameterBuffer:
+    """One unit's parameters of one parameter group, as views into a single padded flat buffer."""
 
-    def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, rank: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, rank: int, group_index: int,
+                 full: torch.Tensor):
         # Phase 1
         self.parameters = parameters
         self.layout = layout
         self.rank = rank
+        self.group_index = group_index  # the optimizer parameter group whose hyper-parameters apply
         self.partition_start, self.partition_end = layout.partition_range(rank)
         # Phase 2
-        self.flat = torch.zeros(layout.padded_numel, dtype=dtype, device=device)
+        self.full = full.zero_()
         for parameter, offset in zip(parameters, layout.offsets):
-            view = self.flat[offset:offset + parameter.numel()]
+            view = self.full[offset:offset + parameter.numel()]
             view.copy_(parameter.data.reshape(-1))
             parameter.data = view.view_as(parameter)
             parameter.zero_lab_flat_buffer = True
-
-    @property
-    def partition_count(self) -> int:
-        return self.layout.partition_count
-
-    @property
-    def partition_numel(self) -> int:
-        return self.layout.partition_numel
+        self.partition = self.partition_of(self.full)
 
     def partition_of(self, buffer: torch.Tensor) -> torch.Tensor:
         """This rank's partition of a full-length flat buffer (parameters or gradients)."""
         return buffer[self.partition_start:self.partition_end]
+
+    def own_range(self, start: int, end: int) -> tuple[int, int]:
+        """The part of flat range [start, end) inside this rank's partition (empty as (x, x))."""
+        low = max(start, self.partition_start)
+        return low, max(low, min(end, self.partition_end))
+
+    def unshard(self, collectives: Collectives, bucket_numel: int) -> None:
+        """Every rank's partition into every rank's `full`, at most `bucket_numel` elements a call.
+
+        When one call may carry whole partitions the buffer is gathered in place (no temporary);
+        smaller buckets gather the same offset of every partition per call into a list of views.
+        """
+        count, size = self.layout.partition_count, self.layout.partition_numel
+        if count == 1:
+            return
+        chunk = max(1, bucket_numel // count)
+        if chunk >= size:
+            collectives.all_gather_into_tensor(self.full, self.partition)
+            return
+        for offset in range(0, size, chunk):
+            length = min(chunk, size - offset)
+            outputs = [self.full[owner * size + offset:owner * size + offset + length] for owner in range(count)]
+            collectives.all_gather(outputs, outputs[self.rank])
+
+    def nbytes(self) -> int:
+        return self.full.untyped_storage().nbytes()

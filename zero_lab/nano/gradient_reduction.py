@@ -1,18 +1,18 @@
 """Reducing one gradient bucket across ranks and keeping this rank's share in fp32.
 
-A bucket is a flat range [start, end) of one parameter group's gradients, held in a tensor of the
+A bucket is a flat range [start, end) of one flat buffer's gradients, held in a tensor of the
 communication dtype. Reducing it runs in two phases:
     Phase 1 (launch): either reduce-scatter, where the bucket is cut at partition boundaries and
              each rank receives only the sum of its own share (shares of equal length, as when a
-             bucket holds the whole buffer, travel in one contiguous call), or all-reduce, where every rank
-             receives the whole sum and keeps its share ("scatter-back"). Stage 0 owns everything,
-             so it always all-reduces.
+             bucket holds the whole buffer, travel in one contiguous call), or all-reduce, where
+             every rank receives the whole sum and keeps its share ("scatter-back"). With one
+             partition (stage 0) every rank owns the whole bucket and all-reduces it.
     Phase 2 (finish): wait for the collective, divide the sum by the world size (SUM then divide;
-             not with `gradient_allreduce_op: sum`, which keeps the sum),
-             and copy the share into the fp32 gradient partition (stages 0/1, and stage 2's first
-             micro-step of a window) or add it (stage 2's later micro-steps). When copying, a
-             reduce-scatter in fp32 lands straight in the partition: no temporary share at all.
-             Temporaries the reducer was handed (the bucket, a separate share) are freed here.
+             not with `gradient_allreduce_op: sum`, which keeps the sum), and copy the share into
+             the fp32 gradient partition (a window's first reduction) or add it (later ones).
+             When copying, a reduce-scatter in fp32 lands straight in the partition: no temporary
+             share at all. Temporaries the reducer was handed (the bucket, a separate share) are
+             freed here.
 With overlap, Phase 1 is asynchronous and at most `max_in_flight` buckets wait for Phase 2.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 
 from zero_lab.nano.collectives import Collectives, free_storage
-from zero_lab.nano.flat_buffer import FlatParameterGroup
+from zero_lab.nano.flat_buffer import FlatParameterBuffer
 
 
 @dataclass
@@ -43,23 +43,22 @@ class BucketReducer:
 
     def __init__(self, collectives: Collectives, use_reduce_scatter: bool, max_in_flight: int, average: bool = True):
         self.collectives = collectives
-        self.divisor = collectives.world_size if average else 1
         self.use_reduce_scatter = use_reduce_scatter
         self.max_in_flight = max_in_flight
+        self.divisor = collectives.world_size if average else 1
         self.pending: deque[PendingReduction] = deque()
 
-    def launch(self, group: FlatParameterGroup, bucket: torch.Tensor, start: int, end: int,
+    def launch(self, buffer: FlatParameterBuffer, bucket: torch.Tensor, start: int, end: int,
                gradient_partition: torch.Tensor, accumulate: bool = False, owns_bucket: bool = True) -> None:
-        """Phase 1 for the bucket holding flat range [start, end) of `group`; with `owns_bucket` the
+        """Phase 1 for the bucket holding flat range [start, end) of `buffer`; with `owns_bucket` the
         bucket is a temporary of its own, freed in Phase 2 (not a view of a lasting buffer)."""
-        owner_ranges = group.layout.owner_ranges(start, end)
-        own_low, own_high = owner_ranges[group.rank if group.partition_count > 1 else 0]
-        destination = gradient_partition[own_low - group.partition_start:own_high - group.partition_start]
+        own_low, own_high = buffer.own_range(start, end)
+        destination = gradient_partition[own_low - buffer.partition_start:own_high - buffer.partition_start]
         asynchronous = self.max_in_flight > 0
-        if self.use_reduce_scatter and group.partition_count > 1:
-            direct = not accumulate and bucket.dtype == destination.dtype
-            share = destination if direct else torch.empty(own_high - own_low, dtype=bucket.dtype,
-                                                                 device=bucket.device)
+        if self.use_reduce_scatter:
+            owner_ranges = buffer.layout.owner_ranges(start, end)
+            direct = not accumulate and bucket.dtype == destination.dtype and bucket.device == destination.device
+            share = destination if direct else torch.empty(own_high - own_low, dtype=bucket.dtype, device=bucket.device)
             if len({high - low for low, high in owner_ranges}) == 1:  # e.g. a bucket of the whole buffer
                 work = self.collectives.reduce_scatter_even(share, bucket, async_op=asynchronous)
             else:
@@ -80,7 +79,8 @@ class BucketReducer:
         if reduction.work is not None:
             reduction.work.wait()
         if reduction.accumulate:
-            reduction.destination.add_(reduction.share.to(torch.float32).div_(self.divisor))
+            reduction.destination.add_(reduction.share.to(reduction.destination.device, torch.float32)
+                                       .div_(self.divisor))
         else:
             reduction.destination.copy_(reduction.share).div_(self.divisor)  # copy_ onto itself is a no-op
         for temporary in reduction.temporaries:
@@ -97,25 +97,6 @@ class BucketReducer:
 
 def same_storage(first: torch.Tensor, second: torch.Tensor) -> bool:
     return first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
-
-
-def gather_partitions(collectives: Collectives, group: FlatParameterGroup, bucket_numel: int) -> None:
-    """Every rank's partition of `group.flat` to every rank, at most `bucket_numel` elements per call.
-
-    When one call may carry whole partitions, the flat buffer is gathered in place (no temporary);
-    smaller buckets gather the same offset of every partition per call into a list of views.
-    """
-    if group.partition_count == 1:
-        return
-    chunk = max(1, bucket_numel // group.partition_count)
-    if chunk >= group.partition_numel:
-        collectives.all_gather_into_tensor(group.flat, group.partition_of(group.flat))
-        return
-    for offset in range(0, group.partition_numel, chunk):
-        length = min(chunk, group.partition_numel - offset)
-        outputs = [group.flat[owner * group.partition_numel + offset:owner * group.partition_numel + offset + length]
-                   for owner in range(group.partition_count)]
-        collectives.all_gather(outputs, outputs[group.rank])
 
 
 def optional_bytes(tensor: Optional[torch.Tensor]) -> int:

@@ -5,8 +5,9 @@
     Phase 2: join the process group if needed, then load and check the config for its world size.
     Phase 3: move the module to its device, and to fp16/bf16 when the config asks (as DeepSpeed does).
     Phase 4: collect trainable parameter groups from `model_parameters` (params or dicts).
-    Phase 5: build the stage's ZeRO optimizer (flattening the parameters), the LR schedule and,
-             with `training_data`, a distributed data loader.
+    Phase 5: decide the policies (which parameters share a flat buffer: `units`; where tensors
+             live: `placement`), build the stage's ZeRO optimizer (flattening the parameters), the
+             LR schedule and, with `training_data`, a distributed data loader.
 """
 
 from __future__ import annotations
@@ -19,17 +20,20 @@ import torch
 import torch.distributed
 
 from zero_lab.nano.collectives import Collectives
-from zero_lab.nano.config import NanoConfig, load_config
+from zero_lab.nano.config import NanoConfig
+from zero_lab.nano.config_loading import load_config
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.engine import NanoEngine
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.lr_schedules import build_scheduler
+from zero_lab.nano.dtypes import torch_dtype
+from zero_lab.nano.placement import Placement
 from zero_lab.nano.stage0 import Stage0Optimizer
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
-from zero_lab.nano.zero_optimizer import PRECISION_DTYPES
+from zero_lab.nano.units import whole_model
 
-STAGE_OPTIMIZERS = {0: Stage0Optimizer, 1: Stage1Optimizer, 2: Stage2Optimizer}
+STAGE_OPTIMIZERS = {optimizer.stage: optimizer for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage2Optimizer)}
 
 
 def _device() -> torch.device:
@@ -99,7 +103,7 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     if nano_config.precision == "fp32":
         model.to(device)
     else:
-        model.to(device=device, dtype=PRECISION_DTYPES[nano_config.precision])
+        model.to(device=device, dtype=torch_dtype(nano_config.precision))
     # Phase 4
     groups = _parameter_groups(model, model_parameters)
     names = {parameter: name for name, parameter in model.named_parameters()}
@@ -108,9 +112,10 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
         raise NanoConfigError(f"parameter {adopted[0]} already belongs to another nano engine; build a fresh model "
                               "(or a deep copy) for each initialize()")
     # Phase 5
+    units = whole_model(model, [parameter for group in groups for parameter in group["params"]])
     zero_optimizer = STAGE_OPTIMIZERS[nano_config.zero_optimization.stage](
-        groups, nano_config, collectives, device, names)
-    scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.optimizer)
+        units, groups, nano_config, collectives, Placement.on(device), names)
+    scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
     dataloader = _dataloader(training_data, nano_config, collate_fn)
     engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader)
     return engine, zero_optimizer, dataloader, scheduler

@@ -11,9 +11,10 @@ Phase 2: count every buffer of the vocabulary in `zero_lab.nano` at its dtype wi
 
 from __future__ import annotations
 
+from zero_lab.nano import stages
+from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.layout import FlatLayout
 
-PARAMETER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 FP32_BYTES = 4
 ADAM_STATE_COUNT = 2  # exp_avg and exp_avg_sq, both fp32
 
@@ -41,13 +42,14 @@ def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, m
     fp32 needs no master copy: the flat buffer's partition is the master. Communication buckets
     are excluded: they live only while a bucket is being reduced.
     """
-    if stage not in (0, 1, 2):
-        raise ValueError(f"nano implements ZeRO stages 0, 1 and 2, not {stage}")
-    if precision not in PARAMETER_BYTES:
-        raise ValueError(f"precision must be one of {sorted(PARAMETER_BYTES)}, not {precision!r}")
+    refused = stages.refusal(stage)
+    if refused:
+        raise ValueError(refused)
+    if precision not in BYTES_OF_PRECISION:
+        raise ValueError(f"precision must be one of {sorted(BYTES_OF_PRECISION)}, not {precision!r}")
     if moment not in MOMENTS:
         raise ValueError(f"moment must be one of {MOMENTS}, not {moment!r}")
-    width = PARAMETER_BYTES[precision]
+    width = BYTES_OF_PRECISION[precision]
     layout = FlatLayout.for_stage((numel,), stage, precision, world_size)  # Phase 1
     padded, partition = layout.padded_numel, layout.partition_numel
     holds_full_gradients = moment == "backward" and stage in (0, 1)

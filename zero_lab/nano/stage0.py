@@ -1,63 +1,75 @@
 """ZeRO stage 0: plain data parallelism, written in the shape the higher stages share.
 
 Every rank owns the whole flat buffer (one partition), so the master, the gradient partition and
-the optimizer states are full size. Gradients:
-    Phase 1 (backward): autograd accumulates into each `param.grad` as usual, over every
-             micro-step of the window (allocated as backward reaches each parameter, as in
-             official DeepSpeed, so the gradients never coexist with all the activations).
-    Phase 2 (boundary): the static buckets (flat ranges of `reduce_bucket_size` elements, last
-             parameters first) are packed from `param.grad` and reduced; every rank keeps its
-             share, averaged, in its fp32 gradient partition. Stage 0 keeps everything, so when the
-             gradients travel in fp32 a bucket is packed straight into the partition and
-             all-reduced in place. Each `param.grad` is released once its last piece is packed.
+the optimizer states are full size. Gradients are collected at the boundary (`BoundaryPacking`):
+    during backward: autograd accumulates into each `param.grad` as usual, over every micro-step
+             of the window (allocated as backward reaches each parameter, as in official
+             DeepSpeed, so the gradients never coexist with all the activations);
+    at the boundary (the first phase of the optimizer step): the static buckets (flat ranges of
+             `reduce_bucket_size` elements, last parameters first) are packed from `param.grad`
+             and all-reduced; every rank keeps its share, averaged, in its fp32 gradient
+             partition. A rank that owns the whole buffer and sends fp32 packs a bucket straight
+             into its partition and all-reduces it in place. Each `param.grad` is released once
+             its last piece is packed.
+After Adam the updated master is the parameters (fp32) or is copied into them (bf16/fp16).
 """
 
 from __future__ import annotations
 
 import torch
 
-from zero_lab.nano.gradient_reduction import same_storage, optional_bytes
-from zero_lab.nano.zero_optimizer import ZeroOptimizer
+from zero_lab.nano.zero_optimizer import GradientCollection, ZeroOptimizer
+
+
+class BoundaryPacking(GradientCollection):
+    """Gradients stay in autograd's param.grad until the boundary, then travel in buckets."""
+
+    def complete(self) -> None:
+        """At the boundary: pack every bucket from param.grad, reduce it, wait for all of them."""
+        optimizer = self.optimizer
+        bucket_numel = optimizer.config.zero_optimization.reduce_bucket_size
+        for index, buffer in enumerate(optimizer.buffers):
+            partition = optimizer.gradient_partition(index)
+            in_place = buffer.layout.partition_count == 1 and optimizer.communication_dtype == torch.float32
+            for start, end in buffer.layout.bucket_ranges(bucket_numel):
+                bucket = partition[start:end] if in_place else torch.zeros(
+                    end - start, dtype=optimizer.communication_dtype, device=partition.device)
+                for piece in buffer.layout.pieces(start, end):
+                    parameter = buffer.parameters[piece.parameter_index]
+                    if parameter.grad is not None:
+                        bucket[piece.flat_start - start:piece.flat_start - start + piece.numel].copy_(
+                            parameter.grad.reshape(-1)[piece.parameter_offset:piece.parameter_offset + piece.numel])
+                    if piece.parameter_offset == 0:  # its last piece: buckets run back to front
+                        parameter.grad = None
+                optimizer.reducer.launch(buffer, bucket, start, end, partition, owns_bucket=not in_place)
+        optimizer.reducer.finish_all()
+
+    def release(self) -> None:
+        for buffer in self.optimizer.buffers:
+            for parameter in buffer.parameters:
+                parameter.grad = None
+
+    def gradient_bytes(self) -> int:
+        storages = {}
+        for buffer in self.optimizer.buffers:
+            for parameter in buffer.parameters:
+                if parameter.grad is not None:
+                    storage = parameter.grad.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
 
 
 class Stage0Optimizer(ZeroOptimizer):
     stage = 0
-    partitioned = False
+    GradientCollection = BoundaryPacking
 
-    def _bucket_buffer(self, index: int, start: int, end: int) -> torch.Tensor:
-        """Where bucket [start, end) is packed: the partition itself, or a buffer in the comm dtype."""
-        if not self.partitioned and self.communication_dtype == torch.float32:
-            return self.gradient_partition(index)[start:end]
-        return torch.zeros(end - start, dtype=self.communication_dtype, device=self.groups[index].flat.device)
+    def _uses_reduce_scatter(self) -> bool:
+        return False  # one partition: every rank needs every sum
 
-    def _complete_gradient_partitions(self) -> None:
-        """Phase 2."""
-        bucket_numel = self.config.zero_optimization.reduce_bucket_size
-        for index, group in enumerate(self.groups):
-            partition = self.gradient_partition(index)
-            for start, end in group.layout.bucket_ranges(bucket_numel):
-                bucket = self._bucket_buffer(index, start, end)
-                for piece in group.layout.pieces(start, end):
-                    gradient = group.parameters[piece.parameter_index].grad
-                    if gradient is not None:
-                        bucket[piece.flat_start - start:piece.flat_start - start + piece.numel].copy_(
-                            gradient.reshape(-1)[piece.parameter_offset:piece.parameter_offset + piece.numel])
-                    if piece.parameter_offset == 0:  # its last piece: buckets run back to front
-                        group.parameters[piece.parameter_index].grad = None
-                self.reducer.launch(group, bucket, start, end, partition,
-                                    owns_bucket=not same_storage(bucket, partition))
-        self.reducer.finish_all()
+    def _sum_over_ranks(self, squares: torch.Tensor) -> None:
+        """Every rank holds every (already reduced) gradient: its sum is the global one."""
 
-    def _release_gradients(self) -> None:
-        for group in self.groups:
-            for parameter in group.parameters:
-                parameter.grad = None
-        super()._release_gradients()
-
-    def _gradient_bytes(self) -> dict[str, int]:
-        full = {}
-        for group in self.groups:
-            for parameter in group.parameters:
-                if parameter.grad is not None:
-                    full[parameter.grad.untyped_storage().data_ptr()] = parameter.grad.untyped_storage().nbytes()
-        return {"gradients": sum(full.values()), "gradient_partition": sum(map(optional_bytes, self.gradient_partitions))}
+    def _publish_parameters(self) -> None:
+        if not self.master_is_partition:
+            for buffer, master in zip(self.buffers, self.master_partitions):
+                buffer.partition.copy_(master)

@@ -1,18 +1,34 @@
 """ZeRO stage 1: stage 0 with the optimizer partitioned.
 
-The diff from stage 0: each rank owns 1/world_size of the flat buffer. Its fp32 master partition,
-optimizer states and fp32 gradient partition cover only that slice. Gradients still accumulate in
-full-size `param.grad` during backward (stage 1 partitions optimizer states, not gradients); at the
-boundary each bucket is packed into a buffer and reduce-scattered (or all-reduced and scattered
-back, with `reduce_scatter: false`) so each rank keeps only its partition's average. After Adam
-updates the partition, the parameters are all-gathered (bucketed by `allgather_bucket_size`).
+The diff from stage 0, each part a method below:
+    layout: each rank owns 1/world_size of every flat buffer (the stage table gives the partition
+            count); its fp32 master, optimizer states and fp32 gradient partition cover that slice.
+    reduce: gradients still accumulate in full-size `param.grad` during backward (stage 1
+            partitions optimizer states, not gradients); at the boundary each bucket is
+            reduce-scattered (or all-reduced and scattered back, with `reduce_scatter: false`), so
+            each rank keeps only its partition's average.
+    norm:   each rank squares only its partition, so the sum is completed over ranks.
+    publish: after Adam updates the partitions, every rank gathers everyone's into its full
+            buffer (bucketed by `allgather_bucket_size`).
 """
 
 from __future__ import annotations
+
+import torch
 
 from zero_lab.nano.stage0 import Stage0Optimizer
 
 
 class Stage1Optimizer(Stage0Optimizer):
     stage = 1
-    partitioned = True
+
+    def _uses_reduce_scatter(self) -> bool:
+        return self.config.zero_optimization.reduce_scatter
+
+    def _sum_over_ranks(self, squares: torch.Tensor) -> None:
+        self.collectives.all_reduce(squares)
+
+    def _publish_parameters(self) -> None:
+        super()._publish_parameters()
+        for buffer in self.buffers:
+            buffer.unshard(self.collectives, self.config.zero_optimization.allgather_bucket_size)

@@ -1,8 +1,9 @@
 """ZeRO stage 2: stage 1 with the gradients partitioned during backward.
 
-The diff from stage 1: there is no full gradient buffer. The flat buffer is cut into static
-buckets of `reduce_bucket_size` elements (last parameters first, the order backward produces them;
-a bucket may cut through a parameter). Per micro-step:
+The diff from stage 1: there is no full gradient buffer. Gradients are collected as they arrive
+(`ArrivalPacking`): each flat buffer is cut into static buckets of `reduce_bucket_size` elements
+(last parameters first, the order backward produces them; a bucket may cut through a parameter).
+Per micro-step:
     Phase 1 (hook): when autograd has accumulated a parameter's gradient, its pieces are added into
              their buckets (allocated on first use, in the communication dtype) and `param.grad` is
              released at once.
@@ -25,37 +26,38 @@ from typing import Optional
 import torch
 
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.nano.flat_buffer import FlatParameterGroup
-from zero_lab.nano.layout import ParameterPiece
 from zero_lab.nano.gradient_reduction import optional_bytes
+from zero_lab.nano.layout import ParameterPiece
 from zero_lab.nano.stage1 import Stage1Optimizer
+from zero_lab.nano.zero_optimizer import GradientCollection
 
 
 @dataclass
 class GradientBucket:
-    group_index: int
+    buffer_index: int
     start: int
     end: int
     expected: frozenset  # parameter indices with a piece in this bucket
     arrived: set = field(default_factory=set)
-    buffer: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None
     launched: bool = False
 
 
-class Stage2Optimizer(Stage1Optimizer):
-    stage = 2
+class ArrivalPacking(GradientCollection):
+    """Gradients move into buckets as autograd produces them; full buckets are reduced at once."""
 
-    def _build_gradients(self) -> None:
-        bucket_numel = self.config.zero_optimization.reduce_bucket_size
+    def __init__(self, optimizer):
+        super().__init__(optimizer)
+        bucket_numel = optimizer.config.zero_optimization.reduce_bucket_size
         self.buckets: list[GradientBucket] = []
         self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, ParameterPiece]]] = {}
-        for group_index, group in enumerate(self.groups):
-            for start, end in group.layout.bucket_ranges(bucket_numel):
-                pieces = group.layout.pieces(start, end)
-                bucket = GradientBucket(group_index, start, end, frozenset(piece.parameter_index for piece in pieces))
+        for buffer_index, buffer in enumerate(optimizer.buffers):
+            for start, end in buffer.layout.bucket_ranges(bucket_numel):
+                pieces = buffer.layout.pieces(start, end)
+                bucket = GradientBucket(buffer_index, start, end, frozenset(piece.parameter_index for piece in pieces))
                 self.buckets.append(bucket)
                 for piece in pieces:
-                    self.pieces_of.setdefault(group.parameters[piece.parameter_index], []).append((bucket, piece))
+                    self.pieces_of.setdefault(buffer.parameters[piece.parameter_index], []).append((bucket, piece))
         self.hook_handles = [parameter.register_post_accumulate_grad_hook(self._on_gradient_ready)
                              for parameter in self.pieces_of]
         self.window_reduced = False  # has a backward of this window reduced into the partitions yet?
@@ -68,64 +70,66 @@ class Stage2Optimizer(Stage1Optimizer):
             gradient = parameter.grad.reshape(-1)
             for bucket, piece in self.pieces_of[parameter]:
                 if bucket.launched:
-                    raise RuntimeError(f"parameter {self.parameter_names.get(parameter, '?')} produced a second "
-                                       "gradient after its bucket was reduced in this backward; stage 2 needs one "
-                                       "gradient per parameter per backward")
-                group = self.groups[bucket.group_index]
-                if bucket.buffer is None:
-                    bucket.buffer = torch.zeros(bucket.end - bucket.start, dtype=self.communication_dtype,
-                                                device=group.flat.device)
+                    raise RuntimeError(f"parameter {self.optimizer.parameter_names.get(parameter, '?')} produced a "
+                                       "second gradient after its bucket was reduced in this backward; stage 2 needs "
+                                       "one gradient per parameter per backward")
                 local_start = piece.flat_start - bucket.start
-                bucket.buffer[local_start:local_start + piece.numel].add_(
+                self._values(bucket)[local_start:local_start + piece.numel].add_(
                     gradient[piece.parameter_offset:piece.parameter_offset + piece.numel])
                 bucket.arrived.add(piece.parameter_index)
                 if bucket.arrived >= bucket.expected:
                     self._launch(bucket)
         parameter.grad = None
 
-    def _launch(self, bucket: GradientBucket) -> None:
-        group: FlatParameterGroup = self.groups[bucket.group_index]
-        if bucket.buffer is None:
-            bucket.buffer = torch.zeros(bucket.end - bucket.start, dtype=self.communication_dtype,
-                                        device=group.flat.device)
-        bucket.launched = True
-        self.reducer.launch(group, bucket.buffer, bucket.start, bucket.end,
-                            self.gradient_partition(bucket.group_index), accumulate=self.window_reduced)
-        bucket.buffer = None  # the reducer holds it until the reduction is finished
+    def _values(self, bucket: GradientBucket) -> torch.Tensor:
+        if bucket.values is None:
+            bucket.values = self.optimizer.placement.zeros("compute", bucket.end - bucket.start,
+                                                           self.optimizer.communication_dtype)
+        return bucket.values
 
-    def after_backward(self, boundary: bool) -> None:
+    def _launch(self, bucket: GradientBucket) -> None:
+        optimizer = self.optimizer
+        values = self._values(bucket)
+        bucket.launched = True
+        optimizer.reducer.launch(optimizer.buffers[bucket.buffer_index], values, bucket.start, bucket.end,
+                                 optimizer.gradient_partition(bucket.buffer_index), accumulate=self.window_reduced)
+        bucket.values = None  # the reducer holds it until the reduction is finished
+
+    def after_backward(self) -> None:
         """Phase 3: reduce what is left, in the fixed bucket order, and finish every reduction."""
+        optimizer = self.optimizer
         for bucket in self.buckets:
             if bucket.launched:
                 continue
             missing = bucket.expected - bucket.arrived
-            if missing and not self.config.zero_optimization.ignore_unused_parameters:
-                group = self.groups[bucket.group_index]
-                name = self.parameter_names.get(group.parameters[min(missing)], "?")
+            if missing and not optimizer.config.zero_optimization.ignore_unused_parameters:
+                parameters = optimizer.buffers[bucket.buffer_index].parameters
+                name = optimizer.parameter_names.get(parameters[min(missing)], "?")
                 raise NanoConfigError(f"parameter {name} got no gradient in this backward; set "
                                       "zero_optimization.ignore_unused_parameters to true or use it in the loss")
             self._launch(bucket)
-        self.reducer.finish_all()
+        optimizer.reducer.finish_all()
         self.window_reduced = True
         for bucket in self.buckets:
             bucket.arrived.clear()
             bucket.launched = False
 
-    def _release_gradients(self) -> None:
-        super()._release_gradients()
+    def release(self) -> None:
         self.window_reduced = False
+
+    def filling_bucket_bytes(self) -> int:
+        return sum(optional_bytes(bucket.values) for bucket in self.buckets)
 
     def destroy(self) -> None:
         for handle in self.hook_handles:
             handle.remove()
         self.hook_handles = []
         for bucket in self.buckets:
-            bucket.buffer, bucket.launched = None, False
+            bucket.values, bucket.launched = None, False
             bucket.arrived.clear()
-        super().destroy()
+        self.release()
 
-    def _complete_gradient_partitions(self) -> None:
-        """Already complete: every micro-step's backward reduced its buckets."""
 
-    def _filling_bucket_bytes(self) -> int:
-        return sum(optional_bytes(bucket.buffer) for bucket in self.buckets)
+class Stage2Optimizer(Stage1Optimizer):
+    stage = 2
+    GradientCollection = ArrivalPacking

@@ -1,24 +1,24 @@
-"""The shape every ZeRO stage shares; stages 0, 1 and 2 differ only where gradients live.
+"""The shape every ZeRO stage shares: flat buffers, master partitions, and one optimizer step.
 
 Construction:
-    Phase 1: flatten each parameter group into a FlatParameterGroup (one partition at stage 0,
-             world-size partitions above) and broadcast rank 0's values, so all ranks start equal.
-    Phase 2: the fp32 master partition: in fp32 the flat buffer's own partition *is* the master (no
-             copy); in bf16/fp16 an fp32 copy of it.
-    Phase 3: the stage's gradient machinery (`_build_gradients`); gradient buffers themselves
-             are allocated when a window's first gradient arrives and released after the step, so
-             between steps a rank holds only parameters, master and optimizer-state partitions.
+    Phase 1: the unit policy (`units.py`) and the parameter groups decide the flat buffers, one per
+             unit and group, laid out for the stage (`layout.py`) on the compute device
+             (`placement.py`); rank 0's values are broadcast, so every rank starts equal.
+    Phase 2: fp32 master partitions: in fp32 a buffer's own partition *is* the master (no copy); in
+             bf16/fp16 an fp32 copy of it, where the placement keeps optimizer tensors.
+    Phase 3: the stage's gradient collection (`GradientCollection`: when gradients are packed into
+             buckets) and the bucket reducer; no gradient memory yet.
     Phase 4: Adam over the master partitions (optimizer-state partitions appear at the first step).
 Optimizer step, at each gradient-accumulation boundary:
-    Phase 1: the stage completes the gradient partitions (`_complete_gradient_partitions`).
+    Phase 1: the gradient collection completes the fp32 gradient partitions.
     Phase 2: fp16: unscale by the loss scale.
-    Phase 3: the global gradient norm (partition sums of squares, summed over ranks). It is the
-             same number on every rank, so a non-finite norm (an inf or NaN gradient on any rank:
-             an fp16 overflow, or a diverged fp32/bf16 run) makes every rank skip the step
-             without another collective (unless bf16's `check_grad_overflow` is false); then clip.
+    Phase 3: the global gradient norm (partition sums of squares, summed over ranks where ranks
+             hold different partitions). It is the same number on every rank, so a non-finite
+             norm (an inf or NaN gradient on any rank: an fp16 overflow, or a diverged fp32/bf16
+             run) makes every rank skip the step without another collective (unless bf16's
+             `check_grad_overflow` is false); then clip.
     Phase 4: Adam on the master partitions.
-    Phase 5: master -> own partition of the flat buffer (mixed precision), then all-gather every
-             partition into every rank's flat buffer (stages 1/2), bucketed.
+    Phase 5: the stage publishes the updated parameters (`_publish_parameters`).
     Phase 6: release the gradient buffers until the next window's backward.
 """
 
@@ -32,97 +32,128 @@ import torch
 from zero_lab.nano.adamw import PartitionedAdam
 from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.config import NanoConfig
-from zero_lab.nano.flat_buffer import FlatParameterGroup
+from zero_lab.nano.dtypes import torch_dtype
+from zero_lab.nano.flat_buffer import FlatParameterBuffer
+from zero_lab.nano.gradient_reduction import BucketReducer, optional_bytes
 from zero_lab.nano.layout import FlatLayout
-from zero_lab.nano.gradient_reduction import BucketReducer, gather_partitions, optional_bytes
 from zero_lab.nano.loss_scaler import LossScaler
+from zero_lab.nano.placement import Placement
+from zero_lab.nano.units import Unit, split_groups_by_unit
 
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+class GradientCollection:
+    """When and how a stage's gradients reach the reducer; each stage module defines its own."""
+
+    def __init__(self, optimizer: "ZeroOptimizer"):
+        self.optimizer = optimizer
+
+    def after_backward(self) -> None:
+        """After every engine.backward()."""
+
+    def complete(self) -> None:
+        """At the boundary, before the step reads the gradient partitions."""
+
+    def release(self) -> None:
+        """The window is over (stepped, skipped or zero_grad): drop what it collected."""
+
+    def gradient_bytes(self) -> int:
+        """Bytes of full-size gradients this collection holds now (autograd's param.grad)."""
+        return 0
+
+    def filling_bucket_bytes(self) -> int:
+        """Bytes of buckets still being filled."""
+        return 0
+
+    def destroy(self) -> None:
+        self.release()
 
 
 class ZeroOptimizer:
-    """Stage-independent ZeRO optimizer; subclasses say where gradients live and when they reduce."""
+    """Stage-independent ZeRO optimizer; each stage module says what differs (see the stage table)."""
 
     stage = -1
-    partitioned = True  # stage 0 overrides: every rank owns the whole buffer
+    GradientCollection = GradientCollection
 
-    def __init__(self, parameter_groups: list[dict], config: NanoConfig, collectives: Collectives,
-                 device: torch.device, parameter_names: dict[torch.nn.Parameter, str]):
+    def __init__(self, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
+                 collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
         self.config = config
         self.collectives = collectives
+        self.placement = placement
         self.parameter_names = parameter_names
-        self.dtype = PRECISION_DTYPES[config.precision]
-        self.communication_dtype = PRECISION_DTYPES[config.communication_data_type or config.precision]
+        self.dtype = torch_dtype(config.precision)
+        self.communication_dtype = torch_dtype(config.communication_data_type or config.precision)
         # Phase 1: flat parameter buffers, identical on every rank.
-        self.groups = [FlatParameterGroup(group["params"], self._layout(group["params"]), collectives.rank,
-                                          self.dtype, device) for group in parameter_groups]
-        for group in self.groups:
-            collectives.broadcast(group.flat, source_rank=0)
+        self.buffers = [self._flat_buffer(parameters, group_index)
+                        for _, group_index, parameters in split_groups_by_unit(units, parameter_groups)]
+        for buffer in self.buffers:
+            collectives.broadcast(buffer.full, source_rank=0)
         # Phase 2: fp32 master partitions.
-        self.master_is_flat = self.dtype == torch.float32
-        self.master_partitions = [group.partition_of(group.flat) if self.master_is_flat
-                                  else group.partition_of(group.flat).to(torch.float32) for group in self.groups]
+        self.master_is_partition = self.dtype == torch.float32 and placement.optimizer == placement.compute
+        self.master_partitions = [buffer.partition if self.master_is_partition
+                                  else self._copy_to_optimizer(buffer.partition) for buffer in self.buffers]
         # Phase 3: gradients.
-        self.gradient_partitions: list[Optional[torch.Tensor]] = [None] * len(self.groups)
-        self._build_gradients()
+        self.gradient_partitions: list[Optional[torch.Tensor]] = [None] * len(self.buffers)
         self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(),
                                      max_in_flight=2 if config.zero_optimization.overlap_comm else 0,
                                      average=config.gradient_allreduce_op == "mean")
+        self.gradient_collection = self.GradientCollection(self)
         # Phase 4: Adam.
-        optimizer_config = config.optimizer
-        hyper = optimizer_config.params
+        hyper = config.optimizer.params
         options = [{key: value for key, value in group.items() if key != "params"} for group in parameter_groups]
-        self.optimizer = PartitionedAdam(self.master_partitions, options, hyper.lr, hyper.betas, hyper.eps,
-                                         hyper.weight_decay, optimizer_config.decoupled_weight_decay)
+        masters_of_group = [[master for buffer, master in zip(self.buffers, self.master_partitions)
+                             if buffer.group_index == index] for index in range(len(parameter_groups))]
+        self.adam = PartitionedAdam(masters_of_group, options, hyper.lr, hyper.betas, hyper.eps,
+                                    hyper.weight_decay, config.optimizer.decoupled_weight_decay)
         self.loss_scaler = LossScaler(config.fp16)
         self.checks_overflow = config.precision != "bf16" or config.bf16.check_grad_overflow
         self.overflow = False
         self.global_grad_norm: Optional[float] = None
 
+    def _flat_buffer(self, parameters: list[torch.nn.Parameter], group_index: int) -> FlatParameterBuffer:
+        layout = FlatLayout.for_stage(tuple(parameter.numel() for parameter in parameters), self.stage,
+                                      self.config.precision, self.collectives.world_size)
+        full = self.placement.empty("compute", layout.padded_numel, self.dtype)
+        return FlatParameterBuffer(parameters, layout, self.collectives.rank, group_index, full)
+
+    def _copy_to_optimizer(self, partition: torch.Tensor) -> torch.Tensor:
+        master = self.placement.empty("optimizer", partition.numel(), torch.float32)
+        return master.copy_(partition)
+
     # ----- what each stage decides ---------------------------------------------------------
-    def _layout(self, parameters: list[torch.nn.Parameter]) -> FlatLayout:
-        return FlatLayout.for_stage(tuple(parameter.numel() for parameter in parameters), self.stage,
-                                    self.config.precision, self.collectives.world_size)
-
     def _uses_reduce_scatter(self) -> bool:
-        return self.partitioned and self.config.zero_optimization.reduce_scatter
+        """Whether a bucket is reduce-scattered (each rank receives its share) or all-reduced."""
+        raise NotImplementedError
 
-    def _build_gradients(self) -> None:
-        """Set up the stage's gradient machinery (no gradient memory yet)."""
+    def _sum_over_ranks(self, squares: torch.Tensor) -> None:
+        """Complete the sum of squared gradients when ranks hold different partitions."""
+        raise NotImplementedError
 
-    def _new_gradient_partition(self, index: int) -> torch.Tensor:
-        """A zeroed fp32 gradient partition for group `index`."""
-        group = self.groups[index]
-        return torch.zeros(group.partition_numel, dtype=torch.float32, device=group.flat.device)
+    def _publish_parameters(self) -> None:
+        """Step Phase 5: the updated masters become the parameters the next forward uses."""
+        raise NotImplementedError
 
+    # ----- gradient partitions --------------------------------------------------------------
     def gradient_partition(self, index: int) -> torch.Tensor:
-        """Group `index`'s fp32 gradient partition, allocated on first use in a window."""
+        """Buffer `index`'s fp32 gradient partition, allocated (zeroed) on first use in a window."""
         if self.gradient_partitions[index] is None:
-            self.gradient_partitions[index] = self._new_gradient_partition(index)
+            numel = self.buffers[index].layout.partition_numel
+            self.gradient_partitions[index] = self.placement.zeros("compute", numel, torch.float32)
         return self.gradient_partitions[index]
 
     def after_backward(self, boundary: bool) -> None:
         """Called by the engine after every loss.backward(); `boundary` ends an accumulation window."""
-
-    def _complete_gradient_partitions(self) -> None:
-        raise NotImplementedError
+        self.gradient_collection.after_backward()
 
     def _release_gradients(self) -> None:
-        self.gradient_partitions = [None] * len(self.groups)
-
-    def _gradient_bytes(self) -> dict[str, int]:
-        raise NotImplementedError
-
-    def _filling_bucket_bytes(self) -> int:
-        """Bytes of buckets still being filled by backward (stage 2 only)."""
-        return 0
+        self.gradient_collection.release()
+        self.gradient_partitions = [None] * len(self.buffers)
 
     # ----- the shared step ----------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> None:
         # Phase 1: gradient partitions complete (summed over ranks, averaged).
-        self._complete_gradient_partitions()
-        partitions = [self.gradient_partition(index) for index in range(len(self.groups))]
+        self.gradient_collection.complete()
+        partitions = [self.gradient_partition(index) for index in range(len(self.buffers))]
         # Phase 2: unscale.
         scale = self.loss_scaler.loss_scale
         if scale != 1.0:
@@ -142,14 +173,13 @@ class ZeroOptimizer:
             if coefficient < 1.0:
                 for partition in partitions:
                     partition.mul_(coefficient)
-        # Phase 4: Adam on the master partitions.
-        self.optimizer.step(partitions)
-        del partitions
-        # Phase 5: updated partitions back into every rank's flat buffer.
-        for group, master in zip(self.groups, self.master_partitions):
-            if not self.master_is_flat:
-                group.partition_of(group.flat).copy_(master)
-            gather_partitions(self.collectives, group, self.config.zero_optimization.allgather_bucket_size)
+        # Phase 4: Adam on the master partitions, each with its buffer's gradient partition.
+        gradients_of_group = [[partition for buffer, partition in zip(self.buffers, partitions)
+                               if buffer.group_index == index] for index in range(len(self.adam.param_groups))]
+        self.adam.step(gradients_of_group)
+        del partitions, gradients_of_group
+        # Phase 5
+        self._publish_parameters()
         # Phase 6: no gradient memory between steps.
         self._release_gradients()
 
@@ -157,8 +187,7 @@ class ZeroOptimizer:
         squares = torch.zeros(1, dtype=torch.float32, device=partitions[0].device)
         for partition in partitions:
             squares += partition.pow(2).sum()
-        if self.partitioned:
-            self.collectives.all_reduce(squares)
+        self._sum_over_ranks(squares)
         norm = math.sqrt(float(squares.item()))
         free_storage(squares)  # the backend's worker may still hold it
         return norm
@@ -169,27 +198,51 @@ class ZeroOptimizer:
     def destroy(self) -> None:
         """Let go of the model: no hook of this optimizer stays on a parameter, no gradient buffer
         stays allocated, and the parameters may join a new engine (which copies them in)."""
+        self.gradient_collection.destroy()
         self._release_gradients()
-        for group in self.groups:
-            for parameter in group.parameters:
+        for buffer in self.buffers:
+            for parameter in buffer.parameters:
                 parameter.zero_lab_flat_buffer = False
 
     # ----- observability -------------------------------------------------------------------
-    def memory_breakdown(self) -> dict[str, int]:
-        """Bytes this rank holds per buffer category (see the vocabulary in zero_lab.nano)."""
-        breakdown = {
-            "parameters": sum(optional_bytes(group.flat) for group in self.groups),
-            "fp32_master_partition": 0 if self.master_is_flat else sum(map(optional_bytes, self.master_partitions)),
-            "optimizer_states": self.optimizer.state_bytes(),
-            **self._gradient_bytes(),
-            "communication_buckets": self.reducer.in_flight_bytes() + self._filling_bucket_bytes(),
+    def memory_breakdown(self, by_device: bool = False) -> dict:
+        """Bytes this rank holds per buffer category (see the vocabulary in zero_lab.nano) and their
+        total; with `by_device`, the same per device: {"cpu": {...}, "cuda:0": {...}}."""
+        tensors = {
+            "parameters": [buffer.full for buffer in self.buffers],
+            "fp32_master_partition": [] if self.master_is_partition else self.master_partitions,
+            "optimizer_states": [tensor for state in self.adam.state.values() for tensor in state.values()
+                                 if isinstance(tensor, torch.Tensor)],
+            "gradient_partition": [partition for partition in self.gradient_partitions if partition is not None],
         }
+        compute = str(self.placement.compute)
+        extra = {"gradients": self.gradient_collection.gradient_bytes(),
+                 "communication_buckets": self.reducer.in_flight_bytes() + self.gradient_collection.filling_bucket_bytes()}
+        devices: dict[str, dict[str, int]] = {}
+        for category, members in tensors.items():
+            for tensor in members:
+                place = devices.setdefault(str(tensor.device), {})
+                place[category] = place.get(category, 0) + optional_bytes(tensor)
+        for category, nbytes in extra.items():
+            devices.setdefault(compute, {})[category] = devices.setdefault(compute, {}).get(category, 0) + nbytes
+        order = ("parameters", "gradients", "fp32_master_partition", "optimizer_states", "gradient_partition",
+                 "communication_buckets")
+        if by_device:
+            return {device: {**{name: place.get(name, 0) for name in order}, "total": sum(place.values())}
+                    for device, place in devices.items()}
+        breakdown = {name: sum(place.get(name, 0) for place in devices.values()) for name in order}
         breakdown["total"] = sum(breakdown.values())
         return breakdown
 
+    # ----- DeepSpeed's optimizer attributes --------------------------------------------------
+    @property
+    def optimizer(self) -> PartitionedAdam:
+        """DeepSpeed's name for the torch optimizer a ZeRO optimizer wraps: here, Adam."""
+        return self.adam
+
     @property
     def param_groups(self) -> list[dict]:
-        return self.optimizer.param_groups
+        return self.adam.param_groups
 
     @property
     def dynamic_loss_scale(self) -> bool:

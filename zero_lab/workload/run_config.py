@@ -97,7 +97,7 @@ def _read_json(path: Path) -> dict:
 
 def build_config(args: argparse.Namespace, world_size: int) -> dict:
     """Phase 3: the nano config of this run (official gets `to_official_config` of it)."""
-    from zero_lab.nano.config import load_config
+    from zero_lab.nano.config_loading import load_config
     from zero_lab.nano.errors import NanoConfigError
 
     stage = args.zero_stage if args.zero_stage is not None else 2

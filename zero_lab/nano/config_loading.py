@@ -1,0 +1,163 @@
+"""Reading a DeepSpeed config into nano's typed config (`config.py`), in phases:
+
+    Phase 1: read the source (dict, JSON path, or `args.deepspeed_config`).
+    Phase 2: reject keys nano does not know, saying whether official DeepSpeed knows them.
+    Phase 3: resolve "auto" values that can be derived; reject the rest.
+    Phase 4: validate types and ranges (pydantic), turning the first error into one line.
+    Phase 5: infer and check train_batch_size = micro batch x accumulation steps x world size.
+Every error is a `NanoConfigError` whose message names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import ValidationError
+
+from zero_lab.nano import config_keys, stages
+from zero_lab.nano.config import (DEFAULT_BUCKET_SIZE, Bf16Config, DataTypesConfig, Fp16Config, NanoConfig,
+                                  ZeroConfig)
+from zero_lab.nano.errors import NanoConfigError
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+BUCKET_KEYS = ("reduce_bucket_size", "allgather_bucket_size")
+
+
+def read_config_source(config: Any = None, args: Any = None) -> dict:
+    """Phase 1: the raw dict from a dict, a JSON path, or `args.deepspeed_config`."""
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None)
+    if config is None:
+        raise NanoConfigError("no DeepSpeed config given; pass config=dict or path, or --deepspeed_config PATH")
+    if isinstance(config, dict):
+        return json.loads(json.dumps(config))  # a deep copy that also proves it is JSON
+    path = Path(config)
+    if not path.is_file():
+        raise NanoConfigError(f"config file {path} does not exist; pass an existing JSON path")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise NanoConfigError(f"config file {path} is not valid JSON ({error.msg} at line {error.lineno}); fix the file")
+
+
+def _reject_unknown_keys(raw: dict) -> None:
+    """Phase 2: every key must be one nano reads; DeepSpeed-only keys get their own message."""
+    def check(section: dict, known: set, deepspeed_only: frozenset, prefix: str) -> None:
+        for key in section:
+            if key in known:
+                continue
+            if key in deepspeed_only:
+                raise NanoConfigError(f"config key '{prefix}{key}' is known to official DeepSpeed but not implemented "
+                                      "by nano; remove it or run with --impl official")
+            raise NanoConfigError(f"unknown config key '{prefix}{key}'; check its spelling against DeepSpeed's docs")
+
+    top_level = {field.alias or name for name, field in NanoConfig.model_fields.items()} | set(NanoConfig.model_fields)
+    check(raw, top_level, config_keys.DEEPSPEED_ONLY_TOP_LEVEL, "")
+    for section, model, deepspeed_only in (("fp16", Fp16Config, config_keys.DEEPSPEED_ONLY_FP16),
+                                           ("bf16", Bf16Config, config_keys.DEEPSPEED_ONLY_BF16),
+                                           ("bfloat16", Bf16Config, config_keys.DEEPSPEED_ONLY_BF16),
+                                           ("data_types", DataTypesConfig, config_keys.DEEPSPEED_ONLY_DATA_TYPES)):
+        if isinstance(raw.get(section), dict):
+            check(raw[section], set(model.model_fields), deepspeed_only, f"{section}.")
+    zero = raw.get("zero_optimization")
+    if isinstance(zero, dict):
+        refused = stages.refusal(zero.get("stage", 0))
+        if refused:
+            raise NanoConfigError(f"zero_optimization.stage: {refused}")
+        if any(key.startswith("offload") for key in zero):
+            raise NanoConfigError("zero_optimization: nano does not implement offload yet; remove the offload keys, "
+                                  "or run with --impl official")
+        check(zero, set(ZeroConfig.model_fields), config_keys.DEEPSPEED_ONLY_ZERO, "zero_optimization.")
+    for section, names in (("optimizer", config_keys.DEEPSPEED_ONLY_OPTIMIZERS),
+                           ("scheduler", config_keys.DEEPSPEED_ONLY_SCHEDULERS)):
+        kind = raw.get(section, {}).get("type") if isinstance(raw.get(section), dict) else None
+        if kind in names:
+            raise NanoConfigError(f"{section}.type '{kind}' is known to official DeepSpeed but not implemented by "
+                                  f"nano; use {'AdamW or Adam' if section == 'optimizer' else 'WarmupLR, WarmupDecayLR or WarmupCosineLR'}")
+
+
+def _resolve_auto(raw: dict, hidden_size: Optional[int]) -> None:
+    """Phase 3: "auto" batch sizes are inferred, "auto" buckets follow the HF Trainer's rule."""
+    for key in BATCH_KEYS:
+        if raw.get(key) == "auto":
+            del raw[key]
+    zero = raw.get("zero_optimization", {})
+    for key in BUCKET_KEYS:
+        if isinstance(zero, dict) and zero.get(key) == "auto":
+            zero[key] = hidden_size * hidden_size if hidden_size else DEFAULT_BUCKET_SIZE
+
+    def find_auto(node: Any, path: str) -> Optional[str]:
+        if node == "auto":
+            return path
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in children:
+            found = find_auto(child, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+        return None
+
+    leftover = find_auto(raw, "")
+    if leftover:
+        raise NanoConfigError(f"config value '{leftover}' is \"auto\", which only the Hugging Face Trainer fills in; "
+                              "give an explicit value")
+
+
+def _first_error_line(error: ValidationError) -> str:
+    """Phase 4 helper: the first pydantic error as 'field.path: message'."""
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{location}'; check its spelling against DeepSpeed's docs"
+    if isinstance(first.get("input"), dict):  # a rule across a section's keys: its message names them
+        return message
+    return f"config field '{location}': {message} (got {first.get('input')!r})"
+
+
+def _infer_batch_sizes(config: NanoConfig, world_size: int) -> None:
+    """Phase 5: DeepSpeed's rule, train_batch_size == micro x accumulation x world size."""
+    total, micro, accumulation = (config.train_batch_size, config.train_micro_batch_size_per_gpu,
+                                  config.gradient_accumulation_steps)
+    if total is None and micro is None:
+        raise NanoConfigError("config needs train_batch_size or train_micro_batch_size_per_gpu; add one")
+    if total is not None and micro is not None and accumulation is not None:
+        if total != micro * accumulation * world_size:
+            raise NanoConfigError(
+                f"train_batch_size {total} != train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps "
+                f"{accumulation} x world size {world_size}; fix one of them or drop train_batch_size")
+    elif total is not None and micro is not None:
+        accumulation = total // (micro * world_size)
+    elif total is not None:
+        accumulation = accumulation or 1
+        micro = total // (accumulation * world_size)
+    else:
+        accumulation = accumulation or 1
+        total = micro * accumulation * world_size
+    if micro < 1 or accumulation < 1 or total != micro * accumulation * world_size:
+        raise NanoConfigError(f"train_batch_size {total} is not divisible into micro batches over world size "
+                              f"{world_size}; make it a multiple of micro batch x world size")
+    config.train_batch_size, config.train_micro_batch_size_per_gpu = total, micro
+    config.gradient_accumulation_steps = accumulation
+
+
+def validate_config(config: Any = None, args: Any = None, hidden_size: Optional[int] = None) -> NanoConfig:
+    """Phases 1-4: a typed config whose batch sizes are still as given (world size unknown)."""
+    raw = read_config_source(config, args)
+    if not isinstance(raw, dict):
+        raise NanoConfigError("config must be a JSON object at the top level; wrap the keys in {}")
+    _reject_unknown_keys(raw)
+    _resolve_auto(raw, hidden_size)
+    try:
+        return NanoConfig.model_validate(raw)
+    except ValidationError as error:
+        raise NanoConfigError(_first_error_line(error)) from None
+
+
+def load_config(config: Any = None, args: Any = None, world_size: int = 1,
+                hidden_size: Optional[int] = None) -> NanoConfig:
+    """Read, check and complete a DeepSpeed config for `world_size` ranks (see the module phases)."""
+    parsed = validate_config(config, args, hidden_size)
+    _infer_batch_sizes(parsed, world_size)
+    return parsed
