@@ -68,11 +68,11 @@ def refuse(train_module, capsys, *argv: str) -> str:
 def test_config_value_nano_rejects_in_initialize(train_module, one_process, capsys, tmp_path):
     """load_config accepts the scheduler's params; nano's scheduler rejects the value."""
     config = json.loads((REPO / "harness" / "configs" / "zero2.json").read_text())
-    config["scheduler"]["params"]["warmup_type"] = "cubic"
-    path = tmp_path / "cubic.json"
+    config["scheduler"]["params"]["warmup_num_steps"] = 0
+    path = tmp_path / "no_warmup.json"
     path.write_text(json.dumps(config))
     err = refuse(train_module, capsys, "--deepspeed_config", str(path), *TINY_RUN)
-    assert "warmup_type must be 'log' or 'linear'" in err
+    assert "warmup_num_steps must be a positive integer" in err
 
 
 def test_attention_implementation_that_does_not_exist(train_module, one_process, capsys):
