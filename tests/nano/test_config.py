@@ -28,7 +28,9 @@ def with_(**changes):
 DELETE = object()
 
 BAD_CONFIGS = [
-    (with_(zero_optimization__stage=3), "stage 3"),
+    (with_(zero_optimization={"stage": 3, "stage3_allgather_sequential": True}), "stage3_allgather_sequential"),
+    (with_(zero_optimization={"stage": 3, "stage3_module_granularity_threshold": 10}),
+     "stage3_module_granularity_threshold"),
     (with_(zero_optimization__stage=7), "zero_optimization.stage"),
     (with_(zero_optimization__offload_optimizer={"device": "cpu"}), "offload"),
     (with_(zero_optimization__reduce_bucket_sise=10), "zero_optimization.reduce_bucket_sise"),

@@ -26,13 +26,14 @@ into buckets, gradient partitions from the window's first reduction until the op
 Layers, each importing only those listed before it:
     errors, stages, dtypes, layout, config_keys -> config -> config_loading -> official_config,
     memory_formula -> collectives, distributed -> placement, units -> flat_buffer ->
-    gradient_reduction -> adamw, loss_scaler, lr_schedules -> zero_optimizer -> stage0 -> stage1 ->
-    stage2 -> engine -> initialize (the API re-exported here).
+    gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
+    stage0 -> stage1 -> stage2 -> stage3 -> engine -> initialize, zero (the API re-exported here).
 """
 
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.engine import NanoEngine
 from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano import zero
 from zero_lab.nano.initialize import add_config_arguments, initialize
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "NanoEngine", "NanoConfigError"]
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "NanoEngine", "NanoConfigError"]

@@ -88,14 +88,15 @@ class Collectives:
         self._record("all_gather", _nbytes(outputs))
         return torch.distributed.all_gather(outputs, local, group=self.group, async_op=async_op)
 
-    def all_gather_into_tensor(self, output: torch.Tensor, local: torch.Tensor) -> None:
+    def all_gather_into_tensor(self, output: torch.Tensor, local: torch.Tensor, async_op: bool = False):
         """Every rank's equal-sized `local` into consecutive slices of `output` (may alias: in place)."""
         if self.world_size == 1:
-            output.copy_(local)
-            return
+            if output.data_ptr() != local.data_ptr():
+                output.copy_(local)
+            return None
         self._record("all_gather", _nbytes([output]))
         gather = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
-        gather(output, local, group=self.group)
+        return gather(output, local, group=self.group, async_op=async_op)
 
     def broadcast(self, tensor: torch.Tensor, source_rank: int = 0) -> None:
         """Overwrite `tensor` on every rank with source_rank's copy."""

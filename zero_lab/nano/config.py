@@ -87,8 +87,22 @@ class Stage3Settings(_Strict):
     sub_group_size: int = Field(1_000_000_000, ge=0, description="Elements per optimizer sub-group (stage 3 offload).")
 
 
+class LeafModuleConfig(_Strict):
+    """Official DeepSpeed's leaf modules, read by nano as its stage-3 units (see units.py)."""
+
+    classes: list[str] = Field(default_factory=list, description="Class names (plain or module-qualified).")
+    names: list[str] = Field(default_factory=list, description="Module names as named_modules() gives them.")
+    name_suffixes: list[str] = Field(default_factory=list, description="Endings of module names.")
+
+    @field_validator("classes", "names", "name_suffixes", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
 class ZeroConfig(Stage3Settings):
-    stage: StrictInt = Field(0, description="0: data parallel; 1: partition optimizer states; 2: also gradients.")
+    stage: StrictInt = Field(0, description="0: data parallel; 1: partition optimizer states; 2: also gradients; "
+                             "3: also parameters.")
     reduce_scatter: StrictBool = Field(True, description="Stage 1/2: reduce-scatter (True) or all-reduce + local scatter-back (False).")
     reduce_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per gradient bucket.")
     allgather_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per parameter all-gather; "
@@ -97,7 +111,9 @@ class ZeroConfig(Stage3Settings):
                                      "stages 0/1: while the next bucket is packed), at most two in flight.")
     contiguous_gradients: StrictBool = Field(True, description="Accepted as true only: nano always packs gradients contiguously.")
     allgather_partitions: StrictBool = Field(True, description="Accepted as true only: nano always all-gathers whole partitions.")
-    ignore_unused_parameters: StrictBool = Field(True, description="Stage 2: a parameter with no gradient counts as zero (False: error).")
+    ignore_unused_parameters: StrictBool = Field(True, description="Stages 2/3: a parameter with no gradient counts as zero (False: error).")
+    leaf_module: Optional[LeafModuleConfig] = Field(None, description="Stage 3: the modules that each form a unit "
+                                                    "(default: each child of a ModuleList).")
 
     @field_validator("stage")
     @classmethod
@@ -114,6 +130,18 @@ class ZeroConfig(Stage3Settings):
         if self.stage in (1, 2) and size % START_ALIGNMENT_FACTOR:
             raise ValueError(f"zero_optimization.allgather_bucket_size {size} is odd; official DeepSpeed requires a "
                              f"multiple of {START_ALIGNMENT_FACTOR} at stages 1 and 2: use {size + 1}")
+        return self
+
+    @model_validator(mode="after")
+    def _stage3_keys_nano_honours(self) -> "ZeroConfig":
+        """At stage 3 a key nano cannot honour may only keep official DeepSpeed's default."""
+        if self.stage == 3:
+            for key, default in (("stage3_module_granularity_threshold", 0),
+                                 ("stage3_use_all_reduce_for_fetch_params", False),
+                                 ("stage3_allgather_sequential", False)):
+                if getattr(self, key) != default:
+                    raise ValueError(f"zero_optimization.{key} {getattr(self, key)!r} is not implemented by nano's "
+                                     f"stage 3 (it gathers each unit whole, in one all-gather); remove the key")
         return self
 
     @field_validator("contiguous_gradients", "allgather_partitions")

@@ -8,10 +8,15 @@ Construction:
              the flat buffer beside the not-yet-moved originals (as official DeepSpeed's flattening
              does), never a further copy; parameters are marked, so a second engine cannot adopt them.
 States and verbs:
-    UNSHARDED: `full` holds every element and each `param.data` is a view of it; `partition` is
-               this rank's slice of it. Stages 0-2 stay here.
-    `unshard()` all-gathers every rank's partition into every rank's `full`, in place (after Adam
-               updated the partitions, at stages 1 and 2).
+    UNSHARDED: `full` holds every element and each `param.data` is a view of it. In a
+               `FlatParameterBuffer` (stages 0-2, and stage 3's persistent parameters) it stays
+               so, and `partition` is this rank's slice of `full`.
+    SHARDED:   only in a `ShardedFlatBuffer` (stage 3): `partition` is storage of its own and
+               `full`'s storage is resized to 0 bytes. The parameters keep their shapes and stay
+               views of `full`, so autograd's references to them stay valid across the states
+               (FSDP2's way); touching one while sharded is an error, never stale values.
+    `unshard()` all-gathers every rank's partition into every rank's `full` (in place when the
+               partition is a slice of it); `reshard()` frees `full` again.
 """
 
 from __future__ import annotations
@@ -69,5 +74,67 @@ class FlatParameterBuffer:
             outputs = [self.full[owner * size + offset:owner * size + offset + length] for owner in range(count)]
             collectives.all_gather(outputs, outputs[self.rank])
 
-    def nbytes(self) -> int:
+    def synchronize(self, collectives: Collectives) -> None:
+        """Rank 0's values on every rank, so all ranks start equal."""
+        collectives.broadcast(self.full, source_rank=0)
+
+    def publish(self, collectives: Collectives, bucket_numel: int) -> None:
+        """After Adam updated the partitions: every rank's parameters whole again."""
+        self.unshard(collectives, bucket_numel)
+
+    def parameter_bytes(self) -> int:
+        """Bytes of parameter storage this rank keeps between uses."""
+        return self.full.untyped_storage().nbytes()
+
+    def gathered_bytes(self) -> int:
+        """Bytes of parameter storage gathered for a use, on top of `parameter_bytes`."""
+        return 0
+
+
+class ShardedFlatBuffer(FlatParameterBuffer):
+    """A flat buffer that is whole only while its unit is in use (stage 3); see the module docstring.
+
+    `unshard(asynchronous=True)` returns at once with the gather in flight (GATHERING); `wait()`
+    completes it. `synchronize()` (construction's last phase) keeps this rank's partition of rank
+    0's values and leaves the buffer SHARDED.
+    """
+
+    def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, rank: int, group_index: int,
+                 full: torch.Tensor, partition: torch.Tensor):
+        super().__init__(parameters, layout, rank, group_index, full)
+        self.partition = partition
+        self.full_nbytes = self.full.untyped_storage().nbytes()
+        self.pending = None
+        self.state = "UNSHARDED"
+
+    def synchronize(self, collectives: Collectives) -> None:
+        super().synchronize(collectives)
+        self.partition.copy_(self.partition_of(self.full))
+        self.reshard()
+
+    def unshard(self, collectives: Collectives, bucket_numel: int = 0, asynchronous: bool = False) -> None:
+        if self.state != "SHARDED":
+            return
+        self.full.untyped_storage().resize_(self.full_nbytes)
+        self.pending = collectives.all_gather_into_tensor(self.full, self.partition, async_op=asynchronous)
+        self.state = "GATHERING" if self.pending is not None else "UNSHARDED"
+
+    def wait(self) -> None:
+        if self.state == "GATHERING":
+            self.pending.wait()
+            self.pending, self.state = None, "UNSHARDED"
+
+    def reshard(self) -> None:
+        self.wait()
+        if self.state == "UNSHARDED":
+            self.full.untyped_storage().resize_(0)
+            self.state = "SHARDED"
+
+    def publish(self, collectives: Collectives, bucket_numel: int) -> None:
+        """Nothing to gather: the partitions are the parameters, and each use gathers them anew."""
+
+    def parameter_bytes(self) -> int:
+        return self.partition.untyped_storage().nbytes()
+
+    def gathered_bytes(self) -> int:
         return self.full.untyped_storage().nbytes()

@@ -31,9 +31,11 @@ from zero_lab.nano.placement import Placement
 from zero_lab.nano.stage0 import Stage0Optimizer
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
-from zero_lab.nano.units import whole_model
+from zero_lab.nano.stage3 import Stage3Optimizer
+from zero_lab.nano.units import Unit, per_block, whole_model
 
-STAGE_OPTIMIZERS = {optimizer.stage: optimizer for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage2Optimizer)}
+STAGE_OPTIMIZERS = {optimizer.stage: optimizer
+                    for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage2Optimizer, Stage3Optimizer)}
 
 
 def _device() -> torch.device:
@@ -52,6 +54,17 @@ def _parameter_groups(model: torch.nn.Module, model_parameters: Any) -> list[dic
     for group in groups:
         group["params"] = [parameter for parameter in group["params"] if parameter.requires_grad]
     return [group for group in groups if group["params"]]
+
+
+def _units(model: torch.nn.Module, trainable: list[torch.nn.Parameter], config: NanoConfig) -> list[Unit]:
+    """Phase 5's unit policy: the whole model below stage 3; blocks, root and persistent at stage 3."""
+    zero = config.zero_optimization
+    if zero.stage < 3:
+        return whole_model(model, trainable)
+    leaf = zero.leaf_module
+    return per_block(model, trainable, tuple(leaf.classes) if leaf else (), tuple(leaf.names) if leaf else (),
+                     tuple(leaf.name_suffixes) if leaf else (), zero.stage3_param_persistence_threshold,
+                     zero.stage3_model_persistence_threshold)
 
 
 def _scheduler(config: NanoConfig, lr_scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
@@ -112,9 +125,9 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
         raise NanoConfigError(f"parameter {adopted[0]} already belongs to another nano engine; build a fresh model "
                               "(or a deep copy) for each initialize()")
     # Phase 5
-    units = whole_model(model, [parameter for group in groups for parameter in group["params"]])
+    units = _units(model, [parameter for group in groups for parameter in group["params"]], nano_config)
     zero_optimizer = STAGE_OPTIMIZERS[nano_config.zero_optimization.stage](
-        units, groups, nano_config, collectives, Placement.on(device), names)
+        model, units, groups, nano_config, collectives, Placement.on(device), names)
     scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
     dataloader = _dataloader(training_data, nano_config, collate_fn)
     engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader)

@@ -3,10 +3,13 @@
 The engine's tests measure the tensors nano really holds and compare them with this table, and
 `zero-lab estimate` prints it beside the ZeRO paper's figures and official DeepSpeed's estimators.
 
-Phase 1: lay the group out as the engine does (`layout.FlatLayout`): padded as official DeepSpeed
-         pads, split into `world_size` partitions (stage 0 keeps one: the whole buffer).
-         Partitions may cut through parameters, so only the group's total matters.
+Phase 1: lay the flat buffer out as the engine does (`layout.FlatLayout`): padded as official
+         DeepSpeed pads, split into `world_size` partitions (stage 0 keeps one: the whole buffer).
+         Partitions may cut through parameters, so only the buffer's total matters.
 Phase 2: count every buffer of the vocabulary in `zero_lab.nano` at its dtype width.
+A model has one flat buffer per unit and parameter group (`units.py`): at stages 0-2 one per
+group; at stage 3 one per block, the root and the persistent parameters, per group. Sum the
+buffers' figures; at stage 3 say which buffers are sharded between uses and which are gathered.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ ADAM_STATE_COUNT = 2  # exp_avg and exp_avg_sq, both fp32
 
 CATEGORIES = (
     "parameters",
+    "gathered_parameters",
     "gradients",
     "fp32_master_partition",
     "optimizer_states",
@@ -28,19 +32,24 @@ CATEGORIES = (
 )
 
 
-MOMENTS = ("backward", "step", "between_steps")
+MOMENTS = ("forward", "backward", "step", "between_steps")
 
 
-def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, moment: str = "step") -> dict[str, int]:
-    """Bytes per rank for each buffer category at one moment of a training step:
+def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, moment: str = "step",
+                      sharded: bool = False, gathered: bool = False) -> dict[str, int]:
+    """Bytes per rank for each buffer category of one flat buffer at one moment of a training step:
 
+    forward:       inside the first micro-step's forward: no gradient buffer yet.
     backward:      the window's backward is done. Stages 0/1 hold full-size `param.grad`
-                   (the parameters' dtype); stage 2 holds its fp32 gradient partition instead.
+                   (the parameters' dtype); stages 2/3 hold their fp32 gradient partition instead.
     step:          Adam is running: every stage holds its fp32 gradient partition (full at stage 0)
                    and has released `param.grad`.
     between_steps: every gradient buffer is released; parameters, masters and states remain.
-    fp32 needs no master copy: the flat buffer's partition is the master. Communication buckets
-    are excluded: they live only while a bucket is being reduced.
+    fp32 needs no master copy: the partition is the master. At stage 3 a `sharded` buffer keeps
+    only its partition between uses, and its whole buffer while `gathered` (the caller knows
+    which units are gathered at the moment; none are at the end of backward, in the step and
+    between steps); a buffer that is not sharded (persistent parameters) counts as at stage 2.
+    Communication buckets are excluded: they live only while a bucket is being reduced.
     """
     refused = stages.refusal(stage)
     if refused:
@@ -53,9 +62,11 @@ def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, m
     layout = FlatLayout.for_stage((numel,), stage, precision, world_size)  # Phase 1
     padded, partition = layout.padded_numel, layout.partition_numel
     holds_full_gradients = moment == "backward" and stage in (0, 1)
-    holds_gradient_partition = moment == "step" or (moment == "backward" and stage == 2)
+    holds_gradient_partition = moment == "step" or (moment == "backward" and stage >= 2)
+    sharded = sharded and stage == 3
     return {  # Phase 2
-        "parameters": padded * width,
+        "parameters": (partition if sharded else padded) * width,
+        "gathered_parameters": padded * width if sharded and gathered else 0,
         "gradients": numel * width if holds_full_gradients else 0,
         "fp32_master_partition": partition * FP32_BYTES if precision != "fp32" else 0,
         "optimizer_states": partition * FP32_BYTES * ADAM_STATE_COUNT,
@@ -64,10 +75,42 @@ def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, m
     }
 
 
-def peak_model_state_bytes(stage: int, precision: str, numel: int, world_size: int) -> int:
-    """The larger of the backward and step moments: what a rank must fit besides activations."""
-    return max(sum(model_state_bytes(stage, precision, numel, world_size, moment).values())
-               for moment in ("backward", "step"))
+def total(figures: list[dict[str, int]]) -> dict[str, int]:
+    """Category by category, the sum of several buffers' figures."""
+    return {category: sum(figure[category] for figure in figures) for category in CATEGORIES}
+
+
+def peak_model_state_bytes(stage: int, precision: str, numel: int, world_size: int,
+                           stage3_buffers: list[tuple[int, str]] | None = None) -> int:
+    """What a rank must fit besides activations: the larger of the backward and step moments.
+
+    At stage 3, `stage3_buffers` lists the model's flat buffers as (elements, role), role being
+    "persistent", "root" or "block"; the peak comes inside a backward, with every gradient
+    partition allocated and the root and the largest block gathered. Without the list, stage 3
+    counts the whole model as one block gathered (an upper bound).
+    """
+    if stage != 3:
+        return max(sum(model_state_bytes(stage, precision, numel, world_size, moment).values())
+                   for moment in ("backward", "step"))
+    buffers = stage3_buffers or [(numel, "block")]
+    blocks = [size for size, role in buffers if role == "block"]
+    largest = max(blocks, default=0)
+    chosen_largest = False
+
+    def gathered(size: int, role: str) -> bool:
+        nonlocal chosen_largest
+        if role == "root":
+            return True
+        if role == "block" and size == largest and not chosen_largest:
+            chosen_largest = True
+            return True
+        return False
+
+    inside_backward = total([model_state_bytes(3, precision, size, world_size, "backward", sharded=role != "persistent",
+                                               gathered=gathered(size, role)) for size, role in buffers])
+    step = total([model_state_bytes(3, precision, size, world_size, "step", sharded=role != "persistent")
+                  for size, role in buffers])
+    return max(sum(inside_backward.values()), sum(step.values()))
 
 
 def bytes_per_parameter(stage: int, precision: str, world_size: int, numel: int = 10**9) -> float:

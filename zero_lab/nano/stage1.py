@@ -31,4 +31,4 @@ class Stage1Optimizer(Stage0Optimizer):
     def _publish_parameters(self) -> None:
         super()._publish_parameters()
         for buffer in self.buffers:
-            buffer.unshard(self.collectives, self.config.zero_optimization.allgather_bucket_size)
+            buffer.publish(self.collectives, self.config.zero_optimization.allgather_bucket_size)

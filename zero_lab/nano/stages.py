@@ -21,8 +21,7 @@ STAGES = (
     Stage(0, (), "plain data parallelism: every rank holds everything"),
     Stage(1, ("optimizer states",), "optimizer states partitioned"),
     Stage(2, ("optimizer states", "gradients"), "optimizer states and gradients partitioned"),
-    Stage(3, ("optimizer states", "gradients", "parameters"), "parameters partitioned too, gathered for each use",
-          implemented=False),
+    Stage(3, ("optimizer states", "gradients", "parameters"), "parameters partitioned too, gathered for each use"),
 )
 BY_NUMBER = {stage.number: stage for stage in STAGES}
 IMPLEMENTED = tuple(stage.number for stage in STAGES if stage.implemented)

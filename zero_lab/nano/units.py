@@ -1,9 +1,21 @@
 """Which parameters share a flat buffer: the unit policy, chosen outside the model and the engine.
 
 A unit is a set of parameters laid out together; the engine makes one flat buffer per unit and
-parameter group (a group's hyper-parameters apply to its buffers). Stages 0-2 use one unit, the
-whole model, so each parameter group is one flat buffer. The policy lives here, apart from the
-mechanism, as torchtitan applies its parallelism per layer from outside the model.
+parameter group (a group's hyper-parameters apply to its buffers). The policy lives here, apart
+from the mechanism, as torchtitan applies its parallelism per layer from outside the model.
+
+Stages 0-2 use one unit, the whole model, so each parameter group is one flat buffer.
+Stage 3 gathers a unit whole for each use, so the units follow the model's repeated blocks:
+    1. "persistent": every parameter of at most `stage3_param_persistence_threshold` elements
+       (in `named_parameters()` order, while their total stays within
+       `stage3_model_persistence_threshold`), kept whole on every rank, as official DeepSpeed does.
+    2. one unit per block: each module matching `zero_optimization.leaf_module` (DeepSpeed's
+       classes, names and name suffixes), or, when that names none, each child of a ModuleList
+       (every Hugging Face decoder layer), with the parameters of its subtree.
+    3. "root": every other parameter (embeddings, final norm, head), gathered for the model's
+       whole forward and backward. A parameter reachable from two blocks is the root's too, so
+       every parameter belongs to exactly one unit and is whole wherever a block uses it; one
+       tied embedding and head weight is one parameter, in one unit.
 """
 
 from __future__ import annotations
@@ -20,11 +32,57 @@ class Unit:
     name: str
     module: torch.nn.Module
     parameters: list[torch.nn.Parameter] = field(default_factory=list)
+    sharded: bool = False  # whole only while in use (stage 3's blocks and root), else always whole
 
 
 def whole_model(model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> list[Unit]:
     """Stages 0-2: one unit holding every trainable parameter."""
     return [Unit("model", model, list(trainable))]
+
+
+def is_block(name: str, module: torch.nn.Module, parent: torch.nn.Module | None, classes: tuple[str, ...],
+             names: tuple[str, ...], suffixes: tuple[str, ...]) -> bool:
+    """Whether `module` (called `name` in the model) forms a unit of its own at stage 3."""
+    if classes or names or suffixes:
+        qualified = f"{type(module).__module__}.{type(module).__qualname__}"
+        return (type(module).__name__ in classes or qualified in classes or name in names
+                or any(name.endswith(suffix) for suffix in suffixes))
+    return isinstance(parent, torch.nn.ModuleList)
+
+
+def per_block(model: torch.nn.Module, trainable: list[torch.nn.Parameter], classes: tuple[str, ...] = (),
+              names: tuple[str, ...] = (), suffixes: tuple[str, ...] = (), persistence_threshold: int = 0,
+              model_persistence_threshold: int = 0) -> list[Unit]:
+    """Stage 3's units, in the order listed in this module's docstring."""
+    wanted = set(trainable)
+    persistent = Unit("persistent", model)
+    total = 0
+    for _, parameter in model.named_parameters():
+        if parameter in wanted and parameter.numel() <= persistence_threshold \
+                and total + parameter.numel() <= model_persistence_threshold:
+            persistent.parameters.append(parameter)
+            total += parameter.numel()
+    parents = {id(child): parent for parent in model.modules() for child in parent.children()}
+    blocks: list[tuple[str, torch.nn.Module]] = []
+    for name, module in model.named_modules():
+        inside_a_block = any(any(candidate is module for candidate in block.modules()) for _, block in blocks)
+        if module is not model and not inside_a_block and is_block(name, module, parents.get(id(module)), classes,
+                                                                   names, suffixes):
+            blocks.append((name, module))
+    users: dict[torch.nn.Parameter, int] = {}
+    for _, block in blocks:
+        for parameter in block.parameters():
+            users[parameter] = users.get(parameter, 0) + 1
+    taken = set(persistent.parameters)
+    units = [persistent]
+    for name, block in blocks:
+        members = [parameter for parameter in block.parameters()
+                   if parameter in wanted and parameter not in taken and users[parameter] == 1]
+        taken.update(members)
+        units.append(Unit(name, block, members, sharded=True))
+    units.append(Unit("root", model, [parameter for parameter in model.parameters()
+                                      if parameter in wanted and parameter not in taken], sharded=True))
+    return [unit for unit in units if unit.parameters]
 
 
 def split_groups_by_unit(units: list[Unit], groups: list[dict]) -> list[tuple[int, int, list[torch.nn.Parameter]]]:

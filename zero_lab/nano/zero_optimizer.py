@@ -3,7 +3,7 @@
 Construction:
     Phase 1: the unit policy (`units.py`) and the parameter groups decide the flat buffers, one per
              unit and group, laid out for the stage (`layout.py`) on the compute device
-             (`placement.py`); rank 0's values are broadcast, so every rank starts equal.
+             (`placement.py`); each takes rank 0's values, so every rank starts equal.
     Phase 2: fp32 master partitions: in fp32 a buffer's own partition *is* the master (no copy); in
              bf16/fp16 an fp32 copy of it, where the placement keeps optimizer tensors.
     Phase 3: the stage's gradient collection (`GradientCollection`: when gradients are packed into
@@ -74,8 +74,10 @@ class ZeroOptimizer:
     stage = -1
     GradientCollection = GradientCollection
 
-    def __init__(self, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
+    def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
                  collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
+        self.model = model
+        self.units = units
         self.config = config
         self.collectives = collectives
         self.placement = placement
@@ -83,10 +85,15 @@ class ZeroOptimizer:
         self.dtype = torch_dtype(config.precision)
         self.communication_dtype = torch_dtype(config.communication_data_type or config.precision)
         # Phase 1: flat parameter buffers, identical on every rank.
-        self.buffers = [self._flat_buffer(parameters, group_index)
-                        for _, group_index, parameters in split_groups_by_unit(units, parameter_groups)]
-        for buffer in self.buffers:
-            collectives.broadcast(buffer.full, source_rank=0)
+        self.buffers: list[FlatParameterBuffer] = []
+        self.unit_of_buffer: list[int] = []
+        for unit_index, group_index, parameters in split_groups_by_unit(units, parameter_groups):
+            buffer = self._flat_buffer(units[unit_index], parameters, group_index)
+            buffer.synchronize(collectives)  # one buffer at a time: stage 3 never holds two whole
+            for parameter in parameters:
+                parameter.zero_lab_owner = (self, len(self.buffers))  # for zero.GatheredParameters
+            self.buffers.append(buffer)
+            self.unit_of_buffer.append(unit_index)
         # Phase 2: fp32 master partitions.
         self.master_is_partition = self.dtype == torch.float32 and placement.optimizer == placement.compute
         self.master_partitions = [buffer.partition if self.master_is_partition
@@ -109,11 +116,15 @@ class ZeroOptimizer:
         self.overflow = False
         self.global_grad_norm: Optional[float] = None
 
-    def _flat_buffer(self, parameters: list[torch.nn.Parameter], group_index: int) -> FlatParameterBuffer:
-        layout = FlatLayout.for_stage(tuple(parameter.numel() for parameter in parameters), self.stage,
-                                      self.config.precision, self.collectives.world_size)
+    def _flat_buffer(self, unit: Unit, parameters: list[torch.nn.Parameter], group_index: int) -> FlatParameterBuffer:
+        """Phase 1 for one unit's parameters of one group (stage 3 adds buffers sharded between uses)."""
+        layout = self._layout(parameters)
         full = self.placement.empty("compute", layout.padded_numel, self.dtype)
         return FlatParameterBuffer(parameters, layout, self.collectives.rank, group_index, full)
+
+    def _layout(self, parameters: list[torch.nn.Parameter]) -> FlatLayout:
+        return FlatLayout.for_stage(tuple(parameter.numel() for parameter in parameters), self.stage,
+                                    self.config.precision, self.collectives.world_size)
 
     def _copy_to_optimizer(self, partition: torch.Tensor) -> torch.Tensor:
         master = self.placement.empty("optimizer", partition.numel(), torch.float32)
@@ -192,6 +203,22 @@ class ZeroOptimizer:
         free_storage(squares)  # the backend's worker may still hold it
         return norm
 
+    # ----- whole parameters on request (zero.GatheredParameters) ----------------------------------
+    def hold_whole(self, index: int) -> None:
+        """Make buffer `index` whole until `let_go` (below stage 3 it always is)."""
+
+    def let_go(self, index: int) -> None:
+        """The end of a `hold_whole`."""
+
+    @torch.no_grad()
+    def adopt_values(self, index: int, source_rank: int) -> None:
+        """Rank `source_rank`'s values of whole buffer `index` become every rank's, masters included."""
+        buffer = self.buffers[index]
+        self.collectives.broadcast(buffer.full, source_rank=source_rank)
+        buffer.partition.copy_(buffer.partition_of(buffer.full))  # a no-op where the partition is a view
+        if not self.master_is_partition:
+            self.master_partitions[index].copy_(buffer.partition)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._release_gradients()
 
@@ -203,13 +230,13 @@ class ZeroOptimizer:
         for buffer in self.buffers:
             for parameter in buffer.parameters:
                 parameter.zero_lab_flat_buffer = False
+                parameter.zero_lab_owner = None
 
     # ----- observability -------------------------------------------------------------------
     def memory_breakdown(self, by_device: bool = False) -> dict:
         """Bytes this rank holds per buffer category (see the vocabulary in zero_lab.nano) and their
         total; with `by_device`, the same per device: {"cpu": {...}, "cuda:0": {...}}."""
         tensors = {
-            "parameters": [buffer.full for buffer in self.buffers],
             "fp32_master_partition": [] if self.master_is_partition else self.master_partitions,
             "optimizer_states": [tensor for state in self.adam.state.values() for tensor in state.values()
                                  if isinstance(tensor, torch.Tensor)],
@@ -219,14 +246,19 @@ class ZeroOptimizer:
         extra = {"gradients": self.gradient_collection.gradient_bytes(),
                  "communication_buckets": self.reducer.in_flight_bytes() + self.gradient_collection.filling_bucket_bytes()}
         devices: dict[str, dict[str, int]] = {}
+        for buffer in self.buffers:
+            place = devices.setdefault(str(buffer.partition.device), {})
+            place["parameters"] = place.get("parameters", 0) + buffer.parameter_bytes()
+            gathered = devices.setdefault(compute, {})
+            gathered["gathered_parameters"] = gathered.get("gathered_parameters", 0) + buffer.gathered_bytes()
         for category, members in tensors.items():
             for tensor in members:
                 place = devices.setdefault(str(tensor.device), {})
                 place[category] = place.get(category, 0) + optional_bytes(tensor)
         for category, nbytes in extra.items():
             devices.setdefault(compute, {})[category] = devices.setdefault(compute, {}).get(category, 0) + nbytes
-        order = ("parameters", "gradients", "fp32_master_partition", "optimizer_states", "gradient_partition",
-                 "communication_buckets")
+        order = ("parameters", "gathered_parameters", "gradients", "fp32_master_partition", "optimizer_states",
+                 "gradient_partition", "communication_buckets")
         if by_device:
             return {device: {**{name: place.get(name, 0) for name in order}, "total": sum(place.values())}
                     for device, place in devices.items()}

@@ -1,0 +1,27 @@
+"""nano stage 3 against the single-process AdamW reference, on 1, 2 and 3 gloo ranks (TrapNet: tied
+weights, a block called twice, an unused block, activation checkpointing)."""
+
+import pytest
+
+from tests.nano import stage3_workers
+from tests.spawn import run_distributed
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_every_step_matches_the_reference(world_size):
+    assert len(stage3_workers.parity_cases()) == 16
+    assert run_distributed(stage3_workers.parity_worker, world_size) == []
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_forward_without_backward_leaves_nothing_gathered(world_size):
+    assert run_distributed(stage3_workers.eval_forward_worker, world_size) == []
+
+
+def test_an_unused_block_is_named_when_unused_parameters_are_refused():
+    assert run_distributed(stage3_workers.unused_parameters_worker, 2) == []
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_gathered_parameters_modifier_rank_reaches_every_rank_and_the_master(world_size):
+    assert run_distributed(stage3_workers.modifier_rank_worker, world_size) == []

@@ -1,0 +1,78 @@
+"""ZeRO stage 3: stage 2, plus parameters partitioned between uses.
+
+The diff from stage 2:
+    units:   one per block, one root, one for the persistent small parameters (`units.per_block`,
+             decided by `initialize`). Each block's and the root's parameters of each group live
+             in a `ShardedFlatBuffer`: between uses a rank keeps only its partition (fp32: that
+             partition is also the master; bf16/fp16: plus an fp32 master partition). The
+             persistent unit keeps stage 2's always-whole buffers.
+    gather:  `UnitGathering` gathers each sharded unit for its forward and again for its
+             backward, and frees it after each (see its module for the phases, prefetch and reuse).
+    publish: after Adam, the masters become the partitions (mixed precision) and the persistent
+             buffers are all-gathered as at stage 2; no sharded unit stays gathered, so the next
+             forward gathers the new values.
+Gradients reach their fp32 partitions exactly as at stage 2, bucket by bucket within each unit's
+buffer, reduce-scattered as the unit's backward produces them. After every backward nothing stays
+gathered, and between steps nothing gradient-sized lives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer
+from zero_lab.nano.stage2 import Stage2Optimizer
+from zero_lab.nano.unit_gathering import GatheredUnit, UnitGathering
+from zero_lab.nano.units import Unit
+
+
+class Stage3Optimizer(Stage2Optimizer):
+    stage = 3
+
+    def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names):
+        super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names)
+        zero = config.zero_optimization
+        entries = [GatheredUnit(unit, [buffer for buffer, owner in zip(self.buffers, self.unit_of_buffer)
+                                       if owner == index]) for index, unit in enumerate(units) if unit.sharded]
+        self.gathering = UnitGathering(model, entries, collectives,
+                                       prefetch_numel=zero.stage3_prefetch_bucket_size if zero.overlap_comm else 0,
+                                       max_live_numel=zero.stage3_max_live_parameters,
+                                       max_reuse_distance=zero.stage3_max_reuse_distance)
+
+    def _flat_buffer(self, unit: Unit, parameters: list[torch.nn.Parameter], group_index: int) -> FlatParameterBuffer:
+        if not unit.sharded:
+            return super()._flat_buffer(unit, parameters, group_index)
+        layout = self._layout(parameters)
+        full = self.placement.empty("compute", layout.padded_numel, self.dtype)
+        partition = self.placement.empty("compute", layout.partition_numel, self.dtype)
+        return ShardedFlatBuffer(parameters, layout, self.collectives.rank, group_index, full, partition)
+
+    def _entry_of(self, index: int) -> GatheredUnit | None:
+        return next((entry for entry in self.gathering.entries if self.buffers[index] in entry.buffers), None)
+
+    def hold_whole(self, index: int) -> None:
+        entry = self._entry_of(index)
+        if entry is not None:
+            self.gathering.acquire(entry)
+
+    def let_go(self, index: int) -> None:
+        entry = self._entry_of(index)
+        if entry is not None:
+            self.gathering.release(entry)
+
+    def after_backward(self, boundary: bool) -> None:
+        super().after_backward(boundary)
+        self.gathering.release_all()
+
+    def _publish_parameters(self) -> None:
+        self.gathering.release_all()
+        super()._publish_parameters()
+
+    def destroy(self) -> None:
+        """The model becomes a plain module again: every unit whole, no hook left."""
+        self.gathering.remove()
+        for buffer in self.buffers:
+            buffer.unshard(self.collectives)
+            if isinstance(buffer, ShardedFlatBuffer):
+                buffer.wait()
+        super().destroy()
