@@ -9,6 +9,7 @@ import torch
 
 import zero_lab.nano as nano
 from tests.nano.stage3_reference import (TokenReference, build_trapnet, decay_groups, token_batch, token_loss)
+from tests.nano.reference import max_difference
 from tests.nano.workers import LR, WEIGHT_DECAY, nano_config
 
 STEPS, MICRO_SIZE, TOLERANCE = 3, 2, 1e-5
@@ -135,4 +136,126 @@ def modifier_rank_worker(rank: int, world_size: int) -> list[str]:
         with nano.zero.GatheredParameters(model.embed.weight):
             if not torch.all(model.embed.weight.float() == 0.5):
                 failures.append(f"{precision}: the master did not follow the edit: a step at lr 0 moved it")
+    return failures
+
+
+def tiny_qwen3(checkpointing: bool):
+    """Two Qwen3 decoder layers with tied embeddings (Qwen3-0.6B's shape of model, tiny)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, tie_word_embeddings=True,
+                         use_cache=False)
+    model = Qwen3ForCausalLM(config)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def hf_checkpointing_worker(rank: int, world_size: int) -> list[str]:
+    """Hugging Face's gradient_checkpointing_enable(): the recompute runs inside backward, with the
+    layer's unit gathered by the hook on its outputs' gradients; tied embeddings and head."""
+    failures = []
+    initial = tiny_qwen3(checkpointing=True)
+    reference_model = copy.deepcopy(initial)
+    reference = torch.optim.AdamW(decay_groups(reference_model, WEIGHT_DECAY), lr=LR)
+    model = copy.deepcopy(initial)
+    engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY),
+                                 config=stage3_config(persistence=16))
+    names = [entry.unit.name for entry in engine.optimizer.gathering.entries]
+    if names != ["model.layers.0", "model.layers.1", "root"]:
+        failures.append(f"units {names}")
+    attention_calls = []
+    model.model.layers[0].self_attn.register_forward_hook(lambda *_: attention_calls.append(1))
+
+    def batch(step, which):
+        generator = torch.Generator().manual_seed(1000 * step + which)
+        return torch.randint(0, 32, (MICRO_SIZE, 6), generator=generator)
+
+    for step in range(STEPS):
+        ids = batch(step, rank)
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+        every = torch.cat([batch(step, other) for other in range(world_size)])
+        reference.zero_grad()
+        reference_model(input_ids=every, labels=every).loss.backward()
+        reference.step()
+        with nano.zero.GatheredParameters(model.parameters()):
+            difference = max_difference(model, reference_model)
+        if not difference <= TOLERANCE:
+            failures.append(f"step {step}: max |nano - reference| = {difference:.3g}")
+    if len(attention_calls) != 2 * STEPS:  # forward, then the recomputation in backward
+        failures.append(f"layer 0's attention ran {len(attention_calls)} times in {STEPS} steps: no recomputation")
+    return failures
+
+
+def formula(config: dict, model, world_size: int, moment: str, gathered: set[str]) -> dict[str, int]:
+    """nano's documented bytes for every flat buffer the unit policy makes of this model, summed;
+    `gathered` names the units whole at the moment."""
+    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.memory_formula import model_state_bytes, total
+    from zero_lab.nano.units import choose_units, split_groups_by_unit
+
+    settings = load_config(config, world_size=world_size)
+    groups = decay_groups(model, WEIGHT_DECAY)
+    units = choose_units(model, [parameter for group in groups for parameter in group["params"]],
+                         settings.zero_optimization)
+    return total([model_state_bytes(3, settings.precision, sum(parameter.numel() for parameter in parameters),
+                                    world_size, moment, sharded=units[unit_index].sharded,
+                                    gathered=units[unit_index].name in gathered)
+                  for unit_index, _, parameters in split_groups_by_unit(units, groups)])
+
+
+def memory_worker(rank: int, world_size: int) -> list[str]:
+    """Live bytes inside a block's forward, after backward, while Adam runs and between steps equal
+    the documented formula exactly (tracked from outside, as at stages 0-2), in fp32 and bf16."""
+    import gc
+
+    from zero_lab.workload.memory_meter import LiveStorageTracker
+
+    failures = []
+    for precision in ("fp32", "bf16"):
+        config = stage3_config(precision=precision, bucket=11)
+        with LiveStorageTracker("cpu") as tracker:
+            model = build_trapnet()
+            engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY), config=config)
+            measured = {}
+
+            def inside_forward(module, args):  # registered after the unit's hooks: block 2 is whole
+                if not torch.is_grad_enabled():  # the no_grad forward: no activation is saved
+                    gc.collect()
+                    inputs = sum(tensor.untyped_storage().nbytes() for tensor in (args[0], ids))
+                    measured["forward"] = (tracker.live_bytes - inputs, engine.memory_breakdown())
+
+            def live_besides_the_batch():
+                gc.collect()
+                return tracker.live_bytes - ids.untyped_storage().nbytes()
+
+            def inside_step(optimizer, args, kwargs):
+                measured["step"] = (live_besides_the_batch(), engine.memory_breakdown())
+
+            model.blocks[2].register_forward_pre_hook(inside_forward)
+            engine.optimizer.adam.register_step_pre_hook(inside_step)
+            for step in range(2):  # Adam's states exist from the first step on: measure the second
+                ids = token_batch(step, 0, rank, MICRO_SIZE)
+                with torch.no_grad():
+                    engine(ids[:, :-1])
+                loss = token_loss(engine, ids)
+                engine.backward(loss)
+                del loss
+                measured["backward"] = (live_besides_the_batch(), engine.memory_breakdown())
+                engine.step()
+            del ids
+            gc.collect()
+            measured["between_steps"] = (tracker.live_bytes, engine.memory_breakdown())
+        for moment, (live, reported) in measured.items():
+            expected = formula(config, build_trapnet(), world_size, moment,
+                               {"root", "blocks.2"} if moment == "forward" else set())
+            label = f"ws {world_size} {precision} {moment}"
+            if live != sum(expected.values()):
+                failures.append(f"{label}: live bytes {live} != formula {sum(expected.values())} ({expected})")
+            mismatched = {key: (reported[key], value) for key, value in expected.items() if reported[key] != value}
+            if mismatched:
+                failures.append(f"{label}: memory_breakdown vs formula {mismatched}")
     return failures

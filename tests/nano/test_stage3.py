@@ -25,3 +25,13 @@ def test_an_unused_block_is_named_when_unused_parameters_are_refused():
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_gathered_parameters_modifier_rank_reaches_every_rank_and_the_master(world_size):
     assert run_distributed(stage3_workers.modifier_rank_worker, world_size) == []
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_hugging_face_gradient_checkpointing_recomputes_inside_a_gathered_unit(world_size):
+    assert run_distributed(stage3_workers.hf_checkpointing_worker, world_size) == []
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_live_bytes_equal_the_documented_formula(world_size):
+    assert run_distributed(stage3_workers.memory_worker, world_size) == []

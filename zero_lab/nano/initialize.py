@@ -32,7 +32,7 @@ from zero_lab.nano.stage0 import Stage0Optimizer
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
-from zero_lab.nano.units import Unit, per_block, whole_model
+from zero_lab.nano.units import choose_units
 
 STAGE_OPTIMIZERS = {optimizer.stage: optimizer
                     for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage2Optimizer, Stage3Optimizer)}
@@ -54,17 +54,6 @@ def _parameter_groups(model: torch.nn.Module, model_parameters: Any) -> list[dic
     for group in groups:
         group["params"] = [parameter for parameter in group["params"] if parameter.requires_grad]
     return [group for group in groups if group["params"]]
-
-
-def _units(model: torch.nn.Module, trainable: list[torch.nn.Parameter], config: NanoConfig) -> list[Unit]:
-    """Phase 5's unit policy: the whole model below stage 3; blocks, root and persistent at stage 3."""
-    zero = config.zero_optimization
-    if zero.stage < 3:
-        return whole_model(model, trainable)
-    leaf = zero.leaf_module
-    return per_block(model, trainable, tuple(leaf.classes) if leaf else (), tuple(leaf.names) if leaf else (),
-                     tuple(leaf.name_suffixes) if leaf else (), zero.stage3_param_persistence_threshold,
-                     zero.stage3_model_persistence_threshold)
 
 
 def _scheduler(config: NanoConfig, lr_scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
@@ -125,7 +114,8 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
         raise NanoConfigError(f"parameter {adopted[0]} already belongs to another nano engine; build a fresh model "
                               "(or a deep copy) for each initialize()")
     # Phase 5
-    units = _units(model, [parameter for group in groups for parameter in group["params"]], nano_config)
+    units = choose_units(model, [parameter for group in groups for parameter in group["params"]],
+                         nano_config.zero_optimization)
     zero_optimizer = STAGE_OPTIMIZERS[nano_config.zero_optimization.stage](
         model, units, groups, nano_config, collectives, Placement.on(device), names)
     scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)

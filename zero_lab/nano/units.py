@@ -85,6 +85,17 @@ def per_block(model: torch.nn.Module, trainable: list[torch.nn.Parameter], class
     return [unit for unit in units if unit.parameters]
 
 
+def choose_units(model: torch.nn.Module, trainable: list[torch.nn.Parameter], zero) -> list[Unit]:
+    """The policy for a config's `zero_optimization` section: the whole model below stage 3;
+    persistent, blocks and root at stage 3."""
+    if zero.stage < 3:
+        return whole_model(model, trainable)
+    leaf = zero.leaf_module
+    return per_block(model, trainable, tuple(leaf.classes) if leaf else (), tuple(leaf.names) if leaf else (),
+                     tuple(leaf.name_suffixes) if leaf else (), zero.stage3_param_persistence_threshold,
+                     zero.stage3_model_persistence_threshold)
+
+
 def split_groups_by_unit(units: list[Unit], groups: list[dict]) -> list[tuple[int, int, list[torch.nn.Parameter]]]:
     """(unit index, group index, parameters in the group's order) for every non-empty pair: the
     flat buffers to build, unit by unit."""
