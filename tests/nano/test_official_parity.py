@@ -2,10 +2,15 @@
 
 import pytest
 
-from tests.nano.official_workers import official_parity_worker
+from tests.nano.official_workers import official_parity_worker, official_stage3_worker
 from tests.spawn import run_distributed
 
 
 @pytest.mark.official
 def test_nano_matches_official_deepspeed_step_for_step():
     assert run_distributed(official_parity_worker, 2) == []
+
+
+@pytest.mark.official
+def test_nano_stage3_matches_official_deepspeed_stage3():
+    assert run_distributed(official_stage3_worker, 2) == []
