@@ -259,3 +259,41 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             if mismatched:
                 failures.append(f"{label}: memory_breakdown vs formula {mismatched}")
     return failures
+
+
+def knobs_worker(rank: int, world_size: int) -> list[str]:
+    """What is gathered when, under DeepSpeed's stage-3 keys (measured at block 1's forward and right
+    after the forward): overlap_comm prefetches the next block within stage3_prefetch_bucket_size,
+    never past stage3_max_live_parameters; stage3_max_reuse_distance keeps blocks used again soon."""
+    failures = []
+    cases = [  # (overlap, prefetch, max_live, reuse distance) -> block 2 gathered at block 1's forward, after forward
+        ((False, 50_000_000, 1_000_000_000, 0), (False, {"root"})),
+        ((True, 50_000_000, 1_000_000_000, 0), (True, {"root"})),
+        ((True, 1, 1_000_000_000, 0), (True, {"root"})),  # a budget of 1 element still fetches the next unit
+        ((True, 50_000_000, 66 + 2 * 36, 0), (False, {"root"})),  # root + blocks 0/1: no room for block 2
+        ((False, 50_000_000, 1_000_000_000, 1_000_000_000), (False, {"root", "blocks.0", "blocks.1", "blocks.2"})),
+    ]
+    for (overlap, prefetch, max_live, reuse), (want_prefetched, want_after_forward) in cases:
+        config = stage3_config(overlap=overlap)
+        config["zero_optimization"].update(stage3_prefetch_bucket_size=prefetch, stage3_max_live_parameters=max_live,
+                                           stage3_max_reuse_distance=reuse)
+        model = build_trapnet()
+        engine, *_ = nano.initialize(model=model, config=config)
+        entries = {entry.unit.name: entry for entry in engine.optimizer.gathering.entries}
+        seen = {}
+
+        def at_block_1(module, args):
+            seen.setdefault("block 2", entries["blocks.2"].gathered)
+
+        model.blocks[1].register_forward_pre_hook(at_block_1)
+        for step in range(2):  # the second step has the first one's order to prefetch by
+            seen.clear()
+            loss = token_loss(engine, token_batch(step, 0, rank, MICRO_SIZE))
+            after_forward = {name for name, entry in entries.items() if entry.gathered}
+            engine.backward(loss)
+            engine.step()
+        label = f"overlap={overlap} prefetch={prefetch} max_live={max_live} reuse={reuse}"
+        if seen["block 2"] != want_prefetched or after_forward != want_after_forward:
+            failures.append(f"{label}: block 2 gathered at block 1's forward: {seen['block 2']}, gathered after the "
+                            f"forward: {sorted(after_forward)}")
+    return failures

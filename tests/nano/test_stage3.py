@@ -35,3 +35,7 @@ def test_hugging_face_gradient_checkpointing_recomputes_inside_a_gathered_unit(w
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_live_bytes_equal_the_documented_formula(world_size):
     assert run_distributed(stage3_workers.memory_worker, world_size) == []
+
+
+def test_prefetch_live_budget_and_reuse_distance_decide_what_is_gathered():
+    assert run_distributed(stage3_workers.knobs_worker, 2) == []

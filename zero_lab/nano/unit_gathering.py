@@ -126,11 +126,11 @@ class UnitGathering:
         """Start gathering the next units of `upcoming` within the prefetch and live budgets."""
         budget = self.prefetch_numel
         for entry in upcoming:
-            if budget <= 0:
+            if entry.gathered or entry.holds:
+                continue  # already whole: costs nothing
+            if budget <= 0 or self.live_numel() + entry.numel > self.max_live_numel:
                 break
             budget -= entry.numel
-            if entry.gathered or entry.holds or self.live_numel() + entry.numel > self.max_live_numel:
-                continue
             entry.prefetched = True
             for buffer in entry.buffers:
                 buffer.unshard(self.collectives, asynchronous=True)

@@ -1,0 +1,70 @@
+"""The unit policy: which parameters share a flat buffer at each stage (pure: no process group)."""
+
+import torch
+
+from tests.nano.stage3_reference import build_trapnet
+from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.units import choose_units
+
+BASE = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
+
+
+def units_of(model, **zero):
+    config = load_config({**BASE, "zero_optimization": zero})
+    return choose_units(model, list(model.parameters()), config.zero_optimization)
+
+
+def names(units):
+    return [(unit.name, len(unit.parameters), unit.sharded) for unit in units]
+
+
+def test_below_stage_3_the_whole_model_is_one_unit():
+    model = build_trapnet()
+    assert names(units_of(model, stage=2)) == [("model", len(list(model.parameters())), False)]
+
+
+def test_stage_3_units_are_the_blocks_the_root_and_the_persistent_parameters():
+    """Every ModuleList child is a block; the tied embedding/head is one parameter of the root;
+    parameters of at most the threshold (6-element norms and biases) are persistent."""
+    model = build_trapnet()
+    units = units_of(model, stage=3, stage3_param_persistence_threshold=6)
+    assert names(units) == [("persistent", 4 * 3 + 2, False), ("blocks.0", 1, True), ("blocks.1", 1, True),
+                            ("blocks.2", 1, True), ("spare.0", 1, True), ("root", 1, True)]
+    assert units[-1].parameters == [model.embed.weight] and model.head.weight is model.embed.weight
+    every = [parameter for unit in units for parameter in unit.parameters]
+    assert len(every) == len(set(every)) == len(list(model.parameters()))  # each in exactly one unit
+
+
+def test_the_model_persistence_threshold_caps_the_persistent_total():
+    units = units_of(build_trapnet(), stage=3, stage3_param_persistence_threshold=6,
+                     stage3_model_persistence_threshold=12)
+    assert names(units)[0] == ("persistent", 2, False)
+
+
+def test_leaf_module_names_the_units_and_shared_parameters_go_to_the_root():
+    """DeepSpeed's leaf_module (classes, names, suffixes) chooses the blocks; a parameter reachable
+    from two blocks belongs to the root, whole for every use."""
+    model = build_trapnet()
+    model.blocks[2].linear = model.blocks[0].linear  # one module in two blocks
+    units = units_of(model, stage=3, stage3_param_persistence_threshold=6, leaf_module={"classes": ["Block"]})
+    # blocks 0 and 2 keep nothing of their own (the shared linear is the root's, the norms persistent)
+    assert [unit.name for unit in units] == ["persistent", "blocks.1", "spare.0", "root"]
+    assert any(parameter is model.blocks[0].linear.weight for parameter in units[-1].parameters)
+    by_suffix = units_of(build_trapnet(), stage=3, stage3_param_persistence_threshold=6,
+                         leaf_module={"name_suffixes": ".1"})
+    assert [unit.name for unit in by_suffix] == ["persistent", "blocks.1", "root"]
+    by_name = units_of(build_trapnet(), stage=3, stage3_param_persistence_threshold=6,
+                       leaf_module={"names": ["blocks"]})
+    assert [unit.name for unit in by_name] == ["persistent", "blocks", "root"]
+
+
+def test_hugging_face_decoder_layers_are_the_blocks():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+                                             num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                             tie_word_embeddings=True))
+    units = units_of(model, stage=3, stage3_param_persistence_threshold=16)
+    assert [unit.name for unit in units] == ["persistent", "model.layers.0", "model.layers.1", "model.layers.2", "root"]
+    assert units[-1].parameters == [model.model.embed_tokens.weight]  # the head is tied to it
