@@ -67,9 +67,12 @@ def token_loss(model, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1))
 
 
-def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay = [parameter for parameter in model.parameters() if parameter.dim() >= 2]
-    rest = [parameter for parameter in model.parameters() if parameter.dim() < 2]
+def decay_groups(model: torch.nn.Module, weight_decay: float, shapes: dict | None = None) -> list[dict]:
+    """Decay on matrices only; `shapes` gives the real shapes of parameters built under zero.Init
+    (their data is empty until an engine gathers them)."""
+    shapes = shapes or {}
+    decay = [parameter for parameter in model.parameters() if len(shapes.get(parameter, parameter.shape)) >= 2]
+    rest = [parameter for parameter in model.parameters() if len(shapes.get(parameter, parameter.shape)) < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 

@@ -36,8 +36,9 @@ def compare_whole(model, reference, failures, label, steps_done: int):
         failures.append(f"{label}: max |nano - reference| = {difference:.3g}, spare off its decay by {decayed:.3g}")
 
 
-def train(model, config, rank, world_size, reference, failures, label, between_steps=None):
-    engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY), config=config)
+def train(model, config, rank, world_size, reference, failures, label, between_steps=None, groups=None):
+    groups = groups if groups is not None else decay_groups(model, WEIGHT_DECAY)
+    engine, *_ = nano.initialize(model=model, model_parameters=groups, config=config)
     accumulation = config["gradient_accumulation_steps"]
     for step in range(STEPS):
         for micro in range(accumulation):
@@ -220,17 +221,17 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
         with LiveStorageTracker("cpu") as tracker:
             model = build_trapnet()
             engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY), config=config)
-            measured = {}
+            measured, batch = {}, {}
 
             def inside_forward(module, args):  # registered after the unit's hooks: block 2 is whole
                 if not torch.is_grad_enabled():  # the no_grad forward: no activation is saved
                     gc.collect()
-                    inputs = sum(tensor.untyped_storage().nbytes() for tensor in (args[0], ids))
+                    inputs = sum(tensor.untyped_storage().nbytes() for tensor in (args[0], batch["ids"]))
                     measured["forward"] = (tracker.live_bytes - inputs, engine.memory_breakdown())
 
             def live_besides_the_batch():
                 gc.collect()
-                return tracker.live_bytes - ids.untyped_storage().nbytes()
+                return tracker.live_bytes - batch["ids"].untyped_storage().nbytes()
 
             def inside_step(optimizer, args, kwargs):
                 measured["step"] = (live_besides_the_batch(), engine.memory_breakdown())
@@ -238,15 +239,15 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             model.blocks[2].register_forward_pre_hook(inside_forward)
             engine.optimizer.adam.register_step_pre_hook(inside_step)
             for step in range(2):  # Adam's states exist from the first step on: measure the second
-                ids = token_batch(step, 0, rank, MICRO_SIZE)
+                batch["ids"] = token_batch(step, 0, rank, MICRO_SIZE)
                 with torch.no_grad():
-                    engine(ids[:, :-1])
-                loss = token_loss(engine, ids)
+                    engine(batch["ids"][:, :-1])
+                loss = token_loss(engine, batch["ids"])
                 engine.backward(loss)
                 del loss
                 measured["backward"] = (live_besides_the_batch(), engine.memory_breakdown())
                 engine.step()
-            del ids
+            batch.clear()
             gc.collect()
             measured["between_steps"] = (tracker.live_bytes, engine.memory_breakdown())
         for moment, (live, reported) in measured.items():
@@ -297,3 +298,47 @@ def knobs_worker(rank: int, world_size: int) -> list[str]:
             failures.append(f"{label}: block 2 gathered at block 1's forward: {seen['block 2']}, gathered after the "
                             f"forward: {sorted(after_forward)}")
     return failures
+
+
+def init_parity_worker(rank: int, world_size: int) -> list[str]:
+    """A model built under zero.Init (every parameter a 1/N slice from its module's __init__ on)
+    trains exactly as the reference built without it; nothing of it was whole beforehand."""
+    failures = []
+    reference = TokenReference(build_trapnet(), LR, WEIGHT_DECAY, 0.0)
+    with nano.zero.Init():
+        model = build_trapnet()
+    whole = [name for name, parameter in model.named_parameters() if parameter.numel() != 0]
+    if whole:
+        failures.append(f"built whole under Init: {whole}")
+    train(model, stage3_config(), rank, world_size, reference, failures, "built under Init",
+          groups=decay_groups(model, WEIGHT_DECAY, shapes={p: p.zero_lab_shape for p in model.parameters()}))
+    return failures
+
+
+def init_memory_worker(rank: int, world_size: int) -> list[str]:
+    """Building a Qwen3 model under zero.Init never holds more than 1/N of the parameters built
+    (Hugging Face builds an untied head, then ties it) plus its largest module's own parameters
+    (and its buffers), tracked from outside."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from zero_lab.workload.memory_meter import LiveStorageTracker
+
+    config = Qwen3Config(vocab_size=4096, hidden_size=64, intermediate_size=192, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                         use_cache=False)
+    with LiveStorageTracker("cpu") as tracker:
+        start = tracker.live_bytes
+        with nano.zero.Init() as init:
+            model = Qwen3ForCausalLM(config)
+        peak = tracker.peak_bytes - start
+    slices = init.partitioned_bytes  # the tied model's, and the untied head's Hugging Face built first
+    largest = max(sum(torch.Size(parameter.zero_lab_shape).numel() for parameter in module.parameters(recurse=False))
+                  for module in model.modules()) * 4
+    buffers = sum(buffer.untyped_storage().nbytes() for buffer in model.buffers())
+    bound = slices + largest + buffers
+    whole = sum(torch.Size(parameter.zero_lab_shape).numel() for parameter in model.parameters()) * 4
+    print(f"[init] rank {rank} peak {peak} bound {bound} (slices {slices} + largest module {largest} + buffers "
+          f"{buffers}); the whole model is {whole}", flush=True)
+    if peak > bound:
+        return [f"peak {peak} bytes > 1/N of the model + the largest module + buffers = {bound}"]
+    return []

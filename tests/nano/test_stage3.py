@@ -39,3 +39,12 @@ def test_live_bytes_equal_the_documented_formula(world_size):
 
 def test_prefetch_live_budget_and_reuse_distance_decide_what_is_gathered():
     assert run_distributed(stage3_workers.knobs_worker, 2) == []
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_model_built_under_init_trains_as_the_reference(world_size):
+    assert run_distributed(stage3_workers.init_parity_worker, world_size) == []
+
+
+def test_building_under_init_holds_a_slice_of_the_model_and_one_module():
+    assert run_distributed(stage3_workers.init_memory_worker, 2) == []

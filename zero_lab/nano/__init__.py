@@ -25,7 +25,7 @@ into buckets, gradient partitions from the window's first reduction until the op
 
 Layers, each importing only those listed before it:
     errors, stages, dtypes, layout, config_keys -> config -> config_loading -> official_config,
-    memory_formula -> collectives, distributed -> placement, units -> flat_buffer ->
+    memory_formula -> collectives, distributed -> init_partitions -> placement, units -> flat_buffer ->
     gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
     stage0 -> stage1 -> stage2 -> stage3 -> engine -> initialize, zero (the API re-exported here).
 """

@@ -24,26 +24,28 @@ from __future__ import annotations
 import torch
 
 from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.init_partitions import is_partitioned, whole_values
 from zero_lab.nano.layout import FlatLayout
 
 
 class FlatParameterBuffer:
     """One unit's parameters of one parameter group, as views into a single padded flat buffer."""
 
-    def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, rank: int, group_index: int,
-                 full: torch.Tensor):
+    def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, collectives: Collectives,
+                 group_index: int, full: torch.Tensor):
         # Phase 1
         self.parameters = parameters
         self.layout = layout
-        self.rank = rank
+        self.rank = rank = collectives.rank
         self.group_index = group_index  # the optimizer parameter group whose hyper-parameters apply
         self.partition_start, self.partition_end = layout.partition_range(rank)
         # Phase 2
         self.full = full.zero_()
-        for parameter, offset in zip(parameters, layout.offsets):
-            view = self.full[offset:offset + parameter.numel()]
-            view.copy_(parameter.data.reshape(-1))
-            parameter.data = view.view_as(parameter)
+        for parameter, offset, numel in zip(parameters, layout.offsets, layout.parameter_numels):
+            shape = parameter.zero_lab_shape if is_partitioned(parameter) else parameter.shape
+            view = self.full[offset:offset + numel]
+            view.copy_(whole_values(parameter, collectives).reshape(-1))  # built under zero.Init: gathered here
+            parameter.data = view.view(shape)
             parameter.zero_lab_flat_buffer = True
         self.partition = self.partition_of(self.full)
 
@@ -99,9 +101,9 @@ class ShardedFlatBuffer(FlatParameterBuffer):
     0's values and leaves the buffer SHARDED.
     """
 
-    def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, rank: int, group_index: int,
-                 full: torch.Tensor, partition: torch.Tensor):
-        super().__init__(parameters, layout, rank, group_index, full)
+    def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, collectives: Collectives,
+                 group_index: int, full: torch.Tensor, partition: torch.Tensor):
+        super().__init__(parameters, layout, collectives, group_index, full)
         self.partition = partition
         self.full_nbytes = self.full.untyped_storage().nbytes()
         self.pending = None

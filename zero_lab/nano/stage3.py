@@ -45,7 +45,7 @@ class Stage3Optimizer(Stage2Optimizer):
         layout = self._layout(parameters)
         full = self.placement.empty("compute", layout.padded_numel, self.dtype)
         partition = self.placement.empty("compute", layout.partition_numel, self.dtype)
-        return ShardedFlatBuffer(parameters, layout, self.collectives.rank, group_index, full, partition)
+        return ShardedFlatBuffer(parameters, layout, self.collectives, group_index, full, partition)
 
     def _entry_of(self, index: int) -> GatheredUnit | None:
         return next((entry for entry in self.gathering.entries if self.buffers[index] in entry.buffers), None)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from zero_lab.nano.init_partitions import numel_of
+
 
 @dataclass
 class Unit:
@@ -58,10 +60,10 @@ def per_block(model: torch.nn.Module, trainable: list[torch.nn.Parameter], class
     persistent = Unit("persistent", model)
     total = 0
     for _, parameter in model.named_parameters():
-        if parameter in wanted and parameter.numel() <= persistence_threshold \
-                and total + parameter.numel() <= model_persistence_threshold:
+        if parameter in wanted and numel_of(parameter) <= persistence_threshold \
+                and total + numel_of(parameter) <= model_persistence_threshold:
             persistent.parameters.append(parameter)
-            total += parameter.numel()
+            total += numel_of(parameter)
     parents = {id(child): parent for parent in model.modules() for child in parent.children()}
     blocks: list[tuple[str, torch.nn.Module]] = []
     for name, module in model.named_modules():

@@ -1,9 +1,20 @@
-"""DeepSpeed's `deepspeed.zero` API for whole parameters: swap `deepspeed.zero` for `zero_lab.nano.zero`.
+"""DeepSpeed's `deepspeed.zero` API: swap `deepspeed.zero` for `zero_lab.nano.zero`.
 
     from zero_lab.nano import zero
+    with zero.Init():
+        model = build_a_model_too_large_for_one_rank()   # each module partitioned as it is built
     with zero.GatheredParameters(model.embed.weight, modifier_rank=0):
         if rank == 0:
             model.embed.weight.zero_()      # every rank sees rank 0's change after the block
+
+`Init()`: while it is active, every module partitions its own parameters at the end of its
+    __init__ (`init_partitions.py`): rank 0's values are broadcast and each rank keeps a 1/N slice,
+    so no rank holds more than the module being built whole besides the slices so far (those of
+    parameters a constructor builds and then drops included: Hugging Face builds an untied head
+    before tying it to the embedding). The
+    values are the ones the modules' constructors give; a model-wide weight init that runs after
+    them (Hugging Face's post_init) sees empty parameters and changes nothing, as with official
+    DeepSpeed. `initialize` gathers each parameter back into its flat buffer, one at a time.
 
 `GatheredParameters(params, modifier_rank=None)`:
     Phase 1 (enter): each listed parameter is whole on every rank: at stage 3 its unit is held and
@@ -18,10 +29,14 @@ Parameters no nano engine owns are ignored, as DeepSpeed ignores parameters it d
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+import functools
+from typing import Any, Iterable, Optional
 
 import torch
 
+from zero_lab.nano import init_partitions
+from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.errors import NanoConfigError
 
 
@@ -57,4 +72,86 @@ class GatheredParameters:
             if self.modifier_rank is not None:
                 optimizer.adopt_values(index, self.modifier_rank)
             optimizer.let_go(index)
+        return False
+
+
+# Init's arguments nano honours as official DeepSpeed's defaults only (its value, and the fix).
+INIT_DEFAULTS = {"data_parallel_group": None, "remote_device": None, "pin_memory": False, "dtype": None,
+                 "mpu": None, "zero_param_parallel_group": None, "zero_quantized_weights": False,
+                 "zero_quantized_nontrainable_weights": False, "sequence_data_parallel_group": None,
+                 "param_swapper": None}
+
+
+class Init:
+    """Partition parameters as modules are built (see the module docstring)."""
+
+    def __init__(self, module: Optional[torch.nn.Module] = None, config_dict_or_path: Any = None, config: Any = None,
+                 enabled: bool = True, mem_efficient_linear: bool = True, **others):
+        for name, value in others.items():
+            if name not in INIT_DEFAULTS:
+                raise TypeError(f"Init() got an unexpected keyword argument {name!r}")
+            if value != INIT_DEFAULTS[name]:
+                raise NanoConfigError(f"zero.Init({name}={value!r}) is not implemented by nano; leave {name} out")
+        self.enabled = enabled
+        self.wrapped: dict[type, Any] = {}  # class -> its own __init__ before Init (None: it had none)
+        self.partitioned_bytes = 0  # every slice this rank kept, of parameters kept or dropped since
+        if enabled:
+            init_distributed()
+            self.collectives = Collectives()
+        if enabled and module is not None:  # DeepSpeed's form for a module already built
+            for child in module.modules():
+                self._partition_own_parameters(child)
+
+    def _partition_own_parameters(self, module: torch.nn.Module) -> None:
+        for parameter in module.parameters(recurse=False):
+            if not init_partitions.is_partitioned(parameter):
+                init_partitions.partition(parameter, self.collectives)
+                self.partitioned_bytes += parameter.zero_lab_init_partition.untyped_storage().nbytes()
+
+    def _wrap(self, cls: type) -> None:
+        if cls in self.wrapped:
+            return
+        self.wrapped[cls] = cls.__dict__.get("__init__")
+        inner = cls.__init__
+        init = self
+
+        @functools.wraps(inner)
+        def partition_after(module, *args, **kwargs):
+            inner(module, *args, **kwargs)
+            if type(module) is cls:  # the most derived __init__ has finished: the module is built
+                init._partition_own_parameters(module)
+
+        cls.__init__ = partition_after
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        pending = [torch.nn.Module]
+        while pending:  # every module class defined so far
+            cls = pending.pop()
+            self._wrap(cls)
+            pending.extend(cls.__subclasses__())
+        self.original_init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+        init = self
+
+        def wrap_new_class(cls, **kwargs):  # and every one defined inside the block
+            super(torch.nn.Module, cls).__init_subclass__(**kwargs)
+            init._wrap(cls)
+
+        torch.nn.Module.__init_subclass__ = classmethod(wrap_new_class)
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        for cls, original in self.wrapped.items():
+            if original is None:
+                del cls.__init__
+            else:
+                cls.__init__ = original
+        self.wrapped.clear()
+        if self.original_init_subclass is None:
+            del torch.nn.Module.__init_subclass__
+        else:
+            torch.nn.Module.__init_subclass__ = self.original_init_subclass
         return False

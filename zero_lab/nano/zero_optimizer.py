@@ -35,6 +35,7 @@ from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.nano.flat_buffer import FlatParameterBuffer
 from zero_lab.nano.gradient_reduction import BucketReducer, optional_bytes
+from zero_lab.nano.init_partitions import numel_of
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.loss_scaler import LossScaler
 from zero_lab.nano.placement import Placement
@@ -120,10 +121,10 @@ class ZeroOptimizer:
         """Phase 1 for one unit's parameters of one group (stage 3 adds buffers sharded between uses)."""
         layout = self._layout(parameters)
         full = self.placement.empty("compute", layout.padded_numel, self.dtype)
-        return FlatParameterBuffer(parameters, layout, self.collectives.rank, group_index, full)
+        return FlatParameterBuffer(parameters, layout, self.collectives, group_index, full)
 
     def _layout(self, parameters: list[torch.nn.Parameter]) -> FlatLayout:
-        return FlatLayout.for_stage(tuple(parameter.numel() for parameter in parameters), self.stage,
+        return FlatLayout.for_stage(tuple(numel_of(parameter) for parameter in parameters), self.stage,
                                     self.config.precision, self.collectives.world_size)
 
     def _copy_to_optimizer(self, partition: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,52 @@
+"""Parameters partitioned as they are built (`zero.Init`): each rank keeps a 1/N slice of each one.
+
+Phase 1 (partition; at the end of a module's __init__): rank 0's values are broadcast, so every
+         rank agrees; each rank keeps its slice of the flattened parameter, padded to a multiple
+         of N (`zero_lab_init_partition`); the parameter's data becomes an empty tensor, as in
+         official DeepSpeed, so nothing (a model's own weight init included) can read or write
+         the freed values; its shape is kept in `zero_lab_shape`.
+Phase 2 (whole again; when an engine lays the parameter into its flat buffer): the slices are
+         all-gathered into the whole parameter, one parameter at a time, so start-up never holds
+         more than one parameter whole besides the flat buffer being filled.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zero_lab.nano.collectives import Collectives
+
+
+def is_partitioned(parameter: torch.Tensor) -> bool:
+    return getattr(parameter, "zero_lab_init_partition", None) is not None
+
+
+def numel_of(parameter: torch.Tensor) -> int:
+    """Elements of the whole parameter, partitioned or not."""
+    return torch.Size(parameter.zero_lab_shape).numel() if is_partitioned(parameter) else parameter.numel()
+
+
+@torch.no_grad()
+def partition(parameter: torch.nn.Parameter, collectives: Collectives) -> None:
+    """Phase 1."""
+    collectives.broadcast(parameter.data, source_rank=0)
+    flat = parameter.data.reshape(-1)
+    share = -(-flat.numel() // collectives.world_size)
+    start = min(flat.numel(), collectives.rank * share)
+    piece = torch.zeros(share, dtype=flat.dtype, device=flat.device)
+    piece[:max(0, min(flat.numel(), start + share) - start)] = flat[start:start + share]
+    parameter.zero_lab_shape = tuple(parameter.shape)
+    parameter.zero_lab_init_partition = piece
+    parameter.data = torch.empty(0, dtype=flat.dtype, device=flat.device)
+
+
+@torch.no_grad()
+def whole_values(parameter: torch.Tensor, collectives: Collectives) -> torch.Tensor:
+    """Phase 2: the parameter's values, whole, in its original shape (itself if not partitioned)."""
+    if not is_partitioned(parameter):
+        return parameter.data
+    piece, numel = parameter.zero_lab_init_partition, numel_of(parameter)
+    gathered = torch.empty(piece.numel() * collectives.world_size, dtype=piece.dtype, device=piece.device)
+    collectives.all_gather_into_tensor(gathered, piece)
+    parameter.zero_lab_init_partition = None
+    return gathered[:numel].view(parameter.zero_lab_shape)
