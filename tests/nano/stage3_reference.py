@@ -28,11 +28,11 @@ class Block(torch.nn.Module):
 
 
 class TrapNet(torch.nn.Module):
-    def __init__(self, checkpointed: bool = False):
+    def __init__(self, checkpointed: bool = False, spare: bool = True):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, WIDTH)
         self.blocks = torch.nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.spare = torch.nn.ModuleList([Block()])  # never used: no gradient reaches it
+        self.spare = torch.nn.ModuleList([Block()] if spare else [])  # never used: no gradient reaches it
         self.norm = torch.nn.LayerNorm(WIDTH)
         self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
         self.head.weight = self.embed.weight  # tied, as Qwen3-0.6B ties embed_tokens and lm_head
@@ -52,9 +52,11 @@ class TrapNet(torch.nn.Module):
         return self.head(self.norm(x))
 
 
-def build_trapnet(seed: int = 0, checkpointed: bool = False) -> TrapNet:
+def build_trapnet(seed: int = 0, checkpointed: bool = False, spare: bool = True) -> TrapNet:
+    """TrapNet; without `spare` every parameter gets a gradient (stages 0/1 then hold every
+    param.grad, as the memory formula counts)."""
     torch.manual_seed(seed)
-    return TrapNet(checkpointed)
+    return TrapNet(checkpointed, spare)
 
 
 def token_batch(step: int, micro: int, rank: int, size: int) -> torch.Tensor:

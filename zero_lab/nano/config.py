@@ -100,6 +100,47 @@ class LeafModuleConfig(_Strict):
         return [value] if isinstance(value, str) else value
 
 
+class OffloadConfig(_Strict):
+    """Official DeepSpeed's offload sections. nano offloads to the CPU: "nvme" and the keys that
+    only tune NVMe swapping are refused unless they keep their defaults."""
+
+    device: Literal["cpu", "none", "nvme"] = Field("none", description="cpu: keep these tensors in host memory.")
+    pin_memory: StrictBool = Field(True, description="Page-locked host memory for asynchronous copies "
+                                   "(nothing to pin without CUDA: nano says so once).")
+    nvme_path: Optional[str] = Field(None, description="NVMe only.")
+    buffer_count: Optional[int] = Field(None, description="NVMe only.")
+
+    @field_validator("device")
+    @classmethod
+    def _cpu_only(cls, device: str) -> str:
+        if device == "nvme":
+            raise ValueError("nvme is not implemented by nano (it offloads to the CPU only); use \"cpu\"")
+        return device
+
+    @model_validator(mode="after")
+    def _no_nvme_keys(self) -> "OffloadConfig":
+        for key in ("nvme_path", "buffer_count"):
+            if getattr(self, key) is not None:
+                raise ValueError(f"{key} only tunes NVMe swapping, which nano does not do; remove it")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.device == "cpu"
+
+
+class OffloadOptimizerConfig(OffloadConfig):
+    pipeline_read: Literal[False] = Field(False, description="NVMe only: accepted as false.")
+    pipeline_write: Literal[False] = Field(False, description="NVMe only: accepted as false.")
+    fast_init: Literal[False] = Field(False, description="NVMe only: accepted as false.")
+    ratio: float = Field(1.0, ge=1.0, le=1.0, description="Share of the optimizer offloaded: nano offloads all (1.0).")
+
+
+class OffloadParamConfig(OffloadConfig):
+    buffer_size: Optional[int] = Field(None, description="NVMe only.")
+    max_in_cpu: Optional[int] = Field(None, description="NVMe only.")
+
+
 class ZeroConfig(Stage3Settings):
     stage: StrictInt = Field(0, description="0: data parallel; 1: partition optimizer states; 2: also gradients; "
                              "3: also parameters.")
@@ -114,6 +155,11 @@ class ZeroConfig(Stage3Settings):
     ignore_unused_parameters: StrictBool = Field(True, description="Stages 2/3: a parameter with no gradient counts as zero (False: error).")
     leaf_module: Optional[LeafModuleConfig] = Field(None, description="Stage 3: the modules that each form a unit "
                                                     "(default: each child of a ModuleList).")
+    offload_optimizer: OffloadOptimizerConfig = Field(default_factory=OffloadOptimizerConfig,
+                                                      description="Stages 1-3: fp32 masters, Adam states and "
+                                                      "gradient partitions in host memory; Adam runs there.")
+    offload_param: OffloadParamConfig = Field(default_factory=OffloadParamConfig,
+                                              description="Stage 3: parameter partitions in host memory between uses.")
 
     @field_validator("stage")
     @classmethod
@@ -130,6 +176,18 @@ class ZeroConfig(Stage3Settings):
         if self.stage in (1, 2) and size % START_ALIGNMENT_FACTOR:
             raise ValueError(f"zero_optimization.allgather_bucket_size {size} is odd; official DeepSpeed requires a "
                              f"multiple of {START_ALIGNMENT_FACTOR} at stages 1 and 2: use {size + 1}")
+        return self
+
+    @model_validator(mode="after")
+    def _offload_where_it_exists(self) -> "ZeroConfig":
+        """As official DeepSpeed: optimizer offload needs a partitioned optimizer (stage 1 or more),
+        parameter offload needs partitioned parameters (stage 3)."""
+        if self.offload_optimizer.enabled and self.stage == 0:
+            raise ValueError("zero_optimization.offload_optimizer needs stage 1, 2 or 3 (stage 0 partitions no "
+                             "optimizer state); raise the stage or remove the offload")
+        if self.offload_param.enabled and self.stage != 3:
+            raise ValueError(f"zero_optimization.offload_param needs stage 3 (stage {self.stage} keeps parameters "
+                             "whole on every rank); use stage 3 or remove it")
         return self
 
     @model_validator(mode="after")

@@ -22,7 +22,7 @@ DEEPSPEED_ONLY_TOP_LEVEL = frozenset({
 DEEPSPEED_ONLY_ZERO = frozenset({
     "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint",
     "ignore_unused_parameters_in_stage3", "load_from_fp32_weights", "memory_efficient_linear",
-    "mics_hierarchical_params_gather", "mics_shard_size", "offload_optimizer", "offload_param",
+    "mics_hierarchical_params_gather", "mics_shard_size",
     "override_module_apply", "pipeline_loading_checkpoint", "reduce_scatter_dtype",
     "round_robin_gradients", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce",
     "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",

@@ -66,9 +66,6 @@ def _reject_unknown_keys(raw: dict) -> None:
         refused = stages.refusal(zero.get("stage", 0))
         if refused:
             raise NanoConfigError(f"zero_optimization.stage: {refused}")
-        if any(key.startswith("offload") for key in zero):
-            raise NanoConfigError("zero_optimization: nano does not implement offload yet; remove the offload keys, "
-                                  "or run with --impl official")
         check(zero, set(ZeroConfig.model_fields), config_keys.DEEPSPEED_ONLY_ZERO, "zero_optimization.")
     for section, names in (("optimizer", config_keys.DEEPSPEED_ONLY_OPTIMIZERS),
                            ("scheduler", config_keys.DEEPSPEED_ONLY_SCHEDULERS)):

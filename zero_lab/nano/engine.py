@@ -43,6 +43,7 @@ class NanoEngine(torch.nn.Module):
         self._step_applied = False
         self._boundary_override: Optional[bool] = None  # set_gradient_accumulation_boundary
         self._inside_no_sync = False
+        self.warnings: list[str] = []  # said once at start-up; the harness prints each as a [warn] line
 
     # Phase 1
     def forward(self, *args, **kwargs):

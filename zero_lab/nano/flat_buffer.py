@@ -21,15 +21,19 @@ States and verbs:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.init_partitions import is_partitioned, whole_values
 from zero_lab.nano.layout import FlatLayout
 
 
 class FlatParameterBuffer:
     """One unit's parameters of one parameter group, as views into a single padded flat buffer."""
+
+    partition_kind = "compute"  # the partition is a slice of `full` (placement.py's kinds)
 
     def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, collectives: Collectives,
                  group_index: int, full: torch.Tensor):
@@ -101,12 +105,17 @@ class ShardedFlatBuffer(FlatParameterBuffer):
     0's values and leaves the buffer SHARDED.
     """
 
+    partition_kind = "partition"  # storage of its own, on the host with offload_param
+
     def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, collectives: Collectives,
-                 group_index: int, full: torch.Tensor, partition: torch.Tensor):
+                 group_index: int, full: torch.Tensor, partition: torch.Tensor,
+                 stage_in: Callable[[torch.Tensor], torch.Tensor]):
         super().__init__(parameters, layout, collectives, group_index, full)
         self.partition = partition
+        self.stage_in = stage_in  # the partition where a gather sends it from (placement.stage_in)
         self.full_nbytes = self.full.untyped_storage().nbytes()
         self.pending = None
+        self.staged: torch.Tensor | None = None
         self.state = "UNSHARDED"
 
     def synchronize(self, collectives: Collectives) -> None:
@@ -118,13 +127,19 @@ class ShardedFlatBuffer(FlatParameterBuffer):
         if self.state != "SHARDED":
             return
         self.full.untyped_storage().resize_(self.full_nbytes)
-        self.pending = collectives.all_gather_into_tensor(self.full, self.partition, async_op=asynchronous)
-        self.state = "GATHERING" if self.pending is not None else "UNSHARDED"
+        self.staged = self.stage_in(self.partition)
+        self.pending = collectives.all_gather_into_tensor(self.full, self.staged, async_op=asynchronous)
+        self.state = "GATHERING"
+        if self.pending is None:
+            self.wait()
 
     def wait(self) -> None:
         if self.state == "GATHERING":
-            self.pending.wait()
-            self.pending, self.state = None, "UNSHARDED"
+            if self.pending is not None:
+                self.pending.wait()
+            if self.staged is not self.partition:
+                free_storage(self.staged)  # the device copy of an offloaded partition
+            self.pending, self.staged, self.state = None, None, "UNSHARDED"
 
     def reshard(self) -> None:
         self.wait()

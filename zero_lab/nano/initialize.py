@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any, Callable, Optional
 
@@ -34,6 +35,8 @@ from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
 from zero_lab.nano.units import choose_units
 
+logger = logging.getLogger(__name__)
+
 STAGE_OPTIMIZERS = {optimizer.stage: optimizer
                     for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage2Optimizer, Stage3Optimizer)}
 
@@ -54,6 +57,15 @@ def _parameter_groups(model: torch.nn.Module, model_parameters: Any) -> list[dic
     for group in groups:
         group["params"] = [parameter for parameter in group["params"] if parameter.requires_grad]
     return [group for group in groups if group["params"]]
+
+
+def _placement(config: NanoConfig, device: torch.device) -> Placement:
+    """Phase 5's placement policy, from the offload sections."""
+    zero = config.zero_optimization
+    return Placement(device, offload_optimizer=zero.offload_optimizer.enabled,
+                     offload_parameters=zero.offload_param.enabled,
+                     pin_memory=(zero.offload_optimizer.enabled and zero.offload_optimizer.pin_memory)
+                     or (zero.offload_param.enabled and zero.offload_param.pin_memory))
 
 
 def _scheduler(config: NanoConfig, lr_scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
@@ -117,10 +129,15 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     units = choose_units(model, [parameter for group in groups for parameter in group["params"]],
                          nano_config.zero_optimization)
     zero_optimizer = STAGE_OPTIMIZERS[nano_config.zero_optimization.stage](
-        model, units, groups, nano_config, collectives, Placement.on(device), names)
+        model, units, groups, nano_config, collectives, _placement(nano_config, device), names)
     scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
     dataloader = _dataloader(training_data, nano_config, collate_fn)
     engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader)
+    placement = zero_optimizer.placement
+    if placement.pin_memory and not placement.pins:
+        engine.warnings.append("pin_memory is true but this machine has no CUDA, so nothing is pinned: host "
+                               "copies are synchronous")
+        logger.warning(engine.warnings[-1])
     return engine, zero_optimizer, dataloader, scheduler
 
 

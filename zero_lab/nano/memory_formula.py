@@ -35,9 +35,10 @@ CATEGORIES = (
 MOMENTS = ("forward", "backward", "step", "between_steps")
 
 
-def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, moment: str = "step",
-                      sharded: bool = False, gathered: bool = False) -> dict[str, int]:
-    """Bytes per rank for each buffer category of one flat buffer at one moment of a training step:
+def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_size: int, moment: str = "step",
+                               sharded: bool = False, gathered: bool = False, offload_optimizer: bool = False,
+                               offload_parameters: bool = False) -> dict[str, dict[str, int]]:
+    """Bytes per rank of one flat buffer at one moment, per place ("device", "host") and category:
 
     forward:       inside the first micro-step's forward: no gradient buffer yet.
     backward:      the window's backward is done. Stages 0/1 hold full-size `param.grad`
@@ -45,11 +46,14 @@ def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, m
     step:          Adam is running: every stage holds its fp32 gradient partition (full at stage 0)
                    and has released `param.grad`.
     between_steps: every gradient buffer is released; parameters, masters and states remain.
-    fp32 needs no master copy: the partition is the master. At stage 3 a `sharded` buffer keeps
-    only its partition between uses, and its whole buffer while `gathered` (the caller knows
-    which units are gathered at the moment; none are at the end of backward, in the step and
-    between steps); a buffer that is not sharded (persistent parameters) counts as at stage 2.
-    Communication buckets are excluded: they live only while a bucket is being reduced.
+    fp32 needs no master copy: the partition is the master, unless the optimizer is offloaded (the
+    master then lives on the host, the partition on the device). At stage 3 a `sharded` buffer
+    keeps only its partition between uses (on the host with `offload_parameters`), and its whole
+    buffer while `gathered` (the caller knows which units are gathered at the moment; none are at
+    the end of backward, in the step and between steps); a buffer that is not sharded (persistent
+    parameters) counts as at stage 2. With `offload_optimizer` the master, the optimizer states and
+    the gradient partition live on the host. Communication buckets are excluded: they live only
+    while a bucket is being reduced.
     """
     refused = stages.refusal(stage)
     if refused:
@@ -64,15 +68,26 @@ def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, m
     holds_full_gradients = moment == "backward" and stage in (0, 1)
     holds_gradient_partition = moment == "step" or (moment == "backward" and stage >= 2)
     sharded = sharded and stage == 3
-    return {  # Phase 2
-        "parameters": (partition if sharded else padded) * width,
-        "gathered_parameters": padded * width if sharded and gathered else 0,
-        "gradients": numel * width if holds_full_gradients else 0,
-        "fp32_master_partition": partition * FP32_BYTES if precision != "fp32" else 0,
-        "optimizer_states": partition * FP32_BYTES * ADAM_STATE_COUNT,
-        "gradient_partition": partition * FP32_BYTES if holds_gradient_partition else 0,
-        "communication_buckets": 0,
-    }
+    optimizer_place = "host" if offload_optimizer else "device"
+    parameter_place = "host" if sharded and offload_parameters else "device"
+    has_master = precision != "fp32" or optimizer_place != parameter_place
+    figures = {place: dict.fromkeys(CATEGORIES, 0) for place in ("device", "host")}  # Phase 2
+    figures[parameter_place]["parameters"] = (partition if sharded else padded) * width
+    figures["device"]["gathered_parameters"] = padded * width if sharded and gathered else 0
+    figures["device"]["gradients"] = numel * width if holds_full_gradients else 0
+    figures[optimizer_place]["fp32_master_partition"] = partition * FP32_BYTES if has_master else 0
+    figures[optimizer_place]["optimizer_states"] = partition * FP32_BYTES * ADAM_STATE_COUNT
+    figures[optimizer_place]["gradient_partition"] = partition * FP32_BYTES if holds_gradient_partition else 0
+    return figures
+
+
+def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, moment: str = "step",
+                      sharded: bool = False, gathered: bool = False, offload_optimizer: bool = False,
+                      offload_parameters: bool = False) -> dict[str, int]:
+    """`model_state_bytes_by_place`'s figures, device and host added together."""
+    places = model_state_bytes_by_place(stage, precision, numel, world_size, moment, sharded, gathered,
+                                        offload_optimizer, offload_parameters)
+    return {category: places["device"][category] + places["host"][category] for category in CATEGORIES}
 
 
 def total(figures: list[dict[str, int]]) -> dict[str, int]:

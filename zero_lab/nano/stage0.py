@@ -70,6 +70,5 @@ class Stage0Optimizer(ZeroOptimizer):
         """Every rank holds every (already reduced) gradient: its sum is the global one."""
 
     def _publish_parameters(self) -> None:
-        if not self.master_is_partition:
-            for buffer, master in zip(self.buffers, self.master_partitions):
-                buffer.partition.copy_(master)
+        for index in range(len(self.buffers)):
+            self.publish_master(index)

@@ -44,8 +44,9 @@ class Stage3Optimizer(Stage2Optimizer):
             return super()._flat_buffer(unit, parameters, group_index)
         layout = self._layout(parameters)
         full = self.placement.empty("compute", layout.padded_numel, self.dtype)
-        partition = self.placement.empty("compute", layout.partition_numel, self.dtype)
-        return ShardedFlatBuffer(parameters, layout, self.collectives, group_index, full, partition)
+        partition = self.placement.empty("partition", layout.partition_numel, self.dtype)
+        return ShardedFlatBuffer(parameters, layout, self.collectives, group_index, full, partition,
+                                 self.placement.stage_in)
 
     def _entry_of(self, index: int) -> GatheredUnit | None:
         return next((entry for entry in self.gathering.entries if self.buffers[index] in entry.buffers), None)

@@ -5,20 +5,23 @@ Construction:
              unit and group, laid out for the stage (`layout.py`) on the compute device
              (`placement.py`); each takes rank 0's values, so every rank starts equal.
     Phase 2: fp32 master partitions: in fp32 a buffer's own partition *is* the master (no copy); in
-             bf16/fp16 an fp32 copy of it, where the placement keeps optimizer tensors.
+             bf16/fp16, or with the optimizer offloaded, an fp32 copy of it in the optimizer's place.
     Phase 3: the stage's gradient collection (`GradientCollection`: when gradients are packed into
              buckets) and the bucket reducer; no gradient memory yet.
     Phase 4: Adam over the master partitions (optimizer-state partitions appear at the first step).
 Optimizer step, at each gradient-accumulation boundary:
-    Phase 1: the gradient collection completes the fp32 gradient partitions.
+    Phase 1: the gradient collection completes the fp32 gradient partitions (each reduced share
+             already landed in the optimizer's place: on the host with offload_optimizer).
     Phase 2: fp16: unscale by the loss scale.
     Phase 3: the global gradient norm (partition sums of squares, summed over ranks where ranks
              hold different partitions). It is the same number on every rank, so a non-finite
              norm (an inf or NaN gradient on any rank: an fp16 overflow, or a diverged fp32/bf16
              run) makes every rank skip the step without another collective (unless bf16's
              `check_grad_overflow` is false); then clip.
-    Phase 4: Adam on the master partitions.
-    Phase 5: the stage publishes the updated parameters (`_publish_parameters`).
+    Phase 4: Adam on the master partitions, where they live.
+    Phase 5: the stage publishes the updated parameters (`_publish_parameters`): each master is
+             copied into its partition in the parameters' dtype (from the host asynchronously when
+             pinned), then stages 1/2 all-gather.
     Phase 6: release the gradient buffers until the next window's backward.
 """
 
@@ -38,6 +41,7 @@ from zero_lab.nano.gradient_reduction import BucketReducer, optional_bytes
 from zero_lab.nano.init_partitions import numel_of
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.loss_scaler import LossScaler
+from zero_lab.nano.memory_formula import CATEGORIES
 from zero_lab.nano.placement import Placement
 from zero_lab.nano.units import Unit, split_groups_by_unit
 
@@ -96,9 +100,8 @@ class ZeroOptimizer:
             self.buffers.append(buffer)
             self.unit_of_buffer.append(unit_index)
         # Phase 2: fp32 master partitions.
-        self.master_is_partition = self.dtype == torch.float32 and placement.optimizer == placement.compute
-        self.master_partitions = [buffer.partition if self.master_is_partition
-                                  else self._copy_to_optimizer(buffer.partition) for buffer in self.buffers]
+        self.master_partitions = [placement.master_for(buffer.partition, buffer.partition_kind)
+                                  for buffer in self.buffers]
         # Phase 3: gradients.
         self.gradient_partitions: list[Optional[torch.Tensor]] = [None] * len(self.buffers)
         self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(),
@@ -123,13 +126,16 @@ class ZeroOptimizer:
         full = self.placement.empty("compute", layout.padded_numel, self.dtype)
         return FlatParameterBuffer(parameters, layout, self.collectives, group_index, full)
 
+    def publish_master(self, index: int) -> None:
+        """Buffer `index`'s master into its partition, in the parameters' dtype (none to copy when
+        the partition is its own master)."""
+        master, partition = self.master_partitions[index], self.buffers[index].partition
+        if master is not partition:
+            self.placement.copy(partition, master)
+
     def _layout(self, parameters: list[torch.nn.Parameter]) -> FlatLayout:
         return FlatLayout.for_stage(tuple(numel_of(parameter) for parameter in parameters), self.stage,
                                     self.config.precision, self.collectives.world_size)
-
-    def _copy_to_optimizer(self, partition: torch.Tensor) -> torch.Tensor:
-        master = self.placement.empty("optimizer", partition.numel(), torch.float32)
-        return master.copy_(partition)
 
     # ----- what each stage decides ---------------------------------------------------------
     def _uses_reduce_scatter(self) -> bool:
@@ -149,7 +155,7 @@ class ZeroOptimizer:
         """Buffer `index`'s fp32 gradient partition, allocated (zeroed) on first use in a window."""
         if self.gradient_partitions[index] is None:
             numel = self.buffers[index].layout.partition_numel
-            self.gradient_partitions[index] = self.placement.zeros("compute", numel, torch.float32)
+            self.gradient_partitions[index] = self.placement.zeros("optimizer", numel, torch.float32)
         return self.gradient_partitions[index]
 
     def after_backward(self, boundary: bool) -> None:
@@ -196,9 +202,9 @@ class ZeroOptimizer:
         self._release_gradients()
 
     def _global_norm(self, partitions: list[torch.Tensor]) -> float:
-        squares = torch.zeros(1, dtype=torch.float32, device=partitions[0].device)
+        squares = torch.zeros(1, dtype=torch.float32, device=self.placement.device)  # nccl sums device tensors
         for partition in partitions:
-            squares += partition.pow(2).sum()
+            squares += partition.pow(2).sum().to(squares.device)
         self._sum_over_ranks(squares)
         norm = math.sqrt(float(squares.item()))
         free_storage(squares)  # the backend's worker may still hold it
@@ -217,8 +223,9 @@ class ZeroOptimizer:
         buffer = self.buffers[index]
         self.collectives.broadcast(buffer.full, source_rank=source_rank)
         buffer.partition.copy_(buffer.partition_of(buffer.full))  # a no-op where the partition is a view
-        if not self.master_is_partition:
-            self.master_partitions[index].copy_(buffer.partition)
+        master = self.master_partitions[index]
+        if master is not buffer.partition:
+            master.copy_(buffer.partition)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._release_gradients()
@@ -236,34 +243,31 @@ class ZeroOptimizer:
     # ----- observability -------------------------------------------------------------------
     def memory_breakdown(self, by_device: bool = False) -> dict:
         """Bytes this rank holds per buffer category (see the vocabulary in zero_lab.nano) and their
-        total; with `by_device`, the same per device: {"cpu": {...}, "cuda:0": {...}}."""
-        tensors = {
-            "fp32_master_partition": [] if self.master_is_partition else self.master_partitions,
-            "optimizer_states": [tensor for state in self.adam.state.values() for tensor in state.values()
-                                 if isinstance(tensor, torch.Tensor)],
-            "gradient_partition": [partition for partition in self.gradient_partitions if partition is not None],
-        }
-        compute = str(self.placement.compute)
-        extra = {"gradients": self.gradient_collection.gradient_bytes(),
-                 "communication_buckets": self.reducer.in_flight_bytes() + self.gradient_collection.filling_bucket_bytes()}
-        devices: dict[str, dict[str, int]] = {}
-        for buffer in self.buffers:
-            place = devices.setdefault(str(buffer.partition.device), {})
-            place["parameters"] = place.get("parameters", 0) + buffer.parameter_bytes()
-            gathered = devices.setdefault(compute, {})
-            gathered["gathered_parameters"] = gathered.get("gathered_parameters", 0) + buffer.gathered_bytes()
-        for category, members in tensors.items():
-            for tensor in members:
-                place = devices.setdefault(str(tensor.device), {})
-                place[category] = place.get(category, 0) + optional_bytes(tensor)
-        for category, nbytes in extra.items():
-            devices.setdefault(compute, {})[category] = devices.setdefault(compute, {}).get(category, 0) + nbytes
-        order = ("parameters", "gathered_parameters", "gradients", "fp32_master_partition", "optimizer_states",
-                 "gradient_partition", "communication_buckets")
+        total; with `by_device`, the same per place: {"device": {...}, "host": {...}} (the host
+        holds what offload moved there; see placement.py)."""
+        places: dict[str, dict[str, int]] = {}
+
+        def add(place: str, category: str, nbytes: int) -> None:
+            figures = places.setdefault(place, dict.fromkeys(CATEGORIES, 0))
+            figures[category] += nbytes
+
+        optimizer_place = self.placement.place("optimizer")
+        for buffer, master in zip(self.buffers, self.master_partitions):
+            add(self.placement.place(buffer.partition_kind), "parameters", buffer.parameter_bytes())
+            add("device", "gathered_parameters", buffer.gathered_bytes())
+            if master is not buffer.partition:
+                add(optimizer_place, "fp32_master_partition", optional_bytes(master))
+        add(optimizer_place, "optimizer_states", self.adam.state_bytes())
+        for partition in self.gradient_partitions:
+            add(optimizer_place, "gradient_partition", optional_bytes(partition))
+        add("device", "gradients", self.gradient_collection.gradient_bytes())
+        add("device", "communication_buckets",
+            self.reducer.in_flight_bytes() + self.gradient_collection.filling_bucket_bytes())
+        for figures in places.values():
+            figures["total"] = sum(figures.values())
         if by_device:
-            return {device: {**{name: place.get(name, 0) for name in order}, "total": sum(place.values())}
-                    for device, place in devices.items()}
-        breakdown = {name: sum(place.get(name, 0) for place in devices.values()) for name in order}
+            return places
+        breakdown = {category: sum(figures[category] for figures in places.values()) for category in CATEGORIES}
         breakdown["total"] = sum(breakdown.values())
         return breakdown
 
