@@ -22,7 +22,7 @@ from zero_lab.analysis.markdown import cell_table, render_report, run_table, ver
 from zero_lab.analysis.metrics import build_comparison
 from zero_lab.cli import jobs, options, output, plan
 from zero_lab.cli.environment import environment
-from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors, parse_int_list
+from zero_lab.cli.errors import check_choice, check_not_negative, one_line_errors, parse_int_list
 from zero_lab.cli.reporting import write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
 
@@ -58,18 +58,16 @@ def compare(
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
     shared = common.launch
     jobs.check(shared, impl_list, world_sizes)
-    compare_dir = common.out / (common.name or f"compare-{rundir.timestamp()}")
-    if (compare_dir / rundir.COMPARE).exists():
-        raise BadInput(f"{compare_dir} already holds a comparison", "pick another --name or --out")
-    warmups = [
-        jobs.prepare(shared, impl, stage_list[0], world_sizes[0],
-                     compare_dir / "warmup" / rundir.cell_name(impl, stage_list[0], world_sizes[0]), steps=warmup_steps)
-        for impl in impl_list if warmup_steps
-    ]
-    cells = [
-        jobs.prepare(shared, impl, stage, world_size, compare_dir / "cells" / rundir.cell_name(impl, stage, world_size))
-        for world_size in world_sizes for stage in stage_list for impl in impl_list
-    ]
+    with plan.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
+        warmups = [
+            jobs.prepare(shared, impl, stage_list[0], world_sizes[0],
+                         compare_dir / "warmup" / rundir.cell_name(impl, stage_list[0], world_sizes[0]), steps=warmup_steps)
+            for impl in impl_list if warmup_steps
+        ]
+        cells = [
+            jobs.prepare(shared, impl, stage, world_size, compare_dir / "cells" / rundir.cell_name(impl, stage, world_size))
+            for world_size in world_sizes for stage in stage_list for impl in impl_list
+        ]
     # Phase 2
     env = environment(shared.device)
     _, interrupted = jobs.run_jobs(warmups, env) if warmups else ([], False)

@@ -2,11 +2,13 @@
 
 Everything here fails with BadInput (exit 2): a missing or malformed config, a config nano or
 official DeepSpeed would refuse, an unknown model, fp16 for official DeepSpeed on CPU, more
-processes than CUDA devices (the seed's `invalid device ordinal`).
+processes than CUDA devices (the seed's `invalid device ordinal`), an existing or unwritable
+run directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -14,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from zero_lab.analysis import launch
+from zero_lab.analysis import launch, rundir
 from zero_lab.cli.environment import cpu_cores, cuda_devices
 from zero_lab.cli.errors import BadInput, check_choice
 
@@ -151,3 +153,23 @@ def make_spec(
         extra_torchrun_args=extra_torchrun_args,
     )
 
+
+@contextlib.contextmanager
+def claimed_directory(out: Path, name: str | None, default_name: str):
+    """A new directory of the command's own under --out: out/name, which must not exist yet, or
+    out/default_name (numbered -2, -3, ... when another command took it). BadInput when it exists
+    or cannot be created; removed again when preparing the runs fails, so bad input leaves nothing."""
+    try:
+        directory = rundir.claim(out, name or default_name, numbered=name is None)
+    except FileExistsError:
+        raise BadInput(f"{out / name} already exists", "pick another --name or --out (zero-lab never "
+                       "writes into an existing directory)") from None
+    except OSError as error:
+        raise BadInput(f"cannot create a directory in --out {out} ({error.strerror}: {error.filename})",
+                       "pass a writable --out") from None
+    try:
+        yield directory
+    except BaseException:
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # empty: nothing has been written yet
+        raise

@@ -14,7 +14,7 @@ from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import run_table
 from zero_lab.cli import jobs, options, output, plan
 from zero_lab.cli.environment import environment
-from zero_lab.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, BadInput, check_choice, one_line_errors
+from zero_lab.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, check_choice, one_line_errors
 
 EXTRA_ARGS = {"allow_extra_args": True}
 FORMATS = ("table", "json")
@@ -72,10 +72,9 @@ def run(
     if stage is None:
         stage = plan.check_stage(stage_of(plan.load_config_file(config)), f"zero_optimization.stage of {config}") if config else 2
     plan.check_stage(stage, "--stage")
-    run_dir = common.out / (common.name or f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}")
-    if (run_dir / rundir.SUMMARY).exists():
-        raise BadInput(f"{run_dir} already holds a run", "pick another --name or --out")
-    job = jobs.prepare(shared, impl, stage, gpus, run_dir)
+    default_name = f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}"
+    with plan.claimed_directory(common.out, common.name, default_name) as run_dir:
+        job = jobs.prepare(shared, impl, stage, gpus, run_dir)
     summaries, interrupted = jobs.run_jobs([job], environment(shared.device))
     summary = summaries[0]
     if summary["status"] == "bad_input":
