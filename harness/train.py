@@ -148,15 +148,15 @@ def train(args, device: torch.device, config: dict, batches) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """0 after training; 2 with one `error:` line for bad input, found before or inside `train`
-    (nano rejecting a config value, Hugging Face rejecting the model or --attn-impl)."""
+    """0 after training; 2 with one `error:` line on this rank's stderr for bad input, found before
+    or inside `train` (nano rejecting a config value, Hugging Face rejecting the model or --attn-impl)."""
     try:
         train(*prepare(argv))
     except (WorkloadError, NanoConfigError) as error:
         if not isinstance(error, WorkloadError):
             error = WorkloadError.from_nano(error)
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(f"error: {error}", file=sys.stderr)
+        # Every rank says why: the first to exit ends the job, and it need not be rank 0.
+        print(f"error: {error}", file=sys.stderr)
         return 2
     finally:
         if dist.is_initialized():

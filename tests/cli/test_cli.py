@@ -71,6 +71,30 @@ def test_bad_input_is_one_line_and_exit_2(arguments, words, monkeypatch):
     assert words in one_line_error(runner.invoke(app, arguments))
 
 
+DATASETS = {
+    "empty.jsonl": ("", "holds no records"),
+    "malformed.jsonl": ('{"text": "fine"}\n{"text": oops}\n', "line 2 is not valid JSON"),
+    "no-usable-record.jsonl": ('{"text": ""}\n', "no record of"),
+    "neither-form.jsonl": ('{"prompt": "hi"}\n', "has neither 'conversations' nor a 'text' string"),
+    "a-directory": (None, "is a directory"),
+}
+
+
+@pytest.mark.parametrize("name", DATASETS)
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_a_bad_dataset_is_one_line_and_exit_2_before_anything_launches(tmp_path, monkeypatch, command, name):
+    from zero_lab.cli import launcher
+
+    content, words = DATASETS[name]
+    dataset = tmp_path / name
+    dataset.mkdir() if content is None else dataset.write_text(content)
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("bad input launched torchrun"))
+    result = runner.invoke(app, [command, "--device", "cpu", "--model", "tiny", "--steps", "1", "--dataset-path",
+                                 str(dataset), "--out", str(tmp_path / "runs")])
+    assert words in one_line_error(result) and str(dataset) in result.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "nothing is left behind"
+
+
 def test_estimate_of_an_unreadable_model_directory_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
     assert "cannot read the model config" in one_line_error(runner.invoke(app, ["estimate", "--model", str(tmp_path)]))

@@ -100,6 +100,18 @@ def test_a_failing_run_exits_3_keeps_its_logs_and_partial_results(tmp_path, monk
     assert "rank 1, exit code 7" in result.stderr
 
 
+def test_bad_input_only_rank_1_reports_is_its_one_line_and_exit_2(tmp_path, monkeypatch):
+    script = tmp_path / "rank1_refuses.py"
+    script.write_text('import os, sys, time\nif os.environ["RANK"] == "1":\n'
+                      '    print("error: injected bad input. Fix it", file=sys.stderr, flush=True)\n'
+                      '    sys.exit(2)\ntime.sleep(30)\n')
+    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
+    result = CliRunner().invoke(app, ["run", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1",
+                                      "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == "error: injected bad input. Fix it"
+
+
 def test_a_failed_cell_does_not_stop_the_others_and_compare_exits_3(tmp_path, monkeypatch):
     script = tmp_path / "failing_train.py"
     script.write_text(FAILING_SCRIPT)  # official fails on rank 1, nano finishes

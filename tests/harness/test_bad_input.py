@@ -58,6 +58,16 @@ def test_malformed_dataset(train_module, capsys, single_rank, tmp_path):
     assert "is not UTF-8" in refuse(train_module, capsys, "--dataset-path", str(latin1))
 
 
+def test_every_rank_that_refuses_its_input_says_why(train_module, capsys, monkeypatch, tmp_path):
+    """Rank 1 may be the first to exit, and torchrun then stops rank 0 before it prints."""
+    for key, value in dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2").items():
+        monkeypatch.setenv(key, value)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert "holds no records" in refuse(train_module, capsys, "--dataset-path", str(empty))
+    assert "is a directory" in refuse(train_module, capsys, "--dataset-path", str(tmp_path))
+
+
 def test_config_stage_contradicting_zero_stage(train_module, capsys, single_rank):
     err = refuse(train_module, capsys, "--deepspeed_config", str(REPO / "harness/configs/zero2.json"),
                  "--zero-stage", "1")

@@ -100,12 +100,18 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
 
 def train_arguments(spec: LaunchSpec) -> list[str]:
     """harness/train.py's own flags (the seed's names)."""
-    work = spec.workload
-    arguments = [
+    return [
         "--impl", spec.impl,
         "--deepspeed_config", str(spec.config_path),
         "--zero-stage", str(spec.stage),
         "--device", spec.device,
+        *workload_arguments(spec.workload),
+    ]
+
+
+def workload_arguments(work: Workload) -> list[str]:
+    """The harness flags that say what it trains, the same for every run of a comparison."""
+    arguments = [
         "--model-name", work.model,
         "--model-dtype", work.dtype,
         "--steps", str(work.steps),

@@ -106,9 +106,22 @@ def check_workload(workload: launch.Workload, device: str, impls: list[str]) -> 
         raise BadInput(f"--batch-size {workload.batch_size} is not a micro-batch size", "pass 1 or more")
     if workload.seq_len is not None and workload.seq_len < 2:
         raise BadInput(f"--seq-len {workload.seq_len} leaves no token to predict", "pass 2 or more")
-    if workload.dataset_path is not None and not Path(workload.dataset_path).exists():
-        raise BadInput(f"--dataset-path {workload.dataset_path} does not exist", "give a JSON or JSONL file")
     check_model(workload.model)
+    check_dataset(workload)
+
+
+def check_dataset(workload: launch.Workload) -> None:
+    """Read, tokenize and filter --dataset-path as every rank will, so that an empty file, a
+    malformed line or no usable record stops the command here, not N ranks racing to say so."""
+    if workload.dataset_path is None:
+        return
+    from zero_lab.workload.data import make_batches
+    from zero_lab.workload.models import load_tokenizer
+    from zero_lab.workload.run_config import build_parser
+
+    args = build_parser().parse_args(launch.workload_arguments(workload))
+    make_batches(load_tokenizer(args.model_name), args.seq_len, 1, 1, args.seed, args.dataset_path,
+                 args.max_samples, args.min_target_tokens)
 
 
 def check_processes(nproc: int, device: str, multi_node: launch.MultiNode) -> None:
