@@ -114,6 +114,19 @@ def test_config_nano_refuses_is_one_line_and_exit_2(tmp_path):
     assert "no_such_key" in line and str(bad) in line, "names the user's file, not the scratch copy"
 
 
+@pytest.mark.parametrize("command", [["run", "--impl", "nano"], ["run", "--impl", "official"], ["compare"],
+                                     ["config", "official"]], ids=["run-nano", "run-official", "compare", "config-official"])
+def test_a_config_value_of_the_wrong_type_is_one_line_and_exit_2(tmp_path, monkeypatch, command):
+    from zero_lab.cli import launcher
+
+    config = tmp_path / "quoted.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": "4", "zero_optimization": {"stage": 2}}))
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("bad input launched torchrun"))
+    where = [str(config)] if command[0] == "config" else ["--model", "tiny", "--config", str(config)]
+    line = one_line_error(runner.invoke(app, [*command, *where, "--device", "cpu"]))
+    assert f"{config}: config field 'train_micro_batch_size_per_gpu' is '4'" in line, line
+
+
 def test_parse_formats_map_seed_names_and_count_garbled_lines(tmp_path):
     ours, seed = tmp_path / "ours.log", tmp_path / "seed.log"
     ours.write_text(OUR_LOG)

@@ -80,6 +80,13 @@ def test_bad_config_key_is_named(train_module, capsys, single_rank, tmp_path):
     assert "zero_optimisation" in refuse(train_module, capsys, "--deepspeed_config", str(config))
 
 
+def test_config_value_of_the_wrong_type_is_named(train_module, capsys, single_rank, tmp_path):
+    config = tmp_path / "quoted.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": "1.0",
+                                  "zero_optimization": {"reduce_bucket_size": "auto"}}))
+    assert "config field 'gradient_clipping' is '1.0'" in refuse(train_module, capsys, "--deepspeed_config", str(config))
+
+
 def test_config_that_is_not_a_utf8_json_object(train_module, capsys, single_rank, tmp_path):
     listed, latin1 = tmp_path / "list.json", tmp_path / "latin1.json"
     listed.write_text("[1, 2]")
