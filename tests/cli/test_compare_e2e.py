@@ -168,5 +168,6 @@ def test_ctrl_c_marks_the_run_interrupted_keeps_its_results_and_exits_130(tmp_pa
     assert result.exit_code == 130, result.output
     assert time.monotonic() - started < 30, "workers sleeping 60 s were stopped"
     summary = json.loads((tmp_path / "runs" / "stop" / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["steps"] == 1
+    assert summary["status"] == "interrupted" and summary["steps"] == 1 and summary["interrupted_by"] == "SIGINT"
     assert (tmp_path / "runs" / "stop" / "logs" / "rank1.stdout.log").is_file()
+    assert "interrupted by SIGINT" in result.stderr and "exit code" not in result.stderr

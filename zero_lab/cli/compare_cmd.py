@@ -46,7 +46,7 @@ def compare(
     """Run nano and official DeepSpeed on the same workload and compare memory, loss and speed.
 
     Exit codes: 0 fine, 1 a gate failed (loss parity, --fail-on-regression), 2 bad input, 3 a run
-    failed, 130 interrupted. Arguments after `--` go to torchrun.
+    failed, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP. Arguments after `--` go to torchrun.
     """
     # Phase 1
     check_choice(format, "--format", FORMATS)
@@ -70,17 +70,17 @@ def compare(
         ]
     # Phase 2
     env = environment(shared.device)
-    _, interrupted = jobs.run_jobs(warmups, env) if warmups else ([], False)
-    summaries, cut_short = ([], interrupted) if interrupted else jobs.run_jobs(cells, env)
+    _, interrupted_by = jobs.run_jobs(warmups, env) if warmups else ([], None)
+    summaries, interrupted_by = ([], interrupted_by) if interrupted_by else jobs.run_jobs(cells, env)
     # Phase 3
-    comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression)
-    comparison.update(interrupted=cut_short, compare_dir=str(compare_dir), environment=env)
+    comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression, interrupted_by)
+    comparison.update(interrupted=interrupted_by is not None, compare_dir=str(compare_dir), environment=env)
     rundir.write_json(compare_dir / rundir.COMPARE, output.json_safe(comparison))
     if report is not None:
         write_report(comparison, summaries, report)
     show(comparison, summaries, format)
     report_problems(summaries)
-    raise typer.Exit(exit_code_of(summaries, cut_short) or comparison["verdict"]["exit_code"])
+    raise typer.Exit(exit_code_of(summaries, interrupted_by) or comparison["verdict"]["exit_code"])
 
 
 def show(comparison: dict, summaries: list[dict], format: str) -> None:
