@@ -28,6 +28,7 @@ installed, a model directory that does not load).
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import sys
@@ -87,7 +88,8 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     engine_module = load_engine_module(args.impl, device)
     # Named, not left to the engine: nano (like DeepSpeed) defaults to nccl whenever CUDA exists,
     # which breaks `--device cpu` on a GPU host.
-    engine_module.init_distributed(dist_backend=dist_backend(device))
+    engine_module.init_distributed(dist_backend=dist_backend(device),
+                                   timeout=datetime.timedelta(seconds=args.dist_timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
     # Phase 3: the same weights on every rank and for both impls, then the engine.

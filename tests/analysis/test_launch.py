@@ -35,6 +35,12 @@ def test_single_node_command_has_its_own_port_and_every_harness_flag():
     assert "--batch-size" not in harness and "--dataset-path" not in harness, "unset flags keep harness defaults"
 
 
+def test_the_harness_gives_up_on_a_collective_a_minute_after_the_cli_would_call_the_run_stalled():
+    harness = torchrun_command(spec(stall_timeout_s=5.0))
+    assert flag(harness, "--dist-timeout") == "65"
+    assert "--dist-timeout" not in torchrun_command(spec(stall_timeout_s=0.0)), "no watch: the harness's default"
+
+
 def test_multi_node_flags_pass_through_and_replace_the_static_port():
     node = MultiNode(nnodes="2", node_rank=1, rdzv_endpoint="head:29400", rdzv_id="job7")
     command = torchrun_command(spec(multi_node=node, extra_torchrun_args=["--max-restarts", "0"]))

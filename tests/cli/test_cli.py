@@ -47,6 +47,8 @@ def one_line_error(result):
     (["compare", "--device", "cpu", "--loss-tol", "-1e-4"], "--loss-tol -0.0001 is negative"),
     (["compare", "--device", "cpu", "--fail-on-regression", "-5"], "--fail-on-regression -5.0 is negative"),
     (["compare", "--device", "cpu", "--warmup-steps", "-1"], "--warmup-steps -1 is negative"),
+    (["run", "--device", "cpu", "--stall-timeout", "-1"], "--stall-timeout -1.0 is negative"),
+    (["compare", "--device", "cpu", "--stall-timeout", "-5"], "--stall-timeout -5.0 is negative"),
     (["report", "nowhere", "--loss-tol", "-1"], "--loss-tol -1.0 is negative"),
     (["parse", "missing.log"], "missing.log does not exist"),
     (["parse", str(REPO / "docs")], "docs is a directory"),

@@ -153,13 +153,13 @@ def test_ctrl_c_marks_the_run_interrupted_keeps_its_results_and_exits_130(tmp_pa
     monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
     real_stream = launcher.stream
 
-    def stream_then_ctrl_c(process, console_log, progress, task):
+    def stream_then_ctrl_c(process, console_log, progress, task, on_step):
         with open(console_log, "w") as sink:
             for line in process.stdout:
                 sink.write(line)
                 if "[opt_step 1]" in line:
                     raise KeyboardInterrupt  # what Python raises on SIGINT in the main thread
-        real_stream(process, console_log, progress, task)
+        real_stream(process, console_log, progress, task, on_step)
 
     monkeypatch.setattr(launcher, "stream", stream_then_ctrl_c)
     started = time.monotonic()

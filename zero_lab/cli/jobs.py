@@ -29,13 +29,15 @@ class Job:
 
 @dataclass
 class Launch:
-    """What every job of one command shares (config_path None: the harness's per-stage default)."""
+    """What every job of one command shares (config_path None: the harness's per-stage default;
+    stall_timeout_s 0: no stall watch)."""
 
     config_path: Path | None
     device: str
     workload: launch.Workload
     multi_node: launch.MultiNode
     extra_torchrun_args: list[str]
+    stall_timeout_s: float = 0.0
 
 
 def check(shared: Launch, impls: list[str], world_sizes: list[int]) -> None:
@@ -51,7 +53,7 @@ def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, st
     source = shared.config_path or plan.default_config_path(stage)
     staged = plan.config_for_stage(plan.load_config_file(source), stage)
     spec = plan.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
-                          shared.extra_torchrun_args, steps=steps)
+                          shared.extra_torchrun_args, steps=steps, stall_timeout_s=shared.stall_timeout_s)
     config = plan.received_config(staged, spec, source)
     official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     label = f"{impl} w{nproc} s{stage}" + (" (warm-up)" if steps is not None else "")

@@ -150,6 +150,7 @@ def make_spec(
     multi_node: launch.MultiNode,
     extra_torchrun_args: list[str],
     steps: int | None = None,
+    stall_timeout_s: float = 0.0,
 ) -> launch.LaunchSpec:
     """One launch (its port is picked at launch time, by the launcher); steps overrides the workload's (for warm-ups)."""
     if steps is not None:
@@ -164,6 +165,7 @@ def make_spec(
         log_dir=run_dir / "torchrun-logs",
         multi_node=multi_node,
         extra_torchrun_args=extra_torchrun_args,
+        stall_timeout_s=stall_timeout_s,
     )
 
 

@@ -46,6 +46,9 @@ def report_problems(summaries: list[dict]) -> None:
         elif summary["status"] == "interrupted":
             output.stderr.print(f"{where}: interrupted by {summary.get('interrupted_by') or 'SIGINT'}; logs in "
                                 f"{summary['run_dir']}", markup=False, highlight=False)
+        elif summary["status"] == "stalled":
+            output.stderr.print(f"{where}: {summary['error']}; logs in {summary['run_dir']}", markup=False,
+                                highlight=False)
         elif summary["status"] != "ok":
             output.stderr.print(
                 f"{where}: {summary['status']} (rank {summary.get('failed_rank')}, exit code "

@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="accepted for the seed's commands: models are always read from local files only")
     add("--trust-remote-code", action="store_true", help="allow a local model's own code")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda if available")
+    add("--dist-timeout", type=float, default=1800.0,
+        help="seconds a collective may wait for the other ranks before this rank gives up "
+             "(the process group's timeout; default torch's 30 min)")
     # DeepSpeed's launcher passes these; accepted and ignored (torchrun's env is what counts).
     add("--deepspeed", action="store_true", help=argparse.SUPPRESS)
     add("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -160,6 +163,8 @@ def check_launch(args: argparse.Namespace, world_size: int, local_world_size: in
     """Phases 2-4: (device, nano config) of a run, or a WorkloadError naming the bad input."""
     if args.steps < 1 or args.seq_len < 2:
         raise WorkloadError("--steps must be >= 1 and --seq-len >= 2", "Raise them")
+    if not args.dist_timeout > 0:
+        raise WorkloadError(f"--dist-timeout {args.dist_timeout:g} is not a time to wait", "Give seconds, more than 0")
     check_model_name(args.model_name)
     device = resolve_device(args.device, local_world_size)
     config = build_config(args, world_size)
