@@ -169,6 +169,30 @@ def test_report_writes_markdown_plots_and_github_step_summary(tmp_path, monkeypa
     assert step_summary.read_text().startswith(text)
 
 
+@pytest.mark.parametrize("damage, words", [
+    (lambda path: path.write_text(path.read_text()[:40]), "is not valid JSON"),
+    (lambda path: path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe binary"), "is not UTF-8 text"),
+    (lambda path: path.write_text("[]"), "is not a run's summary (no world_size, stage, impl, status)"),
+], ids=["cut off", "binary", "not a summary"])
+def test_report_on_a_damaged_summary_is_one_line_naming_the_file(tmp_path, damage, words):
+    fake_run(tmp_path / "compare" / "cells" / "w2-s2-nano", "nano", 110.0)
+    fake_run(tmp_path / "compare" / "cells" / "w2-s2-official", "official", 100.0)
+    damaged = tmp_path / "compare" / "cells" / "w2-s2-official" / "summary.json"
+    damage(damaged)
+    line = one_line_error(runner.invoke(app, ["report", str(tmp_path / "compare"), "--out", str(tmp_path / "r.md")]))
+    assert line.startswith(f"error: {damaged} {words}"), line
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_parse_of_a_file_without_log_lines_says_so(tmp_path):
+    binary, ours = tmp_path / "model.bin", tmp_path / "ours.log"
+    binary.write_bytes(bytes(range(256)) * 16)
+    ours.write_text(OUR_LOG)
+    for format in ("table", "csv", "json"):
+        result = runner.invoke(app, ["parse", str(ours), str(binary), "--format", format])
+        assert f"no log lines found in {binary}" in one_line_error(result) and result.stdout == ""
+
+
 def test_estimate_json_for_a_preset_counts_parameters():
     result = runner.invoke(app, ["estimate", "--model", "tiny", "--gpus", "1,2", "--stages", "1,2", "--dtype", "float32",
                                  "--format", "json"])
