@@ -108,6 +108,13 @@ def process_group_timeout_s(stall_timeout_s: float) -> float | None:
     return stall_timeout_s + 60 if stall_timeout_s > 0 else None
 
 
+def watched_stall_timeout_s(spec: LaunchSpec) -> float:
+    """The stall timeout the CLI enforces itself (0: none). Only global rank 0 prints `[opt_step]`,
+    and on several nodes which node holds it is settled at rendezvous, so there the harness's
+    process-group timeout alone ends a hung collective."""
+    return 0.0 if spec.multi_node.enabled else spec.stall_timeout_s
+
+
 def train_arguments(spec: LaunchSpec) -> list[str]:
     """harness/train.py's own flags (the seed's names)."""
     arguments = [

@@ -120,7 +120,7 @@ def execute(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
         start_new_session=True, env=child_env,
     )
-    watch = StallWatch(process, spec.stall_timeout_s, spec.workload.steps, stop_process_tree)
+    watch = StallWatch(process, launch.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
     interrupt = None
     try:
         with watch:
