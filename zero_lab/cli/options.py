@@ -39,7 +39,7 @@ NodeRank = Annotated[Optional[int], typer.Option(help="torchrun --node-rank.", r
 RdzvEndpoint = Annotated[Optional[str], typer.Option(help="torchrun --rdzv-endpoint host:port (multi-node).", rich_help_panel=LAUNCH)]
 RdzvId = Annotated[Optional[str], typer.Option(help="torchrun --rdzv-id.", rich_help_panel=LAUNCH)]
 StallTimeout = Annotated[float, typer.Option(
-    help="Stop a run and exit 3 when no [opt_step] line comes for this long, start-up included (0: never).",
+    help="Stop a run and exit 3 when no \\[opt_step] line comes for this long, start-up included (0: never).",
     metavar="SECONDS", rich_help_panel=LAUNCH)]
 
 DEFAULT_MODEL = "small"  # ~24M parameters: memory differences show, 4 runs x 20 steps fit in ~5 min on 2 cores
