@@ -82,7 +82,9 @@ def run(
     default_name = f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}"
     with plan.claimed_directory(common.out, common.name, default_name) as run_dir:
         job = jobs.prepare(shared, impl, stage, gpus, run_dir)
-    summaries, interrupted = jobs.run_jobs([job], environment(shared.device))
+    summaries, interrupted_by = jobs.run_jobs([job], environment(shared.device))
+    if not summaries:  # interrupted before torchrun started
+        raise typer.Exit(exit_code_of(summaries, interrupted_by))
     summary = summaries[0]
     if summary["status"] == "bad_input":
         pass  # the harness's one line below says it all
@@ -91,4 +93,4 @@ def run(
     else:
         output.print_table(*run_table(summaries), title=f"{run_dir}")
     report_problems(summaries)
-    raise typer.Exit(exit_code_of(summaries, interrupted) or 0)
+    raise typer.Exit(exit_code_of(summaries, interrupted_by) or 0)
