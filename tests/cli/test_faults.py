@@ -98,9 +98,16 @@ def test_a_stop_signal_ends_every_process_keeps_the_logs_and_marks_the_run_inter
         assert [row["impl"] for row in comparison["rows"]] == ["nano"], "official's cell never started"
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A shell starts background jobs (a test run with `&`) with SIGINT ignored, and a child
+    inherits that; a command started in a terminal has it at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_the_command_starts_is_exit_130_without_a_traceback(tmp_path):
     cli = subprocess.Popen([ZERO_LAB, "run", *WORKLOAD, "--out", str(tmp_path / "runs")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=sigint_as_in_a_terminal)
     time.sleep(1.0)  # importing the CLI alone takes seconds (torch)
     cli.send_signal(signal.SIGINT)
     stdout, stderr = cli.communicate(timeout=60)
