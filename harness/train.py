@@ -28,6 +28,7 @@ installed, a model directory that does not load).
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import sys
@@ -87,7 +88,8 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     engine_module = load_engine_module(args.impl, device)
     # Named, not left to the engine: nano (like DeepSpeed) defaults to nccl whenever CUDA exists,
     # which breaks `--device cpu` on a GPU host.
-    engine_module.init_distributed(dist_backend=dist_backend(device))
+    engine_module.init_distributed(dist_backend=dist_backend(device),
+                                   timeout=datetime.timedelta(seconds=args.dist_timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
     # Phase 3: the same weights on every rank and for both impls, then the engine.
@@ -148,15 +150,15 @@ def train(args, device: torch.device, config: dict, batches) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """0 after training; 2 with one `error:` line for bad input, found before or inside `train`
-    (nano rejecting a config value, Hugging Face rejecting the model or --attn-impl)."""
+    """0 after training; 2 with one `error:` line on this rank's stderr for bad input, found before
+    or inside `train` (nano rejecting a config value, Hugging Face rejecting the model or --attn-impl)."""
     try:
         train(*prepare(argv))
     except (WorkloadError, NanoConfigError) as error:
         if not isinstance(error, WorkloadError):
             error = WorkloadError.from_nano(error)
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(f"error: {error}", file=sys.stderr)
+        # Every rank says why: the first to exit ends the job, and it need not be rank 0.
+        print(f"error: {error}", file=sys.stderr)
         return 2
     finally:
         if dist.is_initialized():

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from zero_lab.analysis.launch import (
     TRAIN_SCRIPT, LaunchSpec, MultiNode, Workload, free_port, launch_environment, threads_per_process,
-    torchrun_command,
+    torchrun_command, watched_stall_timeout_s,
 )
 
 
@@ -33,6 +33,20 @@ def test_single_node_command_has_its_own_port_and_every_harness_flag():
     assert flag(harness, "--steps") == "5" and flag(harness, "--seq-len") == "64"
     assert flag(harness, "--model-name") == "tiny" and flag(harness, "--model-dtype") == "float32"
     assert "--batch-size" not in harness and "--dataset-path" not in harness, "unset flags keep harness defaults"
+
+
+def test_the_harness_gives_up_on_a_collective_a_minute_after_the_cli_would_call_the_run_stalled():
+    harness = torchrun_command(spec(stall_timeout_s=5.0))
+    assert flag(harness, "--dist-timeout") == "65"
+    assert "--dist-timeout" not in torchrun_command(spec(stall_timeout_s=0.0)), "no watch: the harness's default"
+
+
+def test_on_several_nodes_only_the_process_group_timeout_watches():
+    """Only the node that holds global rank 0 sees [opt_step] lines, and rendezvous decides which."""
+    node = MultiNode(nnodes="2", node_rank=0, rdzv_endpoint="head:29400")
+    assert watched_stall_timeout_s(spec(stall_timeout_s=30.0)) == 30.0
+    assert watched_stall_timeout_s(spec(stall_timeout_s=30.0, multi_node=node)) == 0.0
+    assert flag(torchrun_command(spec(stall_timeout_s=30.0, multi_node=node)), "--dist-timeout") == "90"
 
 
 def test_multi_node_flags_pass_through_and_replace_the_static_port():

@@ -62,6 +62,21 @@ def test_verdict_exit_codes():
     assert verdict([ok, failed], [unequal], 1e-4, None)["exit_code"] == 3, "a failed run outranks a gate"
 
 
+def test_an_interrupted_verdict_says_so_with_the_exit_code_the_command_ends_with():
+    from zero_lab.analysis.markdown import verdict_lines
+
+    ok, failed = summary("nano"), summary("official", stage=1, status="failed")
+    cut = summary("official", status="interrupted", losses=(5.0,), interrupted_by="SIGTERM")
+    by_row = verdict([ok, failed, cut], [], 1e-4, None)
+    assert (by_row["exit_code"], by_row["interrupted_by"], by_row["ok"]) == (143, "SIGTERM", False)
+    assert by_row["failed_runs"] == ["world_size=2 stage=1 impl=official: failed"], "interrupted is not failed"
+    assert verdict_lines(by_row)[0].startswith("**Verdict: INTERRUPTED (SIGTERM)**")
+    between_runs = build_comparison([ok], ["nano", "official"], interrupted_by="SIGHUP")["verdict"]
+    assert (between_runs["exit_code"], between_runs["interrupted_by"]) == (129, "SIGHUP")
+    ctrl_c = summary("nano", status="interrupted")  # a summary.json written before interrupted_by existed
+    assert verdict([ctrl_c], [], 1e-4, None)["exit_code"] == 130
+
+
 def test_build_comparison_orders_rows_and_pairs_cells():
     summaries = [summary("official", stage=2), summary("nano", stage=2), summary("official", stage=1),
                  summary("nano", stage=1), summary("nano", stage=3, status="failed", losses=())]

@@ -47,6 +47,8 @@ def one_line_error(result):
     (["compare", "--device", "cpu", "--loss-tol", "-1e-4"], "--loss-tol -0.0001 is negative"),
     (["compare", "--device", "cpu", "--fail-on-regression", "-5"], "--fail-on-regression -5.0 is negative"),
     (["compare", "--device", "cpu", "--warmup-steps", "-1"], "--warmup-steps -1 is negative"),
+    (["run", "--device", "cpu", "--stall-timeout", "-1"], "--stall-timeout -1.0 is negative"),
+    (["compare", "--device", "cpu", "--stall-timeout", "-5"], "--stall-timeout -5.0 is negative"),
     (["report", "nowhere", "--loss-tol", "-1"], "--loss-tol -1.0 is negative"),
     (["parse", "missing.log"], "missing.log does not exist"),
     (["parse", str(REPO / "docs")], "docs is a directory"),
@@ -71,6 +73,30 @@ def test_bad_input_is_one_line_and_exit_2(arguments, words, monkeypatch):
     assert words in one_line_error(runner.invoke(app, arguments))
 
 
+DATASETS = {
+    "empty.jsonl": ("", "holds no records"),
+    "malformed.jsonl": ('{"text": "fine"}\n{"text": oops}\n', "line 2 is not valid JSON"),
+    "no-usable-record.jsonl": ('{"text": ""}\n', "no record of"),
+    "neither-form.jsonl": ('{"prompt": "hi"}\n', "has neither 'conversations' nor a 'text' string"),
+    "a-directory": (None, "is a directory"),
+}
+
+
+@pytest.mark.parametrize("name", DATASETS)
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_a_bad_dataset_is_one_line_and_exit_2_before_anything_launches(tmp_path, monkeypatch, command, name):
+    from zero_lab.cli import launcher
+
+    content, words = DATASETS[name]
+    dataset = tmp_path / name
+    dataset.mkdir() if content is None else dataset.write_text(content)
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("bad input launched torchrun"))
+    result = runner.invoke(app, [command, "--device", "cpu", "--model", "tiny", "--steps", "1", "--dataset-path",
+                                 str(dataset), "--out", str(tmp_path / "runs")])
+    assert words in one_line_error(result) and str(dataset) in result.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "nothing is left behind"
+
+
 def test_estimate_of_an_unreadable_model_directory_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
     assert "cannot read the model config" in one_line_error(runner.invoke(app, ["estimate", "--model", str(tmp_path)]))
@@ -88,6 +114,19 @@ def test_config_nano_refuses_is_one_line_and_exit_2(tmp_path):
     bad.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "no_such_key": 1}}))
     line = one_line_error(runner.invoke(app, ["compare", "--device", "cpu", "--config", str(bad)]))
     assert "no_such_key" in line and str(bad) in line, "names the user's file, not the scratch copy"
+
+
+@pytest.mark.parametrize("command", [["run", "--impl", "nano"], ["run", "--impl", "official"], ["compare"],
+                                     ["config", "official"]], ids=["run-nano", "run-official", "compare", "config-official"])
+def test_a_config_value_of_the_wrong_type_is_one_line_and_exit_2(tmp_path, monkeypatch, command):
+    from zero_lab.cli import launcher
+
+    config = tmp_path / "quoted.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": "4", "zero_optimization": {"stage": 2}}))
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("bad input launched torchrun"))
+    where = [str(config)] if command[0] == "config" else ["--model", "tiny", "--config", str(config)]
+    line = one_line_error(runner.invoke(app, [*command, *where, "--device", "cpu"]))
+    assert f"{config}: config field 'train_micro_batch_size_per_gpu' is '4'" in line, line
 
 
 def test_parse_formats_map_seed_names_and_count_garbled_lines(tmp_path):
@@ -128,6 +167,30 @@ def test_report_writes_markdown_plots_and_github_step_summary(tmp_path, monkeypa
     assert "| alloc MB | 110.0 | 100.0 | +10.0 | +10.00 |" in text and "999" not in text, "warm-ups are left out"
     assert (out.parent / "demo-loss.png").stat().st_size > 0 and (out.parent / "demo-memory.png").stat().st_size > 0
     assert step_summary.read_text().startswith(text)
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda path: path.write_text(path.read_text()[:40]), "is not valid JSON"),
+    (lambda path: path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe binary"), "is not UTF-8 text"),
+    (lambda path: path.write_text("[]"), "is not a run's summary (no world_size, stage, impl, status)"),
+], ids=["cut off", "binary", "not a summary"])
+def test_report_on_a_damaged_summary_is_one_line_naming_the_file(tmp_path, damage, words):
+    fake_run(tmp_path / "compare" / "cells" / "w2-s2-nano", "nano", 110.0)
+    fake_run(tmp_path / "compare" / "cells" / "w2-s2-official", "official", 100.0)
+    damaged = tmp_path / "compare" / "cells" / "w2-s2-official" / "summary.json"
+    damage(damaged)
+    line = one_line_error(runner.invoke(app, ["report", str(tmp_path / "compare"), "--out", str(tmp_path / "r.md")]))
+    assert line.startswith(f"error: {damaged} {words}"), line
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_parse_of_a_file_without_log_lines_says_so(tmp_path):
+    binary, ours = tmp_path / "model.bin", tmp_path / "ours.log"
+    binary.write_bytes(bytes(range(256)) * 16)
+    ours.write_text(OUR_LOG)
+    for format in ("table", "csv", "json"):
+        result = runner.invoke(app, ["parse", str(ours), str(binary), "--format", format])
+        assert f"no log lines found in {binary}" in one_line_error(result) and result.stdout == ""
 
 
 def test_estimate_json_for_a_preset_counts_parameters():

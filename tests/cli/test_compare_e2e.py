@@ -100,6 +100,18 @@ def test_a_failing_run_exits_3_keeps_its_logs_and_partial_results(tmp_path, monk
     assert "rank 1, exit code 7" in result.stderr
 
 
+def test_bad_input_only_rank_1_reports_is_its_one_line_and_exit_2(tmp_path, monkeypatch):
+    script = tmp_path / "rank1_refuses.py"
+    script.write_text('import os, sys, time\nif os.environ["RANK"] == "1":\n'
+                      '    print("error: injected bad input. Fix it", file=sys.stderr, flush=True)\n'
+                      '    sys.exit(2)\ntime.sleep(30)\n')
+    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
+    result = CliRunner().invoke(app, ["run", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1",
+                                      "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == "error: injected bad input. Fix it"
+
+
 def test_a_failed_cell_does_not_stop_the_others_and_compare_exits_3(tmp_path, monkeypatch):
     script = tmp_path / "failing_train.py"
     script.write_text(FAILING_SCRIPT)  # official fails on rank 1, nano finishes
@@ -141,13 +153,13 @@ def test_ctrl_c_marks_the_run_interrupted_keeps_its_results_and_exits_130(tmp_pa
     monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
     real_stream = launcher.stream
 
-    def stream_then_ctrl_c(process, console_log, progress, task):
+    def stream_then_ctrl_c(process, console_log, progress, task, on_step):
         with open(console_log, "w") as sink:
             for line in process.stdout:
                 sink.write(line)
                 if "[opt_step 1]" in line:
                     raise KeyboardInterrupt  # what Python raises on SIGINT in the main thread
-        real_stream(process, console_log, progress, task)
+        real_stream(process, console_log, progress, task, on_step)
 
     monkeypatch.setattr(launcher, "stream", stream_then_ctrl_c)
     started = time.monotonic()
@@ -156,5 +168,6 @@ def test_ctrl_c_marks_the_run_interrupted_keeps_its_results_and_exits_130(tmp_pa
     assert result.exit_code == 130, result.output
     assert time.monotonic() - started < 30, "workers sleeping 60 s were stopped"
     summary = json.loads((tmp_path / "runs" / "stop" / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["steps"] == 1
+    assert summary["status"] == "interrupted" and summary["steps"] == 1 and summary["interrupted_by"] == "SIGINT"
     assert (tmp_path / "runs" / "stop" / "logs" / "rank1.stdout.log").is_file()
+    assert "interrupted by SIGINT" in result.stderr and "exit code" not in result.stderr

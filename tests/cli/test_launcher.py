@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from zero_lab.analysis import launch
 from zero_lab.cli import jobs, launcher
 from zero_lab.cli.environment import environment
@@ -26,3 +28,20 @@ def test_the_port_is_picked_at_launch_time_not_at_prepare_time(tmp_path, monkeyp
     launcher.execute(job.spec, job.run_dir, job.config, None, env, job.label)
     assert events == ["free_port", "29777"], "the port is asked for, then torchrun starts with it"
     assert "--master-port 29777" in (tmp_path / "run" / "command.txt").read_text()
+
+
+def test_a_stop_signal_before_torchrun_starts_ends_the_run_with_its_exit_code(tmp_path, monkeypatch):
+    import signal
+
+    from typer.testing import CliRunner
+
+    from zero_lab.cli import signals
+    from zero_lab.cli.app import app
+
+    def sigterm_now():
+        raise signals.Stopped(signal.SIGTERM)  # what the handler raises in the main thread
+
+    monkeypatch.setattr(launch, "free_port", sigterm_now)  # the last step before torchrun starts
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("torchrun started"))
+    result = CliRunner().invoke(app, ["run", "--device", "cpu", "--model", "tiny", "--out", str(tmp_path)])
+    assert result.exit_code == 143 and "Traceback" not in result.output, result.output

@@ -58,6 +58,16 @@ def test_malformed_dataset(train_module, capsys, single_rank, tmp_path):
     assert "is not UTF-8" in refuse(train_module, capsys, "--dataset-path", str(latin1))
 
 
+def test_every_rank_that_refuses_its_input_says_why(train_module, capsys, monkeypatch, tmp_path):
+    """Rank 1 may be the first to exit, and torchrun then stops rank 0 before it prints."""
+    for key, value in dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2").items():
+        monkeypatch.setenv(key, value)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert "holds no records" in refuse(train_module, capsys, "--dataset-path", str(empty))
+    assert "is a directory" in refuse(train_module, capsys, "--dataset-path", str(tmp_path))
+
+
 def test_config_stage_contradicting_zero_stage(train_module, capsys, single_rank):
     err = refuse(train_module, capsys, "--deepspeed_config", str(REPO / "harness/configs/zero2.json"),
                  "--zero-stage", "1")
@@ -68,6 +78,13 @@ def test_bad_config_key_is_named(train_module, capsys, single_rank, tmp_path):
     config = tmp_path / "typo.json"
     config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimisation": {}}))
     assert "zero_optimisation" in refuse(train_module, capsys, "--deepspeed_config", str(config))
+
+
+def test_config_value_of_the_wrong_type_is_named(train_module, capsys, single_rank, tmp_path):
+    config = tmp_path / "quoted.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": "1.0",
+                                  "zero_optimization": {"reduce_bucket_size": "auto"}}))
+    assert "config field 'gradient_clipping' is '1.0'" in refuse(train_module, capsys, "--deepspeed_config", str(config))
 
 
 def test_config_that_is_not_a_utf8_json_object(train_module, capsys, single_rank, tmp_path):

@@ -57,6 +57,20 @@ def test_device_cpu_uses_gloo_on_a_host_with_cuda(train_module, one_process, mon
     assert len(steps) == 2 and all(math.isfinite(fields["loss"]) for fields in steps)
 
 
+def test_dist_timeout_is_the_process_groups_timeout(train_module, one_process, monkeypatch):
+    import datetime
+
+    import zero_lab.nano as nano
+
+    given = []
+    engine_module = SimpleNamespace(
+        init_distributed=lambda **kwargs: given.append(kwargs) or nano.init_distributed(**kwargs),
+        initialize=nano.initialize)
+    monkeypatch.setattr(train_module, "load_engine_module", lambda impl, device: engine_module)
+    assert train_module.main(["--dist-timeout", "65", *TINY_RUN]) == 0
+    assert given[0]["timeout"] == datetime.timedelta(seconds=65)
+
+
 def refuse(train_module, capsys, *argv: str) -> str:
     assert train_module.main(list(argv)) == 2
     captured = capsys.readouterr()
@@ -73,6 +87,10 @@ def test_config_value_nano_rejects_in_initialize(train_module, one_process, caps
     path.write_text(json.dumps(config))
     err = refuse(train_module, capsys, "--deepspeed_config", str(path), *TINY_RUN)
     assert "warmup_num_steps must be a positive integer" in err
+
+
+def test_a_dist_timeout_that_is_no_time_to_wait(train_module, one_process, capsys):
+    assert "--dist-timeout 0 is not a time to wait" in refuse(train_module, capsys, "--dist-timeout", "0", *TINY_RUN)
 
 
 def test_attention_implementation_that_does_not_exist(train_module, one_process, capsys):

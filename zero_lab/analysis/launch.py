@@ -63,6 +63,7 @@ class LaunchSpec:
     multi_node: MultiNode = field(default_factory=MultiNode)
     extra_torchrun_args: list[str] = field(default_factory=list)
     python: str = sys.executable
+    stall_timeout_s: float = 0.0  # the CLI stops the run after this long without a step (0: never)
 
 
 def free_port() -> int:
@@ -98,14 +99,38 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
     return command
 
 
+def process_group_timeout_s(stall_timeout_s: float) -> float | None:
+    """The harness's process-group timeout for a stall timeout (None: the harness's default).
+
+    Longer by a minute, so that the CLI, which sees every rank, reports a stall first; a rank
+    still gives up on a collective by itself where no CLI watches (a hand-made launch, a node
+    whose CLI was killed)."""
+    return stall_timeout_s + 60 if stall_timeout_s > 0 else None
+
+
+def watched_stall_timeout_s(spec: LaunchSpec) -> float:
+    """The stall timeout the CLI enforces itself (0: none). Only global rank 0 prints `[opt_step]`,
+    and on several nodes which node holds it is settled at rendezvous, so there the harness's
+    process-group timeout alone ends a hung collective."""
+    return 0.0 if spec.multi_node.enabled else spec.stall_timeout_s
+
+
 def train_arguments(spec: LaunchSpec) -> list[str]:
     """harness/train.py's own flags (the seed's names)."""
-    work = spec.workload
     arguments = [
         "--impl", spec.impl,
         "--deepspeed_config", str(spec.config_path),
         "--zero-stage", str(spec.stage),
         "--device", spec.device,
+        *workload_arguments(spec.workload),
+    ]
+    timeout_s = process_group_timeout_s(spec.stall_timeout_s)
+    return arguments + (["--dist-timeout", f"{timeout_s:g}"] if timeout_s is not None else [])
+
+
+def workload_arguments(work: Workload) -> list[str]:
+    """The harness flags that say what it trains, the same for every run of a comparison."""
+    arguments = [
         "--model-name", work.model,
         "--model-dtype", work.dtype,
         "--steps", str(work.steps),

@@ -55,6 +55,10 @@ class ParsedLog:
     def losses(self) -> dict[int, float]:
         return {int(row["step"]): float(row["loss"]) for row in self.steps if "loss" in row}
 
+    def found_nothing(self) -> bool:
+        """Not one tagged line, not even a garbled one: not a training log at all."""
+        return not (self.zero or self.model or self.steps or self.comm or self.warnings or self.skipped_lines)
+
 
 def parse_value(text: str) -> object:
     """A float when the text is a number (nan and inf included), else the text itself."""

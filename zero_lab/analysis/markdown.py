@@ -82,7 +82,10 @@ def markdown_table(headers: list[str], body: list[list[str]]) -> str:
 
 
 def verdict_lines(verdict: dict) -> list[str]:
-    status = "PASS" if verdict["ok"] else ("RUN FAILED" if verdict["exit_code"] == 3 else "GATE FAILED")
+    if verdict.get("interrupted_by"):
+        status = f"INTERRUPTED ({verdict['interrupted_by']})"
+    else:
+        status = "PASS" if verdict["ok"] else ("RUN FAILED" if verdict["exit_code"] == 3 else "GATE FAILED")
     parity = {True: "yes", False: "NO", None: "n/a (one impl)"}[verdict["loss_parity"]]
     lines = [f"**Verdict: {status}** - loss parity: {parity} (tolerance {verdict['loss_tol']:g})"]
     if verdict.get("fail_on_regression_pct") is not None:

@@ -7,12 +7,14 @@ Phase 1: `summarize_run` reduces a run's `[opt_step]` rows to one row (memory: m
          since each step already reports the max over ranks; step time: median without step 1,
          which carries one-time start-up work).
 Phase 2: `cell_delta` compares two rows of one cell, step by step for the loss.
-Phase 3: `verdict` applies the gates: loss parity per cell and the memory regression threshold.
+Phase 3: `verdict` applies the gates: loss parity per cell and the memory regression threshold;
+         an interrupted comparison's verdict says so, with the exit code the command ends with.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import statistics
 
 from zero_lab.analysis.logparse import MEMORY_FIELDS, ParsedLog
@@ -123,14 +125,26 @@ def memory_regressions(delta: dict, threshold_pct: float) -> list[str]:
     ]
 
 
+def interrupted_exit_code(signal_name: str) -> int:
+    """128 + the signal's number, as a shell reports a process it ended: SIGINT 130, SIGTERM 143, SIGHUP 129."""
+    return 128 + signal.Signals[signal_name].value
+
+
 def verdict(
-    rows: list[dict], deltas: list[dict], loss_tol: float, fail_on_regression: float | None
+    rows: list[dict],
+    deltas: list[dict],
+    loss_tol: float,
+    fail_on_regression: float | None,
+    interrupted_by: str | None = None,
 ) -> dict[str, object]:
-    """The gates, and the exit code they imply: 3 a run failed, 1 a gate failed, 0 fine."""
+    """The gates, and the exit code they imply: 3 a run failed, 1 a gate failed, 0 fine; an
+    interruption (interrupted_by, else a row's) overrides them all with 128 + the signal number."""
+    interrupted_by = interrupted_by or next(
+        (row.get("interrupted_by") or "SIGINT" for row in rows if row["status"] == "interrupted"), None)
     failed_runs = [
         f"world_size={row['world_size']} stage={row['stage']} impl={row['impl']}: {row['status']}"
         for row in rows
-        if row["status"] != "ok"
+        if row["status"] not in ("ok", "interrupted")
     ]
     parity_failures = [
         f"world_size={d['world_size']} stage={d['stage']}: max step loss delta "
@@ -146,7 +160,9 @@ def verdict(
                     f"world_size={d['world_size']} stage={d['stage']}: {name} "
                     f"{d[f'{name}_delta_pct']:+.2f}% > {fail_on_regression}%"
                 )
-    if failed_runs:
+    if interrupted_by:
+        exit_code = interrupted_exit_code(interrupted_by)
+    elif failed_runs:
         exit_code = 3
     elif parity_failures or regressions:
         exit_code = 1
@@ -155,6 +171,7 @@ def verdict(
     return {
         "ok": exit_code == 0,
         "exit_code": exit_code,
+        "interrupted_by": interrupted_by,
         "loss_parity": (not parity_failures) if deltas else None,
         "loss_tol": loss_tol,
         "fail_on_regression_pct": fail_on_regression,
@@ -176,10 +193,12 @@ def build_comparison(
     impl_order: list[str],
     loss_tol: float | None = None,
     fail_on_regression: float | None = None,
+    interrupted_by: str | None = None,
 ) -> dict[str, object]:
     """rows, deltas and verdict from run summaries (each a row plus its per-step `losses`).
 
     The first impl of impl_order present in a cell is the candidate, the second the baseline.
+    interrupted_by: the signal that cut the comparison short, if one did.
     """
     rank = {impl: index for index, impl in enumerate(impl_order)}
     ordered = sorted(
@@ -201,7 +220,7 @@ def build_comparison(
     return {
         "rows": rows,
         "deltas": deltas,
-        "verdict": verdict(rows, deltas, tolerance, fail_on_regression),
+        "verdict": verdict(rows, deltas, tolerance, fail_on_regression, interrupted_by),
     }
 
 

@@ -11,12 +11,18 @@
         env.json           versions, device, CPU/GPU model
 
     runs/<compare-id>/compare.json, and one run directory per cell under runs/<compare-id>/cells/.
+
+A run or comparison gets its directory from `claim`, which creates it and fails if it exists, so
+two commands started in the same second can never share one.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import itertools
 import json
+import os
 import re
 import shutil
 from datetime import datetime
@@ -34,6 +40,28 @@ def timestamp(now: datetime | None = None) -> str:
 
 def cell_name(impl: str, stage: int, world_size: int) -> str:
     return f"w{world_size}-s{stage}-{impl}"
+
+
+def claim(parent: Path, name: str, numbered: bool = False) -> Path:
+    """Create parent/name, which must not exist yet, and return it.
+
+    Creating the directory is the one atomic step: of two commands that computed the same name
+    (a default name is a timestamp to the second), exactly one gets it. numbered: the other takes
+    name-2, name-3, ... instead; else it gets FileExistsError. A parent that cannot be created
+    raises another OSError (NotADirectoryError where a file stands in the way).
+    """
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where a directory of the path should be
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(parent)) from None
+    for attempt in itertools.count(1):
+        path = parent / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            if not numbered:
+                raise
 
 
 def collect_rank_logs(torchrun_log_dir: Path, destination: Path) -> list[Path]:

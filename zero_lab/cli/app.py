@@ -3,7 +3,8 @@
     zero-lab compare --gpus 2 --device cpu --stages 1,2 --report reports/cpu-demo.md
     zero-lab --help
 
-Exit codes everywhere: 0 fine, 1 a gate failed, 2 bad input, 3 a run failed, 130 interrupted.
+Exit codes everywhere: 0 fine, 1 a gate failed, 2 bad input, 3 a run failed, 130 Ctrl-C,
+143 SIGTERM, 129 SIGHUP (docs/cli.md, "Faults").
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import sys
 
 import typer
 
+from zero_lab.analysis.metrics import interrupted_exit_code
+from zero_lab.cli import signals
 from zero_lab.cli.compare_cmd import compare
 from zero_lab.cli.inspect_cmd import parse, report
 from zero_lab.cli.run_cmd import EXTRA_ARGS, run
@@ -35,13 +38,14 @@ app.add_typer(config_app, name="config")
 
 def main() -> None:
     """Run the app; a flag or command Click cannot parse is one `error:` line and exit 2, like all
-    bad input (a bare command still prints its help)."""
+    bad input (a bare command still prints its help). SIGTERM and SIGHUP stop it as Ctrl-C does."""
     try:
-        result = app(standalone_mode=False)
+        with signals.stop_signals_raise():
+            result = app(standalone_mode=False)
     except typer.Exit as done:
         sys.exit(done.exit_code)
-    except typer.Abort:
-        sys.exit(130)
+    except (typer.Abort, KeyboardInterrupt, signals.Stopped) as interrupt:
+        sys.exit(interrupted_exit_code(signals.signal_name(interrupt)))
     except typer.TyperException as error:  # Click's usage errors
         if type(error).__name__ == "NoArgsIsHelpError":
             error.show()

@@ -22,7 +22,7 @@ from zero_lab.analysis.markdown import cell_table, render_report, run_table, ver
 from zero_lab.analysis.metrics import build_comparison
 from zero_lab.cli import jobs, options, output, plan
 from zero_lab.cli.environment import environment
-from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors, parse_int_list
+from zero_lab.cli.errors import check_choice, check_not_negative, one_line_errors, parse_int_list
 from zero_lab.cli.reporting import write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
 
@@ -46,7 +46,7 @@ def compare(
     """Run nano and official DeepSpeed on the same workload and compare memory, loss and speed.
 
     Exit codes: 0 fine, 1 a gate failed (loss parity, --fail-on-regression), 2 bad input, 3 a run
-    failed, 130 interrupted. Arguments after `--` go to torchrun.
+    failed, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP. Arguments after `--` go to torchrun.
     """
     # Phase 1
     check_choice(format, "--format", FORMATS)
@@ -58,31 +58,29 @@ def compare(
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
     shared = common.launch
     jobs.check(shared, impl_list, world_sizes)
-    compare_dir = common.out / (common.name or f"compare-{rundir.timestamp()}")
-    if (compare_dir / rundir.COMPARE).exists():
-        raise BadInput(f"{compare_dir} already holds a comparison", "pick another --name or --out")
-    warmups = [
-        jobs.prepare(shared, impl, stage_list[0], world_sizes[0],
-                     compare_dir / "warmup" / rundir.cell_name(impl, stage_list[0], world_sizes[0]), steps=warmup_steps)
-        for impl in impl_list if warmup_steps
-    ]
-    cells = [
-        jobs.prepare(shared, impl, stage, world_size, compare_dir / "cells" / rundir.cell_name(impl, stage, world_size))
-        for world_size in world_sizes for stage in stage_list for impl in impl_list
-    ]
+    with plan.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
+        warmups = [
+            jobs.prepare(shared, impl, stage_list[0], world_sizes[0],
+                         compare_dir / "warmup" / rundir.cell_name(impl, stage_list[0], world_sizes[0]), steps=warmup_steps)
+            for impl in impl_list if warmup_steps
+        ]
+        cells = [
+            jobs.prepare(shared, impl, stage, world_size, compare_dir / "cells" / rundir.cell_name(impl, stage, world_size))
+            for world_size in world_sizes for stage in stage_list for impl in impl_list
+        ]
     # Phase 2
     env = environment(shared.device)
-    _, interrupted = jobs.run_jobs(warmups, env) if warmups else ([], False)
-    summaries, cut_short = ([], interrupted) if interrupted else jobs.run_jobs(cells, env)
+    _, interrupted_by = jobs.run_jobs(warmups, env) if warmups else ([], None)
+    summaries, interrupted_by = ([], interrupted_by) if interrupted_by else jobs.run_jobs(cells, env)
     # Phase 3
-    comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression)
-    comparison.update(interrupted=cut_short, compare_dir=str(compare_dir), environment=env)
+    comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression, interrupted_by)
+    comparison.update(interrupted=interrupted_by is not None, compare_dir=str(compare_dir), environment=env)
     rundir.write_json(compare_dir / rundir.COMPARE, output.json_safe(comparison))
     if report is not None:
         write_report(comparison, summaries, report)
     show(comparison, summaries, format)
     report_problems(summaries)
-    raise typer.Exit(exit_code_of(summaries, cut_short) or comparison["verdict"]["exit_code"])
+    raise typer.Exit(exit_code_of(summaries, interrupted_by) or comparison["verdict"]["exit_code"])
 
 
 def show(comparison: dict, summaries: list[dict], format: str) -> None:

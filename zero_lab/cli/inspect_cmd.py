@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, List
 
@@ -20,6 +21,7 @@ from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_
 from zero_lab.cli.reporting import write_report
 
 PARSE_FORMATS = ("table", "csv", "json")
+SUMMARY_KEYS = ("world_size", "stage", "impl", "status")  # what a report needs of every summary
 
 
 def existing(paths: list[Path], what: str, directories: bool) -> list[Path]:
@@ -34,6 +36,24 @@ def existing(paths: list[Path], what: str, directories: bool) -> list[Path]:
     return paths
 
 
+def read_summary(path: Path) -> dict:
+    """A saved summary.json, or BadInput naming it: cut off, binary, unreadable, or not a run's."""
+    try:
+        summary = rundir.read_json(path)
+    except UnicodeDecodeError:
+        problem = "is not UTF-8 text"
+    except json.JSONDecodeError as error:
+        problem = f"is not valid JSON ({error.msg} at line {error.lineno})"
+    except OSError as error:
+        problem = f"cannot be read ({error.strerror})"
+    else:
+        missing = [key for key in SUMMARY_KEYS if not isinstance(summary, dict) or key not in summary]
+        if not missing:
+            return summary
+        problem = f"is not a run's summary (no {', '.join(missing)})"
+    raise BadInput(f"{path} {problem}", "move that run directory aside (or run it again) and report again")
+
+
 @one_line_errors
 def parse(
     logs: Annotated[List[Path], typer.Argument(help="Rank-0 logs: zero-lab's or the seed's.")],
@@ -42,6 +62,10 @@ def parse(
     """Parse training logs into one row per optimizer step (garbled lines are skipped and counted)."""
     check_choice(format, "--format", PARSE_FORMATS)
     parsed = {str(path): parse_file(path) for path in existing(logs, "log", directories=False)}
+    for path, log in parsed.items():
+        if log.found_nothing():
+            raise BadInput(f"no log lines found in {path} (no [zero], [model], [opt_step], [comm] or [warn] line)",
+                           "pass training logs, e.g. runs/<run>/logs/rank0.stdout.log")
     if format == "json":
         output.print_json({"logs": [{"path": path, "zero": log.zero, "model": log.model, "steps": log.steps,
                                      "comm": log.comm, "warnings": log.warnings, "skipped_lines": log.skipped_lines}
@@ -70,7 +94,7 @@ def report(
 ) -> None:
     """Write a markdown report (tables, environment, config differences, plots) from saved runs."""
     check_not_negative(loss_tol, "--loss-tol")
-    summaries = [rundir.read_json(path) for path in rundir.find_summaries(existing(directories, "directory", directories=True))]
+    summaries = [read_summary(path) for path in rundir.find_summaries(existing(directories, "directory", directories=True))]
     summaries = [summary for summary in summaries if "warmup" not in Path(summary.get("run_dir", "")).parts]
     if not summaries:
         raise BadInput("no summary.json under the given directories", "pass directories written by run or compare")

@@ -3,7 +3,7 @@
 Phase 1: `prepare` gives each (impl, stage, world size) its config, the official conversion (which
          validates the config as nano does) and a launch spec (its port is picked when it starts).
 Phase 2: `run_jobs` runs them one after another under one progress display; a failed run does
-         not stop the others; Ctrl-C stops the current one and skips the rest.
+         not stop the others; Ctrl-C, SIGTERM or SIGHUP stops the current one and skips the rest.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zero_lab.analysis import launch, rundir
-from zero_lab.cli import output, plan
+from zero_lab.cli import output, plan, signals
 from zero_lab.cli.launcher import execute
 
 
@@ -29,13 +29,15 @@ class Job:
 
 @dataclass
 class Launch:
-    """What every job of one command shares (config_path None: the harness's per-stage default)."""
+    """What every job of one command shares (config_path None: the harness's per-stage default;
+    stall_timeout_s 0: no stall watch)."""
 
     config_path: Path | None
     device: str
     workload: launch.Workload
     multi_node: launch.MultiNode
     extra_torchrun_args: list[str]
+    stall_timeout_s: float = 0.0
 
 
 def check(shared: Launch, impls: list[str], world_sizes: list[int]) -> None:
@@ -51,15 +53,15 @@ def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, st
     source = shared.config_path or plan.default_config_path(stage)
     staged = plan.config_for_stage(plan.load_config_file(source), stage)
     spec = plan.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
-                          shared.extra_torchrun_args, steps=steps)
+                          shared.extra_torchrun_args, steps=steps, stall_timeout_s=shared.stall_timeout_s)
     config = plan.received_config(staged, spec, source)
     official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     label = f"{impl} w{nproc} s{stage}" + (" (warm-up)" if steps is not None else "")
     return Job(spec, run_dir, config, official, label)
 
 
-def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], bool]:
-    """Phase 2: (summaries of the runs that started, whether Ctrl-C cut the sequence short).
+def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], str | None]:
+    """Phase 2: (summaries of the runs that started, the signal that cut the sequence short or None).
 
     On a terminal a live bar per run; elsewhere (CI logs) one line as each run starts and ends.
     """
@@ -72,11 +74,11 @@ def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], bool]:
             try:
                 summary = execute(job.spec, job.run_dir, job.config, job.official_config, environment,
                                   job.label, progress if live else None)
-            except KeyboardInterrupt:
-                if (job.run_dir / rundir.SUMMARY).is_file():  # absent if Ctrl-C came before the launch
+            except signals.INTERRUPTS as interrupt:
+                if (job.run_dir / rundir.SUMMARY).is_file():  # absent if the signal came before the launch
                     summaries.append(rundir.read_json(job.run_dir / rundir.SUMMARY))
-                return summaries, True
+                return summaries, signals.signal_name(interrupt)
             summaries.append(summary)
             output.stderr.print(f"{job.label}: {summary['status']}, {summary['steps']} steps, last loss "
                                 f"{summary['loss_last']}, {summary['duration_s']} s", markup=False)
-    return summaries, False
+    return summaries, None

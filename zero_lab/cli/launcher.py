@@ -1,13 +1,16 @@
-"""Run one torchrun job into a run directory, with live progress and a clean Ctrl-C.
+"""Run one torchrun job into a run directory, with live progress and a clean stop.
 
 Phase 1: write what the run is given (command, configs, environment) before it starts.
 Phase 2: pick a free port, then at once start torchrun in its own session (a port picked earlier
          could have been taken by a concurrent comparison), and stream rank 0's output: to console.log, and each
-         `[opt_step k]` line to the progress bar with its loss.
-Phase 3: on Ctrl-C, stop torchrun's process group and every worker's (torchrun starts each worker
-         in a session of its own), SIGTERM then SIGKILL, within seconds.
+         `[opt_step k]` line to the progress bar with its loss, and to the stall watch
+         (zero_lab.cli.stall), which stops the run when no step comes for --stall-timeout seconds.
+Phase 3: on Ctrl-C, SIGTERM or SIGHUP (zero_lab.cli.signals), stop torchrun's process group and
+         every worker's (torchrun starts each worker in a session of its own), SIGTERM then
+         SIGKILL, within seconds.
 Phase 4: gather every rank's log, parse rank 0's, and write metrics.csv and summary.json - also
          for a failed or interrupted run, so its partial results stay.
+Phases 3 and 4 run with those signals held off, so a second one cannot cut them short.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -26,12 +30,15 @@ from zero_lab.analysis import launch, rundir
 from zero_lab.analysis.estimate import DTYPE_PRECISION
 from zero_lab.analysis.logparse import TAG_PATTERN, parse_file, parse_pairs
 from zero_lab.analysis.metrics import summarize_run
+from zero_lab.cli import signals
+from zero_lab.cli.stall import StallWatch
 
 STOP_GRACE_S = 5.0
 
 
 def stop_process_tree(process: subprocess.Popen) -> None:
-    """SIGTERM the process groups of torchrun and all its descendants, then SIGKILL what is left."""
+    """SIGTERM the process groups of torchrun and all its descendants (with SIGCONT, so a stopped
+    one acts on it), then SIGKILL what is left."""
     try:
         members = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -42,24 +49,29 @@ def stop_process_tree(process: subprocess.Popen) -> None:
             groups.add(os.getpgid(member.pid))
         except ProcessLookupError:
             pass
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for signals_now in ((signal.SIGTERM, signal.SIGCONT), (signal.SIGKILL,)):
         for group in groups:
-            try:
-                os.killpg(group, sig)
-            except ProcessLookupError:
-                pass
+            for sig in signals_now:
+                try:
+                    os.killpg(group, sig)
+                except ProcessLookupError:
+                    pass
         _, alive = psutil.wait_procs(members, timeout=STOP_GRACE_S)
         if not alive:
             break
     process.wait()
 
 
-def stream(process: subprocess.Popen, console_log: Path, progress: Progress | None, task) -> None:
-    with open(console_log, "w") as sink:
+def stream(process: subprocess.Popen, console_log: Path, progress: Progress | None, task,
+           on_step: Callable[[int], None]) -> None:
+    with open(console_log, "w", buffering=1) as sink:  # line by line, so console.log can be followed live
         for line in process.stdout:
             sink.write(line)
             match = TAG_PATTERN.search(line)
-            if progress is not None and match and match.group(2):
+            if not (match and match.group(2)):
+                continue
+            on_step(int(match.group(2)))
+            if progress is not None:
                 loss = parse_pairs(match.group(3)).get("loss")
                 loss_text = f"{loss:.4f}" if isinstance(loss, float) else "?"
                 progress.update(task, completed=int(match.group(2)), loss=loss_text)
@@ -88,7 +100,8 @@ def execute(
     label: str,
     progress: Progress | None = None,
 ) -> dict:
-    """Run spec to completion (or interruption) and return its summary; KeyboardInterrupt re-raised."""
+    """Run spec to completion and return its summary; an interruption (signals.INTERRUPTS) is
+    re-raised once the run is stopped and its summary written."""
     # Phase 1
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.write_json(spec.config_path, config)
@@ -107,34 +120,38 @@ def execute(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
         start_new_session=True, env=child_env,
     )
-    interrupted = False
+    watch = StallWatch(process, launch.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
+    interrupt = None
     try:
-        stream(process, run_dir / "console.log", progress, task)
-    except KeyboardInterrupt:
-        # Phase 3: a second Ctrl-C must not cut the clean-up short and leave workers behind.
-        interrupted = True
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+        with watch:
+            stream(process, run_dir / "console.log", progress, task, watch.progressed)
+    except signals.INTERRUPTS as caught:
+        interrupt = caught
+    with signals.held():
+        if interrupt is not None:  # Phase 3
             stop_process_tree(process)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-    # Phase 4
-    summary = summarize(spec, run_dir, process.returncode, interrupted, time.monotonic() - started)
-    summary.update(config=official_config or config, env=environment, command=launch.shell_quote(command))
-    rundir.write_json(run_dir / rundir.SUMMARY, summary)
-    if interrupted:
-        raise KeyboardInterrupt
+        # Phase 4
+        interrupted_by = signals.signal_name(interrupt) if interrupt is not None else None
+        summary = summarize(spec, run_dir, process.returncode, interrupted_by, time.monotonic() - started,
+                            stalled=watch.message)
+        summary.update(config=official_config or config, env=environment, command=launch.shell_quote(command))
+        rundir.write_json(run_dir / rundir.SUMMARY, summary)
+    if interrupt is not None:
+        raise interrupt
     return summary
 
 
-def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupted: bool, duration_s: float) -> dict:
+def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupted_by: str | None,
+              duration_s: float, stalled: str | None = None) -> dict:
+    """The run's summary.json; interrupted_by: the signal that stopped it (SIGINT, SIGTERM, SIGHUP);
+    stalled: the stall watch's message when it stopped the run."""
     rank_logs = rundir.collect_rank_logs(spec.log_dir, run_dir / "logs")
     rank0 = run_dir / "logs" / "rank0.stdout.log"
     parsed = parse_file(rank0 if rank0.is_file() else run_dir / "console.log")
     rundir.write_metrics_csv(run_dir / "metrics.csv", parsed)
     failure = rundir.failure_from_console((run_dir / "console.log").read_text(errors="replace"))
-    status = "interrupted" if interrupted else ("ok" if exit_code == 0 else "failed")
-    bad_input = None if status == "ok" else bad_input_message(rank_logs, failure["rank_exit_code"])
+    status = "interrupted" if interrupted_by else "stalled" if stalled else "ok" if exit_code == 0 else "failed"
+    bad_input = bad_input_message(rank_logs, failure["rank_exit_code"]) if status == "failed" else None
     if bad_input:
         status = "bad_input"
     params = parsed.model.get("params")
@@ -145,9 +162,10 @@ def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupte
         "status": status,
         **summarize_run(parsed),
         "exit_code": exit_code,
-        **(failure if status != "ok" else {"failed_rank": None, "rank_exit_code": None}),
-        "error": bad_input,
-        "log_tail": "" if status == "ok" else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
+        **(failure if status in ("failed", "bad_input") else {"failed_rank": None, "rank_exit_code": None}),
+        "interrupted_by": interrupted_by,
+        "error": bad_input or stalled,
+        "log_tail": "" if status in ("ok", "interrupted") else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
         "params": int(params) if isinstance(params, float) else None,
         "precision": DTYPE_PRECISION.get(spec.workload.dtype, spec.workload.dtype),
         "duration_s": round(duration_s, 1),

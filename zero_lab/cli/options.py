@@ -17,7 +17,7 @@ import typer
 
 from zero_lab.analysis import launch
 from zero_lab.cli.environment import DEVICES, resolve_device
-from zero_lab.cli.errors import check_choice
+from zero_lab.cli.errors import check_choice, check_not_negative
 from zero_lab.cli.jobs import Launch
 
 WORKLOAD = "Workload (identical for every impl)"
@@ -38,11 +38,15 @@ Nnodes = Annotated[Optional[str], typer.Option(help="torchrun --nnodes (multi-no
 NodeRank = Annotated[Optional[int], typer.Option(help="torchrun --node-rank.", rich_help_panel=LAUNCH)]
 RdzvEndpoint = Annotated[Optional[str], typer.Option(help="torchrun --rdzv-endpoint host:port (multi-node).", rich_help_panel=LAUNCH)]
 RdzvId = Annotated[Optional[str], typer.Option(help="torchrun --rdzv-id.", rich_help_panel=LAUNCH)]
+StallTimeout = Annotated[float, typer.Option(
+    help="Stop a run and exit 3 when no \\[opt_step] line comes for this long, start-up included (0: never).",
+    metavar="SECONDS", rich_help_panel=LAUNCH)]
 
 DEFAULT_MODEL = "small"  # ~24M parameters: memory differences show, 4 runs x 20 steps fit in ~5 min on 2 cores
 DEFAULT_STEPS = 20
-
-
+# 30 min, torch's own default process-group timeout: the wait before step 1 (loading a large model
+# on every rank, a first-use JIT build of DeepSpeed's ops, NCCL set-up) takes minutes, not half an hour.
+DEFAULT_STALL_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -74,19 +78,22 @@ COMMON_OPTIONS = [
     _option("node_rank", NodeRank, None),
     _option("rdzv_endpoint", RdzvEndpoint, None),
     _option("rdzv_id", RdzvId, None),
+    _option("stall_timeout", StallTimeout, DEFAULT_STALL_TIMEOUT_S),
 ]
 # Typer passes the context by its type; its extra arguments (after `--`) go to torchrun.
 CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
 
 
 def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
-           out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id) -> Common:
-    """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda."""
+           out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout) -> Common:
+    """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, or a
+    negative --stall-timeout."""
     work = launch.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
                            dataset_path=dataset_path)
     node = launch.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     device = resolve_device(check_choice(device, "--device", DEVICES))
-    return Common(Launch(config, device, work, node, list(context.args)), out, name)
+    check_not_negative(stall_timeout, "--stall-timeout")
+    return Common(Launch(config, device, work, node, list(context.args), stall_timeout), out, name)
 
 
 def common_options(command):

@@ -2,11 +2,13 @@
 
 Everything here fails with BadInput (exit 2): a missing or malformed config, a config nano or
 official DeepSpeed would refuse, an unknown model, fp16 for official DeepSpeed on CPU, more
-processes than CUDA devices (the seed's `invalid device ordinal`).
+processes than CUDA devices (the seed's `invalid device ordinal`), an existing or unwritable
+run directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -14,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from zero_lab.analysis import launch
+from zero_lab.analysis import launch, rundir
 from zero_lab.cli.environment import cpu_cores, cuda_devices
 from zero_lab.cli.errors import BadInput, check_choice
 
@@ -104,9 +106,22 @@ def check_workload(workload: launch.Workload, device: str, impls: list[str]) -> 
         raise BadInput(f"--batch-size {workload.batch_size} is not a micro-batch size", "pass 1 or more")
     if workload.seq_len is not None and workload.seq_len < 2:
         raise BadInput(f"--seq-len {workload.seq_len} leaves no token to predict", "pass 2 or more")
-    if workload.dataset_path is not None and not Path(workload.dataset_path).exists():
-        raise BadInput(f"--dataset-path {workload.dataset_path} does not exist", "give a JSON or JSONL file")
     check_model(workload.model)
+    check_dataset(workload)
+
+
+def check_dataset(workload: launch.Workload) -> None:
+    """Read, tokenize and filter --dataset-path as every rank will, so that an empty file, a
+    malformed line or no usable record stops the command here, not N ranks racing to say so."""
+    if workload.dataset_path is None:
+        return
+    from zero_lab.workload.data import make_batches
+    from zero_lab.workload.models import load_tokenizer
+    from zero_lab.workload.run_config import build_parser
+
+    args = build_parser().parse_args(launch.workload_arguments(workload))
+    make_batches(load_tokenizer(args.model_name), args.seq_len, 1, 1, args.seed, args.dataset_path,
+                 args.max_samples, args.min_target_tokens)
 
 
 def check_processes(nproc: int, device: str, multi_node: launch.MultiNode) -> None:
@@ -135,6 +150,7 @@ def make_spec(
     multi_node: launch.MultiNode,
     extra_torchrun_args: list[str],
     steps: int | None = None,
+    stall_timeout_s: float = 0.0,
 ) -> launch.LaunchSpec:
     """One launch (its port is picked at launch time, by the launcher); steps overrides the workload's (for warm-ups)."""
     if steps is not None:
@@ -149,5 +165,26 @@ def make_spec(
         log_dir=run_dir / "torchrun-logs",
         multi_node=multi_node,
         extra_torchrun_args=extra_torchrun_args,
+        stall_timeout_s=stall_timeout_s,
     )
 
+
+@contextlib.contextmanager
+def claimed_directory(out: Path, name: str | None, default_name: str):
+    """A new directory of the command's own under --out: out/name, which must not exist yet, or
+    out/default_name (numbered -2, -3, ... when another command took it). BadInput when it exists
+    or cannot be created; removed again when preparing the runs fails, so bad input leaves nothing."""
+    try:
+        directory = rundir.claim(out, name or default_name, numbered=name is None)
+    except FileExistsError:
+        raise BadInput(f"{out / name} already exists", "pick another --name or --out (zero-lab never "
+                       "writes into an existing directory)") from None
+    except OSError as error:
+        raise BadInput(f"cannot create a directory in --out {out} ({error.strerror}: {error.filename})",
+                       "pass a writable --out") from None
+    try:
+        yield directory
+    except BaseException:
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # empty: nothing has been written yet
+        raise

@@ -12,9 +12,10 @@ import typer
 
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import run_table
+from zero_lab.analysis.metrics import interrupted_exit_code
 from zero_lab.cli import jobs, options, output, plan
 from zero_lab.cli.environment import environment
-from zero_lab.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RUN_FAILED, BadInput, check_choice, one_line_errors
+from zero_lab.cli.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED, check_choice, one_line_errors
 
 EXTRA_ARGS = {"allow_extra_args": True}
 FORMATS = ("table", "json")
@@ -24,10 +25,10 @@ def stage_of(config: dict) -> int:
     return int(config.get("zero_optimization", {}).get("stage", 0))
 
 
-def exit_code_of(summaries: list[dict], interrupted: bool) -> int | None:
+def exit_code_of(summaries: list[dict], interrupted_by: str | None) -> int | None:
     """Exit code decided by the runs alone (None: they all finished; the caller's gates decide)."""
-    if interrupted:
-        return EXIT_INTERRUPTED
+    if interrupted_by:
+        return interrupted_exit_code(interrupted_by)
     statuses = {summary["status"] for summary in summaries}
     if "bad_input" in statuses:
         return EXIT_BAD_INPUT
@@ -42,6 +43,12 @@ def report_problems(summaries: list[dict]) -> None:
         where = f"world_size={summary['world_size']} stage={summary['stage']} impl={summary['impl']}"
         if summary["status"] == "bad_input":
             output.stderr.print(f"error: {summary['error']}", markup=False, highlight=False)
+        elif summary["status"] == "interrupted":
+            output.stderr.print(f"{where}: interrupted by {summary.get('interrupted_by') or 'SIGINT'}; logs in "
+                                f"{summary['run_dir']}", markup=False, highlight=False)
+        elif summary["status"] == "stalled":
+            output.stderr.print(f"{where}: {summary['error']}; logs in {summary['run_dir']}", markup=False,
+                                highlight=False)
         elif summary["status"] != "ok":
             output.stderr.print(
                 f"{where}: {summary['status']} (rank {summary.get('failed_rank')}, exit code "
@@ -72,11 +79,12 @@ def run(
     if stage is None:
         stage = plan.check_stage(stage_of(plan.load_config_file(config)), f"zero_optimization.stage of {config}") if config else 2
     plan.check_stage(stage, "--stage")
-    run_dir = common.out / (common.name or f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}")
-    if (run_dir / rundir.SUMMARY).exists():
-        raise BadInput(f"{run_dir} already holds a run", "pick another --name or --out")
-    job = jobs.prepare(shared, impl, stage, gpus, run_dir)
-    summaries, interrupted = jobs.run_jobs([job], environment(shared.device))
+    default_name = f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}"
+    with plan.claimed_directory(common.out, common.name, default_name) as run_dir:
+        job = jobs.prepare(shared, impl, stage, gpus, run_dir)
+    summaries, interrupted_by = jobs.run_jobs([job], environment(shared.device))
+    if not summaries:  # interrupted before torchrun started
+        raise typer.Exit(exit_code_of(summaries, interrupted_by))
     summary = summaries[0]
     if summary["status"] == "bad_input":
         pass  # the harness's one line below says it all
@@ -85,4 +93,4 @@ def run(
     else:
         output.print_table(*run_table(summaries), title=f"{run_dir}")
     report_problems(summaries)
-    raise typer.Exit(exit_code_of(summaries, interrupted) or 0)
+    raise typer.Exit(exit_code_of(summaries, interrupted_by) or 0)

@@ -153,10 +153,14 @@ def config_official(
     device: Annotated[str, typer.Option(help="cpu or cuda (auto: what this machine has).")] = "auto",
 ) -> None:
     """Print the config official DeepSpeed accepts, derived from a nano config."""
+    from zero_lab.workload.run_config import check_value_types
+
     device = resolve_device(check_choice(device, "--device", DEVICES))
     config = plan.load_config_file(path)
     try:
         from zero_lab.nano.official_config import to_official_config
     except ImportError:
         raise BadInput("this checkout's nano engine has no official_config module yet", "update zero-lab")
-    print(json.dumps(to_official_config(config, device=device), indent=2))
+    official = to_official_config(config, device=device)
+    check_value_types(config, where=f"{path}: ")
+    print(json.dumps(official, indent=2))

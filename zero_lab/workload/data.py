@@ -106,6 +106,8 @@ def _message(turn, where: str) -> dict:
 
 def read_records(path: Path) -> list[tuple[str, dict]]:
     """(location, record) pairs from a JSON array or a JSON-lines file."""
+    if path.is_dir():
+        raise WorkloadError(f"dataset {path} is a directory", "Give --dataset-path a JSON or JSONL file")
     if not path.is_file():
         raise WorkloadError(f"dataset {path} does not exist", "Check --dataset-path")
     try:

@@ -4,7 +4,8 @@ impl receives; and every bad-input check that can run before anything expensive 
 Phase 1: `build_parser` reads the seed's flags (same names) plus `--impl` and `--device`.
 Phase 2: `resolve_device` picks cpu or cuda and refuses more processes than visible GPUs.
 Phase 3: `build_config` reads the JSON config and applies the flags that override it
-         (`--zero-stage`, `--model-dtype`, `--batch-size`), then validates it as nano does.
+         (`--zero-stage`, `--model-dtype`, `--batch-size`), then validates it as nano does, and
+         checks that every value has the JSON type nano's typed config declares.
 Phase 4: `check_launch` adds the checks of the workload itself (model name, official on CPU).
 Every problem is a `WorkloadError`, which `harness/train.py` prints as one line and exits 2;
 the CLI can call `check_launch` before it spawns torchrun.
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="accepted for the seed's commands: models are always read from local files only")
     add("--trust-remote-code", action="store_true", help="allow a local model's own code")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda if available")
+    add("--dist-timeout", type=float, default=1800.0,
+        help="seconds a collective may wait for the other ranks before this rank gives up "
+             "(the process group's timeout; default torch's 30 min)")
     # DeepSpeed's launcher passes these; accepted and ignored (torchrun's env is what counts).
     add("--deepspeed", action="store_true", help=argparse.SUPPRESS)
     add("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -122,7 +126,30 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict:
         load_config(config, world_size=world_size)
     except NanoConfigError as error:
         raise WorkloadError.from_nano(error, where=f"{path}: ") from None
+    check_value_types(config, where=f"{path}: ")
     return config
+
+
+def check_value_types(config: dict, where: str = "") -> None:
+    """Every value of the JSON type nano's typed config declares, or a WorkloadError naming it.
+
+    nano's loader converts `"4"` to 4 for itself, but the harness and official DeepSpeed read the
+    dict as written, where `"4"` is a TypeError on every rank; so the config is validated again,
+    strictly. A value "auto" is the loader's to resolve or refuse, and it has done so already.
+    """
+    from pydantic import ValidationError
+
+    from zero_lab.nano.config import NanoConfig
+
+    try:
+        NanoConfig.model_validate_json(json.dumps(config), strict=True)
+    except ValidationError as error:
+        wrong = [problem for problem in error.errors() if problem.get("input") != "auto"]
+        if wrong:
+            location = ".".join(str(part) for part in wrong[0]["loc"])
+            raise WorkloadError(f"{where}config field '{location}' is {wrong[0]['input']!r}: "
+                                f"{wrong[0]['msg'][:1].lower()}{wrong[0]['msg'][1:]}",
+                                "Write the value in its JSON type (a number without quotes, true or false)") from None
 
 
 def precision_of(config: dict) -> str:
@@ -136,6 +163,8 @@ def check_launch(args: argparse.Namespace, world_size: int, local_world_size: in
     """Phases 2-4: (device, nano config) of a run, or a WorkloadError naming the bad input."""
     if args.steps < 1 or args.seq_len < 2:
         raise WorkloadError("--steps must be >= 1 and --seq-len >= 2", "Raise them")
+    if not args.dist_timeout > 0:
+        raise WorkloadError(f"--dist-timeout {args.dist_timeout:g} is not a time to wait", "Give seconds, more than 0")
     check_model_name(args.model_name)
     device = resolve_device(args.device, local_world_size)
     config = build_config(args, world_size)

@@ -1,0 +1,173 @@
+"""Faults as users meet them, against the real `zero-lab` process: a stop signal from `timeout`, a
+cancelled CI job or a closed terminal, Ctrl-C while the command is still starting, and a rank that
+stops (SIGSTOP) so that the run makes no more progress.
+
+Each test starts the command in a process of its own. Most run it with a stand-in training script
+(rank 0 logs one step, then every rank sleeps), so they need torchrun but no model; the CLI,
+torchrun and the process groups are the real ones. The stopped-rank test trains the real harness.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
+# The real entry point, with harness/train.py swapped for the script given as the first argument.
+WITH_SCRIPT = ("import sys; from pathlib import Path; from zero_lab.analysis import launch; "
+               "launch.TRAIN_SCRIPT = Path(sys.argv.pop(1)); from zero_lab.cli.entry import main; main()")
+SLEEPY_TRAIN = """
+import os, time
+if os.environ["RANK"] == "0":
+    print("[zero] world_size=2", flush=True)
+    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)
+time.sleep(120)
+"""
+WORKLOAD = ["--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "3"]
+
+
+@pytest.fixture(autouse=True)
+def leftovers_killed(tmp_path):
+    """A failing test may leave the command, torchrun or a worker running: each names tmp_path."""
+    yield
+    for process in psutil.process_iter(["cmdline"]):
+        if any(str(tmp_path) in part for part in process.info["cmdline"] or []):
+            process.kill()
+
+
+def start_with_sleepy_training(tmp_path: Path, *arguments: str) -> subprocess.Popen:
+    script = tmp_path / "sleepy_train.py"
+    script.write_text(SLEEPY_TRAIN)
+    return subprocess.Popen([sys.executable, "-c", WITH_SCRIPT, str(script), *arguments],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_first_step(out: Path, command: subprocess.Popen, timeout_s: float = 180) -> list[psutil.Process]:
+    """Once a console.log under out shows step 1: torchrun and its workers (all descendants)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert command.poll() is None, command.communicate()
+        if any("[opt_step 1]" in log.read_text() for log in out.rglob("console.log")):
+            family = psutil.Process(command.pid).children(recursive=True)
+            assert len(family) >= 3, family  # torchrun and two workers
+            return family
+        time.sleep(0.2)
+    command.kill()
+    pytest.fail(f"no [opt_step 1] within {timeout_s} s")
+
+
+def still_running(family: list[psutil.Process]) -> list[psutil.Process]:
+    return [member for member in family if member.is_running() and member.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("command, stop, exit_code", [
+    ("run", signal.SIGTERM, 143),
+    ("run", signal.SIGHUP, 129),
+    ("compare", signal.SIGTERM, 143),
+], ids=["run-SIGTERM", "run-SIGHUP", "compare-SIGTERM"])
+def test_a_stop_signal_ends_every_process_keeps_the_logs_and_marks_the_run_interrupted(tmp_path, command, stop,
+                                                                                       exit_code):
+    out = tmp_path / "runs"
+    extra = ["--stages", "1", "--format", "json"] if command == "compare" else ["--format", "json"]
+    cli = start_with_sleepy_training(tmp_path, command, *WORKLOAD, "--out", str(out), "--name", "stop", *extra)
+    family = wait_for_first_step(out, cli)
+    stopped_at = time.monotonic()
+    cli.send_signal(stop)
+    stdout, stderr = cli.communicate(timeout=60)
+    assert cli.returncode == exit_code, stderr
+    assert time.monotonic() - stopped_at < 30, "workers sleeping 120 s were stopped"
+    assert not still_running(family), "no orphans"
+    assert "Traceback" not in stderr and f"interrupted by {stop.name}" in stderr, stderr
+    run_dir = out / "stop" / ("cells/w2-s1-nano" if command == "compare" else "")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["interrupted_by"], summary["steps"]) == ("interrupted", stop.name, 1)
+    assert (run_dir / "logs" / "rank1.stdout.log").is_file() and (run_dir / "logs" / "rank0.stdout.log").is_file()
+    if command == "compare":
+        comparison = json.loads((out / "stop" / "compare.json").read_text())
+        assert comparison["interrupted"] is True and json.loads(stdout) == comparison
+        assert comparison["verdict"]["exit_code"] == exit_code and comparison["verdict"]["interrupted_by"] == stop.name
+        assert [row["impl"] for row in comparison["rows"]] == ["nano"], "official's cell never started"
+
+
+def sigint_as_in_a_terminal() -> None:
+    """A shell starts background jobs (a test run with `&`) with SIGINT ignored, and a child
+    inherits that; a command started in a terminal has it at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_while_the_command_starts_is_exit_130_without_a_traceback(tmp_path):
+    cli = subprocess.Popen([ZERO_LAB, "run", *WORKLOAD, "--out", str(tmp_path / "runs")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=sigint_as_in_a_terminal)
+    time.sleep(1.0)  # importing the CLI alone takes seconds (torch)
+    cli.send_signal(signal.SIGINT)
+    stdout, stderr = cli.communicate(timeout=60)
+    assert cli.returncode == 130 and "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "nothing launched, nothing left"
+
+
+def wait_for_worker(torchrun_parent: subprocess.Popen, rank: int, timeout_s: float = 60) -> psutil.Process:
+    """The worker process of rank, as soon as torchrun has started it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert torchrun_parent.poll() is None, torchrun_parent.communicate()
+        for process in psutil.Process(torchrun_parent.pid).children(recursive=True):
+            try:
+                if process.environ().get("RANK") == str(rank):
+                    return process
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.05)
+    pytest.fail(f"no rank {rank} within {timeout_s} s")
+
+
+def test_a_stopped_rank_is_named_and_the_run_ends_as_stalled_with_exit_3(tmp_path):
+    """Rank 1 is stopped as soon as it starts, so no step ever comes however slow start-up is here:
+    the stall fires --stall-timeout after the launch, and must find rank 1 stopped."""
+    stall_timeout_s = 30
+    cli = subprocess.Popen([ZERO_LAB, "run", *WORKLOAD, "--out", str(tmp_path), "--name", "stall",
+                            "--stall-timeout", str(stall_timeout_s)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank1 = wait_for_worker(cli, rank=1, timeout_s=180)
+    rank1.suspend()  # SIGSTOP
+    launched = (tmp_path / "stall" / "command.txt").stat().st_mtime  # written just before torchrun starts
+    print(f"rank 1 stopped {time.time() - launched:.1f} s after the launch")
+    family = psutil.Process(cli.pid).children(recursive=True)
+    _, stderr = cli.communicate(timeout=stall_timeout_s + 60)
+    assert cli.returncode == 3, stderr
+    assert "Traceback" not in stderr and not still_running(family), "no orphans, not even the stopped rank"
+    stalled = [line for line in stderr.splitlines() if "stalled:" in line]
+    assert len(stalled) == 1 and f"no [opt_step] progress for {stall_timeout_s} s before step 1 of 3" in stalled[0]
+    assert "1 (stopped)" in stalled[0] and str(tmp_path / "stall") in stalled[0], stalled[0]
+    summary = json.loads((tmp_path / "stall" / "summary.json").read_text())
+    assert summary["status"] == "stalled" and summary["error"] in stalled[0]
+    assert (tmp_path / "stall" / "logs" / "rank1.stderr.log").is_file()
+    assert flag(tmp_path / "stall" / "command.txt", "--dist-timeout") == str(stall_timeout_s + 60)
+
+
+def flag(command_file: Path, name: str) -> str:
+    words = command_file.read_text().split()
+    return words[words.index(name) + 1]
+
+
+def test_compare_stops_a_cell_that_stalls_and_goes_on_to_the_next(tmp_path):
+    out = tmp_path / "runs"
+    cli = start_with_sleepy_training(tmp_path, "compare", *WORKLOAD, "--stages", "1,2", "--impls", "nano",
+                                     "--stall-timeout", "3", "--out", str(out), "--name", "c", "--format", "json")
+    stdout, stderr = cli.communicate(timeout=180)
+    assert cli.returncode == 3, stderr
+    comparison = json.loads(stdout)
+    assert [(row["stage"], row["status"]) for row in comparison["rows"]] == [(1, "stalled"), (2, "stalled")]
+    assert comparison["verdict"]["exit_code"] == 3 and len(comparison["verdict"]["failed_runs"]) == 2
+    assert sum("stalled: no [opt_step] progress for 3 s" in line for line in stderr.splitlines()) == 2, stderr
+    for stage in (1, 2):  # the stall may come before torchrun has started a worker: no rank logs then
+        assert json.loads((out / "c" / "cells" / f"w2-s{stage}-nano" / "summary.json").read_text())["status"] == "stalled"
