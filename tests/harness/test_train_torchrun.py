@@ -175,13 +175,14 @@ def bytes_per_step(log: dict) -> dict[str, int]:
 
 @pytest.mark.parametrize("reduce_scatter", [True, False])
 def test_nano_stage2_moves_the_formulas_bytes(run, group_numels, reduce_scatter):
-    """Gradients: reduce-scatter of every group's whole flat buffer (or all-reduce of it);
+    """Gradients: reduce-scatter of every group's whole flat buffer (on gloo an all-to-all of its
+    shares, each owner adding its parts; see Collectives.reduce_scatter) or all-reduce of it;
     parameters: an all-gather of every buffer; plus one fp32 scalar all-reduce, the squared
     gradient norm (a non-finite norm skips the step: no separate overflow check)."""
     log = run("nano", 2, reduce_scatter)
     buffer_bytes = flat_buffer_bytes(2, group_numels)
     norm = FP32
-    expected = ({"reduce_scatter": buffer_bytes, "all_gather": buffer_bytes, "all_reduce": norm}
+    expected = ({"all_to_all_single": buffer_bytes, "all_gather": buffer_bytes, "all_reduce": norm}
                 if reduce_scatter else {"all_reduce": buffer_bytes + norm, "all_gather": buffer_bytes})
     assert bytes_per_step(log) == expected
 

@@ -62,23 +62,38 @@ class Collectives:
         operation = torch.distributed.ReduceOp.MAX if maximum else torch.distributed.ReduceOp.SUM
         return torch.distributed.all_reduce(tensor, op=operation, group=self.group, async_op=async_op)
 
-    def reduce_scatter(self, output: torch.Tensor, inputs: list[torch.Tensor], async_op: bool = False):
-        """Sum inputs[r] over ranks into rank r's `output`; shares may differ in size (or be empty)."""
-        if self.world_size == 1:
-            output.copy_(inputs[0])
-            return None
-        self._record("reduce_scatter", _nbytes(inputs))
-        return torch.distributed.reduce_scatter(output, inputs, group=self.group, async_op=async_op)
+    def reduce_scatter(self, output: torch.Tensor, bucket: torch.Tensor, share_sizes: list[int],
+                       async_op: bool = False):
+        """Sum over ranks of rank r's share of `bucket` into rank r's `output`: the shares are the
+        consecutive slices of `share_sizes` elements (equal, uneven or empty).
 
-    def reduce_scatter_even(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
-        """Sum input's r-th of world_size equal slices over ranks into rank r's `output`: one
-        contiguous call (gloo emulates the list form above, several times slower on CPU)."""
+        nccl reduce-scatters natively (one contiguous call when the shares are equal). gloo only
+        emulates reduce-scatter, through an all-reduce of a copy it keeps beyond the call; nano
+        does it directly there instead: an all-to-all sends each share to its owner, which adds
+        up the N contributions it received. Each rank still sends (N-1)/N of the bucket and
+        receives only its own share's parts, as a reduce-scatter does, and every buffer is nano's.
+        """
         if self.world_size == 1:
-            output.copy_(input)
+            output.copy_(bucket)
             return None
-        self._record("reduce_scatter", _nbytes([input]))
-        scatter = getattr(torch.distributed, "reduce_scatter_single", None) or torch.distributed.reduce_scatter_tensor
-        return scatter(output, input, group=self.group, async_op=async_op)
+        self._record("reduce_scatter", _nbytes([bucket]))
+        if torch.distributed.get_backend(self.group) == "gloo":
+            return self._reduce_scatter_by_all_to_all(output, bucket, share_sizes, async_op)
+        if len(set(share_sizes)) == 1:
+            scatter = getattr(torch.distributed, "reduce_scatter_single", None) or torch.distributed.reduce_scatter_tensor
+            return scatter(output, bucket, group=self.group, async_op=async_op)
+        return torch.distributed.reduce_scatter(output, list(bucket.split(share_sizes)), group=self.group,
+                                                async_op=async_op)
+
+    def _reduce_scatter_by_all_to_all(self, output, bucket, share_sizes, async_op):
+        received = torch.empty(output.numel() * self.world_size, dtype=bucket.dtype, device=bucket.device)
+        work = torch.distributed.all_to_all_single(received, bucket, output_split_sizes=[output.numel()] * self.world_size,
+                                                   input_split_sizes=share_sizes, group=self.group, async_op=True)
+        summing = _SumOnArrival(work, received, output, self.world_size)
+        if async_op:
+            return summing
+        summing.wait()
+        return None
 
     def all_gather(self, outputs: list[torch.Tensor], local: torch.Tensor, async_op: bool = False):
         """Copy every rank's equal-sized `local` into outputs[rank] on all ranks."""
@@ -104,3 +119,18 @@ class Collectives:
             return
         self._record("broadcast", _nbytes([tensor]))
         torch.distributed.broadcast(tensor, src=source_rank, group=self.group)
+
+
+class _SumOnArrival:
+    """The work handle of a reduce-scatter done by all-to-all: waiting adds the received parts."""
+
+    def __init__(self, work, received: torch.Tensor, output: torch.Tensor, world_size: int):
+        self.work, self.received, self.output, self.world_size = work, received, output, world_size
+
+    def wait(self) -> bool:
+        if self.work is not None:
+            self.work.wait()
+            torch.sum(self.received.view(self.world_size, -1), dim=0, out=self.output)
+            free_storage(self.received)
+            self.work = None
+        return True

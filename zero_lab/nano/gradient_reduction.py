@@ -3,10 +3,10 @@
 A bucket is a flat range [start, end) of one flat buffer's gradients, held in a tensor of the
 communication dtype. Reducing it runs in two phases:
     Phase 1 (launch): either reduce-scatter, where the bucket is cut at partition boundaries and
-             each rank receives only the sum of its own share (shares of equal length, as when a
-             bucket holds the whole buffer, travel in one contiguous call), or all-reduce, where
-             every rank receives the whole sum and keeps its share ("scatter-back"). With one
-             partition (stage 0) every rank owns the whole bucket and all-reduces it.
+             each rank receives only the sum of its own share (see `Collectives.reduce_scatter`
+             for how nccl and gloo do it), or all-reduce, where every rank receives the whole sum
+             and keeps its share ("scatter-back"). With one partition (stage 0) every rank owns
+             the whole bucket and all-reduces it.
     Phase 2 (finish): wait for the collective, divide the sum by the world size (SUM then divide;
              not with `gradient_allreduce_op: sum`, which keeps the sum), and copy the share into
              the fp32 gradient partition (a window's first reduction) or add it (later ones).
@@ -56,14 +56,10 @@ class BucketReducer:
         destination = gradient_partition[own_low - buffer.partition_start:own_high - buffer.partition_start]
         asynchronous = self.max_in_flight > 0
         if self.use_reduce_scatter:
-            owner_ranges = buffer.layout.owner_ranges(start, end)
+            share_sizes = [high - low for low, high in buffer.layout.owner_ranges(start, end)]
             direct = not accumulate and bucket.dtype == destination.dtype and bucket.device == destination.device
             share = destination if direct else torch.empty(own_high - own_low, dtype=bucket.dtype, device=bucket.device)
-            if len({high - low for low, high in owner_ranges}) == 1:  # e.g. a bucket of the whole buffer
-                work = self.collectives.reduce_scatter_even(share, bucket, async_op=asynchronous)
-            else:
-                inputs = [bucket[low - start:high - start] for low, high in owner_ranges]
-                work = self.collectives.reduce_scatter(share, inputs, async_op=asynchronous)
+            work = self.collectives.reduce_scatter(share, bucket, share_sizes, async_op=asynchronous)
         else:
             work = self.collectives.all_reduce(bucket, async_op=asynchronous)
             share = bucket[own_low - start:own_high - start]

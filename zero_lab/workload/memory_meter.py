@@ -12,6 +12,12 @@ A storage can also shrink or grow in place without any op (`untyped_storage().re
 way FSDP2 and nano free a buffer that other references still point to): while active, the
 tracker follows those resizes too, and `live_bytes` re-reads every storage's size when asked.
 
+Both meters count garbage too: a tensor kept by an unreachable reference cycle lives until
+Python's cyclic collector runs, at a moment that depends on allocation counts, not on the step
+(seen: gloo's reduce-scatter keeps a whole-input copy alive through its work object, sometimes).
+So the meter collects garbage before it reads the live bytes; peaks within a step may still
+include garbage that has not been collected yet.
+
 Phase 1: `MemoryMeter.start()` enters the tracker (CPU) or resets CUDA's peak statistics.
 Phase 2: the training step runs; every new storage raises `live_bytes` and possibly `peak_bytes`.
 Phase 3: `MemoryMeter.sample()` returns a `MemorySample` and resets the peaks for the next step.
@@ -20,6 +26,7 @@ Phase 3: `MemoryMeter.sample()` returns a `MemorySample` and resets the peaks fo
 from __future__ import annotations
 
 import functools
+import gc
 import resource
 import weakref
 from dataclasses import dataclass
@@ -163,12 +170,14 @@ class MemoryMeter:
 
     def live_bytes(self) -> int:
         """Bytes of live tensors now (CUDA: allocated), without touching the peaks."""
+        gc.collect()
         if self.tracker is None:
             return torch.cuda.memory_allocated(self.device)
         return self.tracker.live_bytes
 
     def sample(self) -> MemorySample:
         """The memory now and the peaks since the previous sample; then reset the peaks."""
+        gc.collect()
         if self.tracker is None:
             sample = MemorySample(
                 alloc=torch.cuda.memory_allocated(self.device),

@@ -44,7 +44,10 @@ class StepMetrics:
         self._losses.append(loss.detach().float())
 
     def before_optimizer_step(self) -> None:
+        """The live bytes before the optimizer step; the time this takes is not the step's."""
+        started = time.perf_counter_ns()
         self._pre_step_alloc = self.memory.live_bytes()
+        self._started += time.perf_counter_ns() - started
 
     def end(self, tokens: int) -> dict:
         """Fields of the step's line (before loss_scale, lr and grad_norm, which the engine knows)."""
