@@ -46,7 +46,8 @@ from zero_lab.workload.impls import (default_single_process_env, engine_config, 
 from zero_lab.workload.log_lines import format_line
 from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
-from zero_lab.workload.run_config import (DTYPE_OF_PRECISION, build_parser, check_launch,
+from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
+from zero_lab.workload.run_config import (build_parser, check_launch,
                                           precision_of)
 from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
 
@@ -56,6 +57,27 @@ def emit(rank: int, tag: str, fields: dict, step: int | None = None) -> None:
     if rank == 0:
         sys.stdout.write(format_line(tag, fields, step) + "\n")
         sys.stdout.flush()
+
+
+def zero_header(impl: str, stage: int, world_size: int, settings, accumulation: int) -> dict:
+    """The `[zero]` line: the ZeRO settings both impls run with (stage-3 keys at stage 3)."""
+    zero = settings.zero_optimization
+    fields = {"impl": impl, "stage": stage, "world_size": world_size,
+              "reduce_scatter": zero.reduce_scatter, "reduce_bucket_size": zero.reduce_bucket_size,
+              "allgather_bucket_size": zero.allgather_bucket_size, "overlap_comm": zero.overlap_comm,
+              "communication_data_type": settings.communication_data_type or "auto",
+              "gradient_accumulation_steps": accumulation,
+              "offload_optimizer": zero.offload_optimizer.device, "offload_param": zero.offload_param.device}
+    if stage == 3:
+        fields.update({key: getattr(zero, key) for key in (
+            "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+            "stage3_max_reuse_distance")})
+    return fields
+
+
+def parameter_count(module: torch.nn.Module) -> int:
+    """Every parameter's elements, also where official stage 3 left a parameter empty (ds_numel)."""
+    return sum(getattr(parameter, "ds_numel", parameter.numel()) for parameter in module.parameters())
 
 
 def dist_backend(device: torch.device) -> str:
@@ -69,7 +91,7 @@ def prepare(argv: list[str] | None):
     default_single_process_env()
     world_size = int(os.environ["WORLD_SIZE"])
     device, config = check_launch(args, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    args.model_dtype = args.model_dtype or DTYPE_OF_PRECISION[precision_of(config)]
+    args.model_dtype = args.model_dtype or DTYPE_NAME_OF_PRECISION[precision_of(config)]
     tokenizer = load_tokenizer(args.model_name, args.trust_remote_code)
     batches = make_batches(tokenizer, args.seq_len, config["train_micro_batch_size_per_gpu"],
                            world_size, args.seed, args.dataset_path, args.max_samples,
@@ -100,19 +122,17 @@ def train(args, device: torch.device, config: dict, batches) -> None:
         model=model, model_parameters=parameter_groups(model, weight_decay),
         config=engine_config(args.impl, config, device))
     settings = load_config(config, world_size=world_size)  # the config with DeepSpeed's defaults
-    zero = settings.zero_optimization
-    emit(rank, "zero", {
-        "impl": args.impl, "stage": engine.zero_optimization_stage(), "world_size": world_size,
-        "reduce_scatter": zero.reduce_scatter, "reduce_bucket_size": zero.reduce_bucket_size,
-        "allgather_bucket_size": zero.allgather_bucket_size, "overlap_comm": zero.overlap_comm,
-        "communication_data_type": settings.communication_data_type or "auto",
-        "gradient_accumulation_steps": engine.gradient_accumulation_steps()})
+    emit(rank, "zero", zero_header(args.impl, engine.zero_optimization_stage(), world_size, settings,
+                                   engine.gradient_accumulation_steps()))
     parameter = next(engine.module.parameters())
     emit(rank, "model", {
-        "name": args.model_name, "params": sum(p.numel() for p in engine.module.parameters()),
+        "name": args.model_name, "params": parameter_count(engine.module),
         "param_dtype": parameter.dtype, "compute_dtype": parameter.dtype,
         "ds_precision": settings.precision, "device": device.type,
         "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"]})
+
+    for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
+        emit(rank, "warn", {"kind": "engine", "message": message})
 
     # Phase 4: the steps. Initialization's broadcasts are not part of any step.
     comm.reset()

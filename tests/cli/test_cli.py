@@ -31,9 +31,9 @@ def one_line_error(result):
 
 @pytest.mark.parametrize("arguments, words", [
     (["compare", "--stages", "1,x"], "--stages must be a comma-separated list"),
-    (["compare", "--stages", "7"], "stage 7 (--stages) is not one zero-lab runs"),
-    (["compare", "--device", "cpu", "--stages", "1,3"], "nano implements stages 0-2"),
-    (["run", "--device", "cpu", "--stage", "7"], "stage 7 (--stage) is not one zero-lab runs"),
+    (["compare", "--stages", "7"], "ZeRO stage 7 does not exist (--stages)"),
+    (["compare", "--device", "cpu", "--stages", "1,4"], "ZeRO stage 4 does not exist (--stages)"),
+    (["run", "--device", "cpu", "--stage", "7"], "ZeRO stage 7 does not exist (--stage)"),
     (["compare", "--impls", "nano,megatron"], "unknown impl 'megatron'"),
     (["compare", "--format", "yaml"], "--format yaml"),
     (["compare", "--device", "cpu", "--dtype", "float16"], "official DeepSpeed rejects fp16"),

@@ -18,10 +18,8 @@ stage 3 is `4 * largest_layer + 18P/N`, and it has none for stages 0 and 1.
 from __future__ import annotations
 
 from zero_lab.nano.memory_formula import peak_model_state_bytes
-from zero_lab.workload.run_config import PRECISION_OF_DTYPE
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-DTYPE_PRECISION = PRECISION_OF_DTYPE  # --dtype names -> nano's precision names
 MIB = 2**20
 
 

@@ -18,7 +18,6 @@ import zero_lab
 
 TRAIN_SCRIPT = Path(zero_lab.__file__).resolve().parents[1] / "harness" / "train.py"
 CONFIG_DIR = TRAIN_SCRIPT.parent / "configs"
-MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -32,6 +31,7 @@ class Workload:
     dtype: str = "float32"
     seed: int = 42
     dataset_path: str | None = None
+    offload: str = "none"  # none, optimizer or param: the harness's --offload
 
 
 @dataclass
@@ -136,7 +136,8 @@ def workload_arguments(work: Workload) -> list[str]:
         "--steps", str(work.steps),
         "--seed", str(work.seed),
     ]
-    optional = (("--batch-size", work.batch_size), ("--seq-len", work.seq_len), ("--dataset-path", work.dataset_path))
+    optional = (("--batch-size", work.batch_size), ("--seq-len", work.seq_len), ("--dataset-path", work.dataset_path),
+                ("--offload", None if work.offload == "none" else work.offload))
     for flag, value in optional:
         if value is not None:
             arguments += [flag, str(value)]

@@ -27,7 +27,7 @@ import psutil
 from rich.progress import Progress
 
 from zero_lab.analysis import launch, rundir
-from zero_lab.analysis.estimate import DTYPE_PRECISION
+from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.analysis.logparse import TAG_PATTERN, parse_file, parse_pairs
 from zero_lab.analysis.metrics import summarize_run
 from zero_lab.cli import signals
@@ -167,7 +167,7 @@ def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupte
         "error": bad_input or stalled,
         "log_tail": "" if status in ("ok", "interrupted") else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
         "params": int(params) if isinstance(params, float) else None,
-        "precision": DTYPE_PRECISION.get(spec.workload.dtype, spec.workload.dtype),
+        "precision": PRECISION_OF_DTYPE_NAME.get(spec.workload.dtype, spec.workload.dtype),
         "duration_s": round(duration_s, 1),
         "run_dir": str(run_dir),
         "skipped_lines": parsed.skipped_lines,

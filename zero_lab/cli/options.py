@@ -19,6 +19,7 @@ from zero_lab.analysis import launch
 from zero_lab.cli.environment import DEVICES, resolve_device
 from zero_lab.cli.errors import check_choice, check_not_negative
 from zero_lab.cli.jobs import Launch
+from zero_lab.nano.config import OFFLOAD_SECTIONS
 
 WORKLOAD = "Workload (identical for every impl)"
 LAUNCH = "Launch (torchrun)"
@@ -32,6 +33,7 @@ SeqLen = Annotated[Optional[int], typer.Option(help="Tokens per sample (default:
 Dtype = Annotated[str, typer.Option(help="Model dtype: float32, bfloat16 or float16 (sets the config's precision).", rich_help_panel=WORKLOAD)]
 Seed = Annotated[int, typer.Option(help="Seed for weights and data.", rich_help_panel=WORKLOAD)]
 DatasetPath = Annotated[Optional[str], typer.Option(help="LIMA-style JSON or JSONL with a text field (default: built-in corpus).", rich_help_panel=WORKLOAD)]
+Offload = Annotated[str, typer.Option(help="CPU offload for both impls: optimizer (stages 1-3), param (optimizer and parameters; stage 3) or none.", rich_help_panel=WORKLOAD)]
 Out = Annotated[Path, typer.Option(help="Where run directories go.")]
 Name = Annotated[Optional[str], typer.Option(help="Run directory name (default: a timestamp and the run's cell).")]
 Nnodes = Annotated[Optional[str], typer.Option(help="torchrun --nnodes (multi-node).", rich_help_panel=LAUNCH)]
@@ -72,6 +74,7 @@ COMMON_OPTIONS = [
     _option("dtype", Dtype, "float32"),
     _option("seed", Seed, 42),
     _option("dataset_path", DatasetPath, None),
+    _option("offload", Offload, "none"),
     _option("out", Out, Path("runs")),
     _option("name", Name, None),
     _option("nnodes", Nnodes, None),
@@ -85,11 +88,11 @@ CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, 
 
 
 def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
-           out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout) -> Common:
+           offload, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout) -> Common:
     """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, or a
     negative --stall-timeout."""
     work = launch.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
-                           dataset_path=dataset_path)
+                           dataset_path=dataset_path, offload=check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS)))
     node = launch.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     device = resolve_device(check_choice(device, "--device", DEVICES))
     check_not_negative(stall_timeout, "--stall-timeout")

@@ -19,16 +19,18 @@ from pathlib import Path
 from zero_lab.analysis import launch, rundir
 from zero_lab.cli.environment import cpu_cores, cuda_devices
 from zero_lab.cli.errors import BadInput, check_choice
+from zero_lab.nano import stages
+from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 
 IMPLS = ("nano", "official")
-STAGES = (0, 1, 2)  # nano implements 0-2; the harness does not wire official DeepSpeed's stage 3
 
 
 def check_stage(stage: int, source: str) -> int:
-    """stage if zero-lab can run it; source says where it came from (--stage, a config file)."""
-    if stage not in STAGES:
-        raise BadInput(f"stage {stage} ({source}) is not one zero-lab runs: nano implements stages 0-2 and the "
-                       "harness does not wire official DeepSpeed's stage 3", "use 0, 1 or 2")
+    """stage if zero-lab can run it (the stage table's); source says where it came from."""
+    refused = stages.refusal(stage)
+    if refused:
+        problem, _, fix = refused.partition("; ")
+        raise BadInput(f"{problem} ({source})", fix)
     return stage
 
 
@@ -96,7 +98,7 @@ def check_impls(impls: list[str]) -> None:
 
 
 def check_workload(workload: launch.Workload, device: str, impls: list[str]) -> None:
-    check_choice(workload.dtype, "--dtype", launch.MODEL_DTYPES)
+    check_choice(workload.dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
     if workload.dtype == "float16" and device == "cpu" and "official" in impls:
         raise BadInput("official DeepSpeed rejects fp16 on this CPU (Type fp16 is not supported on your device)",
                        "use --dtype bfloat16 or float32 on CPU")

@@ -17,7 +17,8 @@ from typing import Annotated
 import typer
 
 from zero_lab.analysis import launch
-from zero_lab.analysis.estimate import DTYPE_PRECISION, estimate_rows, parse_param_count
+from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
+from zero_lab.analysis.estimate import estimate_rows, parse_param_count
 from zero_lab.analysis.markdown import fmt
 from zero_lab.cli import output, plan
 from zero_lab.cli.environment import DEVICES, cpu_cores, cuda_devices, environment, resolve_device
@@ -66,7 +67,7 @@ def estimate(
     Official DeepSpeed's estimators assume 16-bit training (stage 2 in code: 2P + 18P/N); it has
     none for stages 0 and 1. Activations are not counted.
     """
-    check_choice(dtype, "--dtype", tuple(DTYPE_PRECISION))
+    check_choice(dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
     check_choice(format, "--format", ESTIMATE_FORMATS)
     world_sizes = parse_int_list(gpus, "--gpus", range(1, 1 << 20))
     stage_list = parse_int_list(stages, "--stages", range(0, 4))
@@ -74,7 +75,7 @@ def estimate(
     if numel is None:
         numel, largest = count_parameters(model)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda_devices() else "cpu")
-    rows = estimate_rows(numel, world_sizes, stage_list, DTYPE_PRECISION[dtype], largest)
+    rows = estimate_rows(numel, world_sizes, stage_list, PRECISION_OF_DTYPE_NAME[dtype], largest)
     if format == "json":
         output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "rows": rows})
         return

@@ -30,10 +30,18 @@ Layers, each importing only those listed before it:
     stage0 -> stage1 -> stage2 -> stage3 -> engine -> initialize, zero (the API re-exported here).
 """
 
-from zero_lab.nano.distributed import init_distributed
-from zero_lab.nano.engine import NanoEngine
-from zero_lab.nano.errors import NanoConfigError
-from zero_lab.nano import zero
-from zero_lab.nano.initialize import add_config_arguments, initialize
+import importlib
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "NanoEngine", "NanoConfigError"]
+# The API, imported on first use (PEP 562): `import zero_lab.nano.dtypes` from the CLI loads no torch.
+_API = {"initialize": "initialize", "add_config_arguments": "initialize", "init_distributed": "distributed",
+        "NanoEngine": "engine", "NanoConfigError": "errors", "zero": None}
+__all__ = list(_API)
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'zero_lab.nano' has no attribute {name!r}")
+    module = importlib.import_module(f"zero_lab.nano.{_API[name] or name}")
+    value = module if _API[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value

@@ -6,6 +6,9 @@ Phase 2: copy it, dropping nothing DeepSpeed knows (nano's keys are a subset of 
          other defaults (torch.optim.AdamW's weight_decay is 0.01, DeepSpeed's and nano's 0).
 Phase 3: adapt to the device: on CPU ask DeepSpeed for torch.optim's AdamW (`torch_adam`), which
          is the same math nano uses and avoids JIT-compiling FusedAdam (about 50 s on 2 cores).
+         With the optimizer offloaded, official builds its own CPU Adam (a C++ op it compiles)
+         unless told otherwise: `torch_adam` and `zero_force_ds_cpu_optimizer: false` give it
+         torch.optim's AdamW on the host, nano's math, on every device.
 """
 
 from __future__ import annotations
@@ -27,7 +30,11 @@ def to_official_config(config: Any, device: str = "cuda") -> dict:
         params = official["optimizer"].setdefault("params", {})
         for name in ("lr", "betas", "eps", "weight_decay"):
             params.setdefault(name, list(getattr(resolved, name)) if name == "betas" else getattr(resolved, name))
-    if device == "cpu":  # Phase 3
+    offloads = nano.zero_optimization.offload_optimizer.enabled
+    if offloads and "optimizer" in official:  # Phase 3
+        official["optimizer"].setdefault("params", {})["torch_adam"] = True
+        official.setdefault("zero_force_ds_cpu_optimizer", False)
+    if device == "cpu":
         if official.get("fp16", {}).get("enabled"):
             raise NanoConfigError("official DeepSpeed does not support fp16 on CPU; use bf16 or fp32 there")
         if "optimizer" in official:

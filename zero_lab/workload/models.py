@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.workload.errors import WorkloadError, first_line
 from zero_lab.workload.tokenizer import ByteTokenizer
 
@@ -36,7 +37,6 @@ PRESETS = {
 # What Hugging Face raises for a bad model directory or attention implementation: a missing or
 # unreadable file (OSError), a value it rejects (ValueError), an uninstalled kernel (ImportError).
 LOAD_ERRORS = (OSError, ValueError, ImportError)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_model_name(name: str) -> None:
@@ -81,10 +81,10 @@ def build_model(name: str, seed: int, dtype: str = "float32", attn_impl: str | N
             config = Qwen3Config(**PRESETS[name], **_SHARED)
             if attn_impl:
                 config._attn_implementation = attn_impl
-            model = Qwen3ForCausalLM(config).to(DTYPES[dtype])
+            model = Qwen3ForCausalLM(config).to(torch_dtype(dtype))
         else:
             model = AutoModelForCausalLM.from_pretrained(
-                name, dtype=DTYPES[dtype], attn_implementation=attn_impl, local_files_only=True,
+                name, dtype=torch_dtype(dtype), attn_implementation=attn_impl, local_files_only=True,
                 trust_remote_code=trust_remote_code)
     except LOAD_ERRORS as error:
         raise WorkloadError(f"cannot build model {name} (--attn-impl {attn_impl}): "

@@ -21,11 +21,13 @@ from pathlib import Path
 import torch
 
 from zero_lab.workload.errors import WorkloadError
-from zero_lab.workload.models import DTYPES, PRESETS, check_model_name
+from zero_lab.nano.config import OFFLOAD_SECTIONS
+from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
+from zero_lab.nano.stages import IMPLEMENTED
+from zero_lab.workload.models import PRESETS, check_model_name
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "harness" / "configs"
-PRECISION_OF_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-DTYPE_OF_PRECISION = {precision: dtype for dtype, precision in PRECISION_OF_DTYPE.items()}
+
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=42, help="seed of the initial weights and of the batches")
     add("--model-name", default="tiny",
         help=f"a preset ({', '.join(PRESETS)}) or a local Hugging Face model directory")
-    add("--model-dtype", choices=tuple(DTYPES), default=None,
+    add("--model-dtype", choices=tuple(PRECISION_OF_DTYPE_NAME), default=None,
         help="parameter dtype; sets the config's fp16/bf16 sections (default: from the config)")
     add("--attn-impl", default=None, help="attention implementation: eager, sdpa, flash_attention_2")
     add("--dataset-path", default=None,
@@ -52,8 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-samples", type=int, default=None, help="use at most this many dataset samples")
     add("--min-target-tokens", type=int, default=1,
         help="skip dataset samples with fewer target (unmasked) tokens after truncation")
-    add("--zero-stage", type=int, choices=(0, 1, 2), default=None,
+    add("--zero-stage", type=int, choices=IMPLEMENTED, default=None,
         help="ZeRO stage; must agree with --deepspeed_config when both are given (default: 2)")
+    add("--offload", choices=tuple(OFFLOAD_SECTIONS), default="none",
+        help="CPU offload: optimizer (offload_optimizer; stages 1-3), param (offload_param and "
+             "offload_optimizer; stage 3), none (default: the config's own offload sections)")
     add("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     add("--local-files-only", action="store_true",
         help="accepted for the seed's commands: models are always read from local files only")
@@ -116,12 +121,14 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict:
                                 f"--zero-stage is {args.zero_stage}", "Drop one or make them agree")
         zero["stage"] = args.zero_stage
     if args.model_dtype is not None:
-        precision = PRECISION_OF_DTYPE[args.model_dtype]
+        precision = PRECISION_OF_DTYPE_NAME[args.model_dtype]
         for section in ("fp16", "bf16"):
             config.setdefault(section, {})["enabled"] = precision == section
     if args.batch_size is not None:
         config["train_micro_batch_size_per_gpu"] = args.batch_size
         config.pop("train_batch_size", None)  # re-inferred from micro x accumulation x world
+    for section in OFFLOAD_SECTIONS[args.offload]:
+        zero[section] = {**zero.get(section, {}), "device": "cpu"}
     try:  # both impls get this config (official through to_official_config), so nano's rules hold
         load_config(config, world_size=world_size)
     except NanoConfigError as error:
