@@ -194,3 +194,40 @@ def test_official_stage2_moves_the_formulas_bytes(run):
     log = run("official", 2)
     numel = log["model"]["params"]
     assert bytes_per_step(log) == {"all_reduce": numel * FP32 + 2 * FP32, "all_gather": numel * FP32}
+
+
+def stage3_buffers() -> list[tuple[int, str]]:
+    """(padded fp32 elements, unit) of every flat buffer nano makes of tiny at stage 3 with the
+    harness's zero3.json: the unit policy, read from nano, applied to the harness's model."""
+    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.units import choose_units, split_groups_by_unit
+
+    settings = load_config(json.loads((REPO / "harness" / "configs" / "zero3.json").read_text()),
+                           world_size=WORLD_SIZE)
+    model = build_model("tiny", seed=0)
+    groups = parameter_groups(model, weight_decay=0.0)
+    units = choose_units(model, [p for group in groups for p in group["params"]], settings.zero_optimization)
+    return [(FlatLayout.for_stage(tuple(p.numel() for p in parameters), 3, "fp32", WORLD_SIZE).padded_numel,
+             "persistent" if not units[index].sharded else "root" if units[index].name == "root" else "block")
+            for index, _, parameters in split_groups_by_unit(units, groups)]
+
+
+def test_nano_stage3_moves_the_formulas_bytes(run):
+    """Per step at accumulation 1: each block is gathered twice (its forward, its backward), the root
+    once (it stays gathered from the forward to the end of the backward), the persistent buffers
+    once (published after the step, as at stage 2); every buffer's gradients are reduce-scattered
+    once (on gloo an all-to-all of the shares); plus the squared norm's fp32 all-reduce."""
+    log = run("nano", 3)
+    buffers = stage3_buffers()
+    gathers = {"block": 2, "root": 1, "persistent": 1}
+    assert {role for _, role in buffers} == {"block", "root", "persistent"}
+    assert bytes_per_step(log) == {
+        "all_gather": sum(gathers[role] * numel * FP32 for numel, role in buffers),
+        "all_to_all_single": sum(numel * FP32 for numel, _ in buffers),
+        "all_reduce": FP32}
+
+
+def test_nano_and_official_stage3_losses_agree_per_step(run):
+    nano, official = run("nano", 3), run("official", 3)
+    for (step, ours), (_, theirs) in zip(nano["opt_step"], official["opt_step"]):
+        assert abs(ours["loss"] - theirs["loss"]) <= 1e-5, f"step {step}: {ours['loss']} vs {theirs['loss']}"

@@ -88,7 +88,7 @@ def official_config(config: dict, device: str) -> dict:
 def check_model(model: str) -> None:
     from zero_lab.workload.models import check_model_name
 
-    check_model_name(model)
+    check_model_name(model, flag="--model")
 
 
 def check_impls(impls: list[str]) -> None:

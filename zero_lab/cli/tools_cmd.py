@@ -38,7 +38,7 @@ def count_parameters(model: str) -> tuple[int, int]:
 
     from zero_lab.workload.models import PRESETS, build_model, check_model_name
 
-    check_model_name(model)
+    check_model_name(model, flag="--model")
     with torch.device("meta"):
         if model in PRESETS:
             network = build_model(model, seed=0)

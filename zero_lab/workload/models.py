@@ -39,13 +39,14 @@ PRESETS = {
 LOAD_ERRORS = (OSError, ValueError, ImportError)
 
 
-def check_model_name(name: str) -> None:
-    """A preset name, or a directory holding a Hugging Face config.json."""
+def check_model_name(name: str, flag: str = "--model-name") -> None:
+    """A preset name, or a directory holding a Hugging Face config.json; `flag` is how the user
+    gave it (the harness's --model-name, the CLI's --model)."""
     if name in PRESETS:
         return
     path = Path(name).expanduser()
     if not path.exists():
-        raise WorkloadError(f"--model-name {name!r} is neither a preset ({', '.join(PRESETS)}) "
+        raise WorkloadError(f"{flag} {name!r} is neither a preset ({', '.join(PRESETS)}) "
                             "nor an existing directory",
                             "Pick a preset or give a local Hugging Face model directory")
     if not (path / "config.json").is_file():
