@@ -113,6 +113,11 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     engine_module.init_distributed(dist_backend=dist_backend(device),
                                    timeout=datetime.timedelta(seconds=args.dist_timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    # Every rank says who it is (the only line ranks other than 0 print): on a node without
+    # global rank 0, the CLI learns the world size and where the [opt_step] lines are.
+    sys.stdout.write(format_line("rank", {"global_rank": rank, "world_size": world_size,
+                                          "local_rank": int(os.environ.get("LOCAL_RANK", 0))}) + "\n")
+    sys.stdout.flush()
 
     # Phase 3: the same weights on every rank and for both impls, then the engine.
     model = build_model(args.model_name, args.seed, args.model_dtype, args.attn_impl,

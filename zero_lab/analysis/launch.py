@@ -47,6 +47,11 @@ class MultiNode:
     def enabled(self) -> bool:
         return self.nnodes not in (None, "1") or self.rdzv_endpoint is not None
 
+    def world_size(self, nproc: int) -> int | None:
+        """Ranks in all: processes per node times nodes; None for an elastic range ("1:4")."""
+        nodes = self.nnodes or "1"
+        return nproc * int(nodes) if nodes.isdigit() else None
+
 
 @dataclass
 class LaunchSpec:

@@ -37,7 +37,7 @@ STEP_FIELDS = (
 )
 MEMORY_FIELDS = ("alloc_max_mb", "peak_alloc_max_mb", "reserved_max_mb", "peak_reserved_max_mb")
 
-TAG_PATTERN = re.compile(r"\[(zero|model|comm|warn|opt_step (\d+))\](.*)$")
+TAG_PATTERN = re.compile(r"\[(rank|zero|model|comm|warn|opt_step (\d+))\](.*)$")
 PAIR_PATTERN = re.compile(r"(\w+)=(\S+)")
 
 
@@ -45,6 +45,7 @@ PAIR_PATTERN = re.compile(r"(\w+)=(\S+)")
 class ParsedLog:
     """Everything rank 0 said: headers, one dict per optimizer step, collectives and warnings."""
 
+    rank: dict[str, object] = field(default_factory=dict)  # who wrote this log (every rank says)
     zero: dict[str, object] = field(default_factory=dict)
     model: dict[str, object] = field(default_factory=dict)
     steps: list[dict[str, object]] = field(default_factory=list)

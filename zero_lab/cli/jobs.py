@@ -56,7 +56,8 @@ def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, st
                           shared.extra_torchrun_args, steps=steps, stall_timeout_s=shared.stall_timeout_s)
     config = plan.received_config(staged, spec, source)
     official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
-    label = f"{impl} w{nproc} s{stage}" + (" (warm-up)" if steps is not None else "")
+    world_size = shared.multi_node.world_size(nproc) or nproc
+    label = f"{impl} w{world_size} s{stage}" + (" (warm-up)" if steps is not None else "")
     return Job(spec, run_dir, config, official, label)
 
 

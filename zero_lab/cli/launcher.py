@@ -155,8 +155,14 @@ def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupte
     if bad_input:
         status = "bad_input"
     params = parsed.model.get("params")
+    world_size = parsed.zero.get("world_size") or parsed.rank.get("world_size") \
+        or spec.multi_node.world_size(spec.nproc) or spec.nproc
+    elsewhere = parsed.rank.get("global_rank") not in (None, 0, 0.0)
     return {
-        "world_size": int(parsed.zero.get("world_size") or spec.nproc),
+        "world_size": int(world_size),
+        "note": (f"global rank 0 ran on another node: its [opt_step] lines and losses are in that node's run "
+                 f"directory (this node ran global rank {int(parsed.rank['global_rank'])} and its local peers)")
+        if elsewhere else None,
         "stage": spec.stage,
         "impl": spec.impl,
         "status": status,

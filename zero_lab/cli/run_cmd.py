@@ -92,5 +92,7 @@ def run(
         output.print_json({key: value for key, value in summary.items() if key != "losses"})
     else:
         output.print_table(*run_table(summaries), title=f"{run_dir}")
+    if summary.get("note"):
+        output.stderr.print(f"note: {summary['note']}", markup=False, highlight=False)
     report_problems(summaries)
     raise typer.Exit(exit_code_of(summaries, interrupted_by) or 0)
