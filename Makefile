@@ -23,7 +23,7 @@ test: setup
 	$(BIN)/pytest -q
 
 demo: setup
-	$(BIN)/zero-lab compare --gpus 2 --device cpu --stages 1,2 --report reports/cpu-demo.md
+	$(BIN)/zero-lab compare --gpus 2 --device cpu --stages 1,2,3 --report reports/cpu-demo.md
 
 bench: setup
 	$(BIN)/python bench/memory_vs_official.py
