@@ -1,0 +1,68 @@
+"""Benchmark: what CPU offload costs in step time, for nano and for official DeepSpeed, side by side.
+
+    .venv/bin/python bench/offload_cost.py                     # tiny, 2 CPU ranks, stages 2 and 3
+    .venv/bin/python bench/offload_cost.py --model small --steps 8 --device cuda --gpus 1 --dtype bfloat16
+
+Phase 1: one `zero-lab compare` per offload choice (none, optimizer, and param at stage 3) runs
+         both impls with the same model, data and seed.
+Phase 2: print, per stage and offload, each impl's median step time (step 1 excluded), its ratio
+         to the same impl without offload (the offload's cost), and the live bytes each impl
+         measured (on CPU host and device are one memory: the bytes do not move, the path does).
+No gate: this is a measurement to read (and to paste into a closing note).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MB = 2 ** 20
+CASES = (("none", "2,3"), ("optimizer", "2,3"), ("param", "3"))
+
+
+def compare(offload: str, stages: str, args: argparse.Namespace) -> dict:
+    """Phase 1 for one offload choice."""
+    command = [str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", str(args.gpus), "--device",
+               args.device, "--stages", stages, "--model", args.model, "--steps", str(args.steps), "--dtype",
+               args.dtype, "--offload", offload, "--format", "json", "--out", str(REPO / "runs" / "bench")]
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if not finished.stdout.strip():
+        sys.exit(f"error: zero-lab compare printed nothing (exit {finished.returncode}):\n{finished.stderr[-2000:]}")
+    return json.loads(finished.stdout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+
+    rows = {}
+    for offload, stages in CASES:
+        for row in compare(offload, stages, args)["rows"]:
+            rows[(row["stage"], offload, row["impl"])] = row
+    print(f"{'stage':>5} {'offload':>10} {'impl':>9} {'step ms':>9} {'x no offload':>13} {'live MB':>9}")
+    for stage in (2, 3):
+        for offload, stages in CASES:
+            if str(stage) not in stages.split(","):
+                continue
+            for impl in ("nano", "official"):
+                row, plain = rows.get((stage, offload, impl)), rows.get((stage, "none", impl))
+                if not row or row["status"] != "ok" or not plain or not plain.get("step_ms"):
+                    print(f"{stage:>5} {offload:>10} {impl:>9}   run failed")
+                    continue
+                cost = row["step_ms"] / plain["step_ms"]
+                print(f"{stage:>5} {offload:>10} {impl:>9} {row['step_ms']:>9.1f} {cost:>13.2f} "
+                      f"{row['alloc_max_mb']:>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
