@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 # Official DeepSpeed JIT-builds ops into this folder; one per checkout keeps builds out of $HOME.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test test-fast demo bench clean
 
 setup: $(VENV)/.installed
 
@@ -21,6 +21,11 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(BIN)/pytest -q
+
+# The quick loop while editing: everything but the tests that launch torchrun, spawn gloo ranks or
+# run official DeepSpeed (markers slow and official). The README's test command stays `make test`.
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow and not official"
 
 demo: setup
 	$(BIN)/zero-lab compare --gpus 2 --device cpu --stages 1,2,3 --report reports/cpu-demo.md

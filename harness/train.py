@@ -100,11 +100,21 @@ def prepare(argv: list[str] | None):
 
 
 def train(args, device: torch.device, config: dict, batches) -> None:
-    """Phases 2-5: meters, engine, training steps, totals."""
+    """Phases 2-5: meters, engine, training steps, totals; the meters come out whatever happens."""
     # Phase 2: both meters go in before the engine exists (see their modules for why).
     comm = CommMeter().install()
     memory = MemoryMeter(device)
     memory.start()
+    try:
+        train_with_meters(args, device, config, batches, comm, memory)
+    finally:
+        memory.stop()
+        comm.uninstall()
+
+
+def train_with_meters(args, device: torch.device, config: dict, batches, comm: CommMeter,
+                      memory: MemoryMeter) -> None:
+    """Phases 3-5, measured by the meters Phase 2 installed."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     engine_module = load_engine_module(args.impl, device)
@@ -167,7 +177,6 @@ def train(args, device: torch.device, config: dict, batches) -> None:
 
     # Phase 5: totals per collective type over the training steps; no rank tears its process
     # group down while another still works.
-    memory.stop()
     for fields in comm_totals(comm.snapshot(), args.steps):
         emit(rank, "comm", fields)
     with comm.paused():

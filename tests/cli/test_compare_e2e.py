@@ -19,6 +19,8 @@ from zero_lab.analysis import launch
 from zero_lab.cli.app import app
 from zero_lab.cli.launcher import stop_process_tree
 
+pytestmark = pytest.mark.slow  # launches torchrun: `make test-fast` leaves it out
+
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
 COMPARE = [ZERO_LAB, "compare", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "5",
            "--stages", "1,2", "--format", "json"]

@@ -5,6 +5,8 @@ import pytest
 from tests.nano import dropin_workers
 from tests.spawn import run_distributed
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks: `make test-fast` leaves it out
+
 
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_manual_accumulation_boundary_equals_managed_accumulation(world_size):

@@ -5,6 +5,8 @@ import pytest
 from tests.nano import offload_workers
 from tests.spawn import run_distributed
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks: `make test-fast` leaves it out
+
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_offload_equals_no_offload_bit_for_bit(world_size):

@@ -9,6 +9,8 @@ import pytest
 from tests.nano import workers
 from tests.spawn import run_distributed
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks: `make test-fast` leaves it out
+
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_every_step_matches_the_reference(world_size):

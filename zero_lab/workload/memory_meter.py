@@ -156,17 +156,21 @@ class MemoryMeter:
     def __init__(self, device: torch.device):
         self.device = device
         self.tracker = LiveStorageTracker(device.type) if device.type != "cuda" else None
+        self.tracking = False
 
     def start(self) -> None:
         if self.tracker is not None:
             self.tracker.__enter__()
+            self.tracking = True
             reset_peak_resident()
         else:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def stop(self) -> None:
-        if self.tracker is not None:
+        """Leave the tracker (once; a second stop does nothing)."""
+        if self.tracking:
             self.tracker.__exit__(None, None, None)
+            self.tracking = False
 
     def live_bytes(self) -> int:
         """Bytes of live tensors now (CUDA: allocated), without touching the peaks."""

@@ -79,9 +79,7 @@ def build_model(name: str, seed: int, dtype: str = "float32", attn_impl: str | N
     torch.manual_seed(seed)
     try:  # Hugging Face checks the attention implementation and the files while it builds
         if name in PRESETS:
-            config = Qwen3Config(**PRESETS[name], **_SHARED)
-            if attn_impl:
-                config._attn_implementation = attn_impl
+            config = Qwen3Config(**PRESETS[name], **_SHARED, **({"attn_implementation": attn_impl} if attn_impl else {}))
             model = Qwen3ForCausalLM(config).to(torch_dtype(dtype))
         else:
             model = AutoModelForCausalLM.from_pretrained(
