@@ -1,18 +1,23 @@
-"""Parse the harness's rank-0 log (docs/log-format.md) and the seed project's logs into one shape.
+"""Read the harness's rank-0 log (docs/log-format.md) and the seed project's logs into one shape.
 
-Phase 1: find a tagged line - `[zero]`, `[model]`, `[opt_step k]`, `[comm]` or `[warn]` - anywhere
-         in the line, so torchrun's `[default0]:` prefix and timestamps do not matter.
-Phase 2: split the rest into `key=value` pairs; rename the seed's `cuda_*` memory names to ours.
-Phase 3: keep numbers as floats and everything else as text; a tagged line that does not parse
-         (truncated by a crash, interleaved with another rank's output) is counted, not fatal.
+The tolerant reader, built on the contract's one tokenizer (`zero_lab.workload.log_lines`), so a
+value reads the same here as in the tests (`true` is a bool, `2` an int):
+Phase 1: find a tagged line - `[zero]`, `[model]`, `[opt_step k]`, `[phase]`, `[collective]`,
+         `[comm]` or `[warn]` - anywhere in the line (`log_lines.find_tagged`), so torchrun's
+         `[default0]:` prefix and timestamps do not matter.
+Phase 2: split the rest into typed `key=value` fields (`log_lines.split_fields`); rename the seed's
+         `cuda_*` memory names to ours; keep the bare model path that starts the seed's `[model]`
+         line as `name`.
+Phase 3: a tagged line that does not parse (truncated by a crash, fused with another rank's
+         output, a step without a numeric loss) is counted, not fatal.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from zero_lab.workload.log_lines import find_tagged, split_fields
 
 # The seed printed CUDA-only names; ours name the same quantities without the device.
 SEED_FIELD_NAMES = {
@@ -34,21 +39,22 @@ STEP_FIELDS = (
     "peak_alloc_max_mb",
     "peak_reserved_max_mb",
     "comm_mb",
+    "comm_wire_mb",
 )
 MEMORY_FIELDS = ("alloc_max_mb", "peak_alloc_max_mb", "reserved_max_mb", "peak_reserved_max_mb")
-
-TAG_PATTERN = re.compile(r"\[(rank|zero|model|comm|warn|opt_step (\d+))\](.*)$")
-PAIR_PATTERN = re.compile(r"(\w+)=(\S+)")
 
 
 @dataclass
 class ParsedLog:
-    """Everything rank 0 said: headers, one dict per optimizer step, collectives and warnings."""
+    """Everything rank 0 said: headers, one dict per optimizer step, memory at each phase of each
+    step, the traced collectives, totals per collective and warnings."""
 
     rank: dict[str, object] = field(default_factory=dict)  # who wrote this log (every rank says)
     zero: dict[str, object] = field(default_factory=dict)
     model: dict[str, object] = field(default_factory=dict)
     steps: list[dict[str, object]] = field(default_factory=list)
+    phases: list[dict[str, object]] = field(default_factory=list)
+    collectives: list[dict[str, object]] = field(default_factory=list)
     comm: list[dict[str, object]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     skipped_lines: int = 0
@@ -58,62 +64,63 @@ class ParsedLog:
 
     def found_nothing(self) -> bool:
         """Not one tagged line, not even a garbled one: not a training log at all."""
-        return not (self.zero or self.model or self.steps or self.comm or self.warnings or self.skipped_lines)
+        return not (self.zero or self.model or self.steps or self.phases or self.collectives or self.comm
+                    or self.warnings or self.skipped_lines)
 
 
-def parse_value(text: str) -> object:
-    """A float when the text is a number (nan and inf included), else the text itself."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
+def is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def parse_pairs(text: str) -> dict[str, object]:
-    pairs = {}
-    for key, value in PAIR_PATTERN.findall(text):
-        pairs[SEED_FIELD_NAMES.get(key, key)] = parse_value(value)
-    return pairs
+def read_fields(tag: str, rest: str) -> dict[str, object] | None:
+    """Phase 2: the typed fields of one tagged line, or None when it is garbled."""
+    tokens = rest.split()
+    name = None
+    if tag == "model" and tokens and "=" not in tokens[0]:  # the seed: `[model] /path/Qwen3-0.6B key=value ...`
+        name, rest = tokens[0], " ".join(tokens[1:])
+    fields = split_fields(rest)
+    if fields is None:
+        return None
+    fields = {SEED_FIELD_NAMES.get(key, key): value for key, value in fields.items()}
+    return {"name": name, **fields} if name is not None else fields
 
 
-def well_formed(rest: str) -> bool:
-    """Every token is `key=value`: a line cut off mid-token or fused with another fails."""
-    return all(PAIR_PATTERN.fullmatch(token) for token in rest.split())
-
-
-def parse_step(step: int, rest: str) -> dict[str, object] | None:
+def step_row(step: int, rest: str) -> dict[str, object] | None:
     """One `[opt_step k]` row, or None when the line is garbled or carries no numeric loss."""
-    if not well_formed(rest):
+    fields = read_fields("opt_step", rest)
+    if fields is None or not is_number(fields.get("loss")):
         return None
-    pairs = parse_pairs(rest)
-    if not isinstance(pairs.get("loss"), float):
+    return {"step": step, **fields}
+
+
+def step_and_loss(line: str) -> tuple[int, object] | None:
+    """(step, loss or None) of an `[opt_step k]` line: what a progress display needs as it streams."""
+    found = find_tagged(line)
+    if found is None or found[0] != "opt_step":
         return None
-    return {"step": step, **pairs}
+    row = step_row(found[1], found[2])
+    return found[1], (row or {}).get("loss")
 
 
 def parse_lines(lines) -> ParsedLog:
     parsed = ParsedLog()
     for line in lines:
-        match = TAG_PATTERN.search(line.rstrip("\n"))
-        if match is None:
+        found = find_tagged(line)  # Phase 1
+        if found is None:
             continue
-        tag, step, rest = match.group(1), match.group(2), match.group(3)
-        if step is not None:
-            row = parse_step(int(step), rest)
-            if row is None:
-                parsed.skipped_lines += 1
-            else:
-                parsed.steps.append(row)
-        elif tag == "warn":
+        tag, step, rest = found
+        if tag == "warn":
             parsed.warnings.append(rest.strip())
+            continue
+        row = step_row(step, rest) if tag == "opt_step" else read_fields(tag, rest)
+        if not row:  # Phase 3
+            parsed.skipped_lines += 1
+        elif tag == "opt_step":
+            parsed.steps.append(row)
+        elif tag in ("rank", "zero", "model"):
+            getattr(parsed, tag).update(row)
         else:
-            pairs = parse_pairs(rest)
-            if not pairs or not well_formed(rest):
-                parsed.skipped_lines += 1
-            elif tag == "comm":
-                parsed.comm.append(pairs)
-            else:
-                getattr(parsed, tag).update(pairs)
+            {"phase": parsed.phases, "collective": parsed.collectives, "comm": parsed.comm}[tag].append(row)
     return parsed
 
 
@@ -124,7 +131,3 @@ def parse_text(text: str) -> ParsedLog:
 def parse_file(path: Path) -> ParsedLog:
     with open(path, encoding="utf-8", errors="replace") as handle:
         return parse_lines(handle)
-
-
-def finite(value: object) -> bool:
-    return isinstance(value, float) and math.isfinite(value)

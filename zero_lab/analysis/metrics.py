@@ -17,7 +17,7 @@ import math
 import signal
 import statistics
 
-from zero_lab.analysis.logparse import MEMORY_FIELDS, ParsedLog
+from zero_lab.analysis.logparse import MEMORY_FIELDS, ParsedLog, is_number
 
 ROW_KEYS = (
     "world_size",
@@ -39,7 +39,7 @@ DEFAULT_LOSS_TOL = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 5e-2}
 
 
 def column(steps: list[dict], name: str) -> list[float]:
-    return [row[name] for row in steps if isinstance(row.get(name), float)]
+    return [float(row[name]) for row in steps if is_number(row.get(name))]
 
 
 def max_or_none(values: list[float]) -> float | None:

@@ -28,7 +28,7 @@ from rich.progress import Progress
 
 from zero_lab.analysis import launch, rundir
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
-from zero_lab.analysis.logparse import TAG_PATTERN, parse_file, parse_pairs
+from zero_lab.analysis.logparse import parse_file, step_and_loss
 from zero_lab.analysis.metrics import summarize_run
 from zero_lab.cli import signals
 from zero_lab.cli.stall import StallWatch
@@ -67,14 +67,14 @@ def stream(process: subprocess.Popen, console_log: Path, progress: Progress | No
     with open(console_log, "w", buffering=1) as sink:  # line by line, so console.log can be followed live
         for line in process.stdout:
             sink.write(line)
-            match = TAG_PATTERN.search(line)
-            if not (match and match.group(2)):
+            found = step_and_loss(line)
+            if found is None:
                 continue
-            on_step(int(match.group(2)))
+            step, loss = found
+            on_step(step)
             if progress is not None:
-                loss = parse_pairs(match.group(3)).get("loss")
-                loss_text = f"{loss:.4f}" if isinstance(loss, float) else "?"
-                progress.update(task, completed=int(match.group(2)), loss=loss_text)
+                loss_text = f"{loss:.4f}" if loss is not None else "?"
+                progress.update(task, completed=step, loss=loss_text)
     process.wait()
 
 
@@ -172,7 +172,7 @@ def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupte
         "interrupted_by": interrupted_by,
         "error": bad_input or stalled,
         "log_tail": "" if status in ("ok", "interrupted") else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
-        "params": int(params) if isinstance(params, float) else None,
+        "params": params if isinstance(params, int) and not isinstance(params, bool) else None,
         "precision": PRECISION_OF_DTYPE_NAME.get(spec.workload.dtype, spec.workload.dtype),
         "duration_s": round(duration_s, 1),
         "run_dir": str(run_dir),

@@ -1,8 +1,16 @@
-"""The log contract's lines: `[tag] key=value ...` on one line each (docs/log-format.md).
+"""The log contract's lines, `[tag] key=value ...` one per line (docs/log-format.md): the one writer
+and the one tokenizer every reader uses.
 
-`format_line` is what rank 0 prints; `parse_line` is the reference reader the tests use (the
-CLI keeps its own parser, which also reads the seed's `cuda_*` names). Values never contain
-spaces: `format_value` replaces them, so `key=value` pairs split on whitespace.
+`format_line` is what rank 0 prints. Reading goes through two functions, shared by every reader:
+    `find_tagged(line)`: the tag, the step (for `[opt_step k]`) and the rest of a contract line,
+                         found anywhere in the line (torchrun's `[default0]:` prefix is fine);
+    `split_fields(rest)`: the `key=value` tokens as a dict of typed values, or None when a token
+                         is not `key=value` (a line cut off or fused with another).
+Values are typed one way everywhere (`parse_value`): int, float (`nan`, `inf` too), bool (`true`
+and `false`, and the seed's `True` and `False`), None, else the text.
+`parse_line` is the strict reader the tests use: the whole line is one contract line. The tolerant
+reader (`zero_lab.analysis.logparse`) adds what logs in the wild need on top of the same tokenizer.
+Values never contain spaces: `format_value` replaces them, so `key=value` pairs split on whitespace.
 """
 
 from __future__ import annotations
@@ -11,6 +19,8 @@ import math
 import re
 
 MB = 2**20  # the contract's MB: mebibytes
+
+TAGS = ("rank", "zero", "model", "opt_step", "phase", "collective", "comm", "warn")
 
 # Per-field number formats; loss and grad_norm carry enough digits for 1e-6 comparisons.
 FLOAT_FORMATS = {
@@ -23,7 +33,10 @@ FLOAT_FORMATS = {
 }
 MB_FORMAT = "{:.4f}"
 
-_LINE = re.compile(r"^\[(?P<tag>[a-z_]+)(?: (?P<step>\d+))?\](?P<rest>.*)$")
+_TAGGED = re.compile(r"\[(?:(?P<tag>" + "|".join(tag for tag in TAGS if tag != "opt_step")
+                     + r")|opt_step (?P<step>\d+))\](?P<rest>.*)$")
+_FIELD = re.compile(r"(?P<key>\w+)=(?P<value>\S+)")
+_WORDS = {"true": True, "false": False, "none": None, "True": True, "False": False, "None": None}
 
 
 def format_value(key: str, value) -> str:
@@ -43,24 +56,42 @@ def format_line(tag: str, fields: dict, step: int | None = None) -> str:
 
 
 def parse_value(text: str):
+    """int, float, bool or None when the text spells one, else the text."""
     for kind in (int, float):
         try:
             return kind(text)
         except ValueError:
             pass
-    return {"true": True, "false": False, "none": None}.get(text, text)
+    return _WORDS.get(text, text)
+
+
+def _parts(match: re.Match) -> tuple[str, int | None, str]:
+    step = match["step"]
+    return (match["tag"] or "opt_step"), (int(step) if step is not None else None), match["rest"]
+
+
+def find_tagged(line: str) -> tuple[str, int | None, str] | None:
+    """(tag, step or None, the rest of the line) of the first contract tag in `line`, or None."""
+    match = _TAGGED.search(line.rstrip("\n"))
+    return None if match is None else _parts(match)
+
+
+def split_fields(rest: str) -> dict | None:
+    """Every whitespace-separated token as `key=value`, typed; None if any token is not one."""
+    fields = {}
+    for token in rest.split():
+        match = _FIELD.fullmatch(token)
+        if match is None:
+            return None
+        fields[match["key"]] = parse_value(match["value"])
+    return fields
 
 
 def parse_line(line: str) -> tuple[str, int | None, dict] | None:
-    """(tag, step, fields) of a contract line; None for any other line."""
-    match = _LINE.match(line.strip())
+    """(tag, step, fields) of a line that is exactly one contract line; None for any other line."""
+    match = _TAGGED.match(line.strip())
     if match is None:
         return None
-    fields = {}
-    for pair in match["rest"].split():
-        key, separator, value = pair.partition("=")
-        if not separator:
-            return None
-        fields[key] = parse_value(value)
-    step = int(match["step"]) if match["step"] is not None else None
-    return match["tag"], step, fields
+    tag, step, rest = _parts(match)
+    fields = split_fields(rest)
+    return None if fields is None else (tag, step, fields)
