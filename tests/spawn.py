@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed
 
-from zero_lab.analysis.launch import free_port
+from zero_lab.launch.ports import free_port
 
 
 def _entry(worker: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple) -> None:

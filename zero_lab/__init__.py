@@ -3,7 +3,10 @@
 Layers, each importing only the ones below it:
     zero_lab.nano       the engine (collectives -> flat buffers -> per-stage optimizers -> initialize)
     zero_lab.workload   the training workload: models, data, memory and communication meters, log lines
-    harness/train.py    the torchrun entry that runs the workload under nano or official DeepSpeed
+    zero_lab.harness    the torchrun entry that runs the workload under nano or official DeepSpeed
+                        (the checkout's harness/train.py is its documented script)
+    zero_lab.analysis   pure functions on finished runs: log parsing, metrics, verdicts, reports, estimates
+    zero_lab.launch     starting, watching and stopping one torchrun job (command, port, stall, signals)
     zero_lab.cli        the `zero-lab` command: run, compare, parse, report, estimate, doctor
 """
 

@@ -65,12 +65,12 @@ def one_line_error(result):
     (["parse", "missing.log", "--format", "xml"], "--format xml is not one of table, csv, json"),
 ])
 def test_bad_input_is_one_line_and_exit_2(arguments, words, monkeypatch):
-    from zero_lab.cli import launcher
+    from zero_lab.launch import torchrun_job
 
     def no_launch(*args, **kwargs):
         raise AssertionError("bad input launched torchrun")
 
-    monkeypatch.setattr(launcher.subprocess, "Popen", no_launch)
+    monkeypatch.setattr(torchrun_job.subprocess, "Popen", no_launch)
     assert words in one_line_error(runner.invoke(app, arguments))
 
 
@@ -86,12 +86,12 @@ DATASETS = {
 @pytest.mark.parametrize("name", DATASETS)
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_a_bad_dataset_is_one_line_and_exit_2_before_anything_launches(tmp_path, monkeypatch, command, name):
-    from zero_lab.cli import launcher
+    from zero_lab.launch import torchrun_job
 
     content, words = DATASETS[name]
     dataset = tmp_path / name
     dataset.mkdir() if content is None else dataset.write_text(content)
-    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("bad input launched torchrun"))
+    monkeypatch.setattr(torchrun_job.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("bad input launched torchrun"))
     result = runner.invoke(app, [command, "--device", "cpu", "--model", "tiny", "--steps", "1", "--dataset-path",
                                  str(dataset), "--out", str(tmp_path / "runs")])
     assert words in one_line_error(result) and str(dataset) in result.stderr
@@ -120,11 +120,11 @@ def test_config_nano_refuses_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.parametrize("command", [["run", "--impl", "nano"], ["run", "--impl", "official"], ["compare"],
                                      ["config", "official"]], ids=["run-nano", "run-official", "compare", "config-official"])
 def test_a_config_value_of_the_wrong_type_is_one_line_and_exit_2(tmp_path, monkeypatch, command):
-    from zero_lab.cli import launcher
+    from zero_lab.launch import torchrun_job
 
     config = tmp_path / "quoted.json"
     config.write_text(json.dumps({"train_micro_batch_size_per_gpu": "4", "zero_optimization": {"stage": 2}}))
-    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("bad input launched torchrun"))
+    monkeypatch.setattr(torchrun_job.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("bad input launched torchrun"))
     where = [str(config)] if command[0] == "config" else ["--model", "tiny", "--config", str(config)]
     line = one_line_error(runner.invoke(app, [*command, *where, "--device", "cpu"]))
     assert f"{config}: config field 'train_micro_batch_size_per_gpu' is '4'" in line, line

@@ -15,9 +15,9 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from zero_lab.analysis import launch
+from zero_lab.launch import torchrun
 from zero_lab.cli.app import app
-from zero_lab.cli.launcher import stop_process_tree
+from zero_lab.launch.torchrun_job import stop_process_tree
 
 pytestmark = pytest.mark.slow  # launches torchrun: `make test-fast` leaves it out
 
@@ -90,7 +90,7 @@ time.sleep(30)
 def test_a_failing_run_exits_3_keeps_its_logs_and_partial_results(tmp_path, monkeypatch):
     script = tmp_path / "failing_train.py"
     script.write_text(FAILING_SCRIPT)
-    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
+    monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
     result = CliRunner().invoke(app, ["run", "--impl", "official", "--gpus", "2", "--device", "cpu", "--steps", "3",
                                       "--out", str(tmp_path / "runs"), "--name", "boom", "--format", "json"])
     assert result.exit_code == 3, result.output
@@ -107,7 +107,7 @@ def test_bad_input_only_rank_1_reports_is_its_one_line_and_exit_2(tmp_path, monk
     script.write_text('import os, sys, time\nif os.environ["RANK"] == "1":\n'
                       '    print("error: injected bad input. Fix it", file=sys.stderr, flush=True)\n'
                       '    sys.exit(2)\ntime.sleep(30)\n')
-    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
+    monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
     result = CliRunner().invoke(app, ["run", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1",
                                       "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2, result.output
@@ -117,7 +117,7 @@ def test_bad_input_only_rank_1_reports_is_its_one_line_and_exit_2(tmp_path, monk
 def test_a_failed_cell_does_not_stop_the_others_and_compare_exits_3(tmp_path, monkeypatch):
     script = tmp_path / "failing_train.py"
     script.write_text(FAILING_SCRIPT)  # official fails on rank 1, nano finishes
-    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
+    monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
     result = CliRunner().invoke(app, ["compare", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1",
                                       "--stages", "1,2", "--out", str(tmp_path), "--name", "c", "--format", "json"])
     assert result.exit_code == 3, result.output
@@ -132,7 +132,7 @@ def test_stopping_a_run_ends_torchrun_and_every_worker_within_seconds(tmp_path):
     sleeper.write_text("import time\ntime.sleep(120)\n")
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-         "--master-port", str(launch.free_port()), str(sleeper)],
+         "--master-port", str(torchrun.free_port()), str(sleeper)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ})
     deadline = time.monotonic() + 30
     while len(psutil.Process(process.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:
@@ -147,13 +147,13 @@ def test_stopping_a_run_ends_torchrun_and_every_worker_within_seconds(tmp_path):
 
 
 def test_ctrl_c_marks_the_run_interrupted_keeps_its_results_and_exits_130(tmp_path, monkeypatch):
-    from zero_lab.cli import launcher
+    from zero_lab.launch import torchrun_job
 
     script = tmp_path / "slow_train.py"
     script.write_text('import os, time\nif os.environ["RANK"] == "0":\n'
                       '    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)\ntime.sleep(60)\n')
-    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
-    real_stream = launcher.stream
+    monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
+    real_stream = torchrun_job.stream
 
     def stream_then_ctrl_c(process, console_log, progress, task, on_step):
         with open(console_log, "w") as sink:
@@ -163,7 +163,7 @@ def test_ctrl_c_marks_the_run_interrupted_keeps_its_results_and_exits_130(tmp_pa
                     raise KeyboardInterrupt  # what Python raises on SIGINT in the main thread
         real_stream(process, console_log, progress, task, on_step)
 
-    monkeypatch.setattr(launcher, "stream", stream_then_ctrl_c)
+    monkeypatch.setattr(torchrun_job, "stream", stream_then_ctrl_c)
     started = time.monotonic()
     result = CliRunner().invoke(app, ["run", "--impl", "nano", "--gpus", "2", "--device", "cpu", "--out",
                                       str(tmp_path / "runs"), "--name", "stop", "--format", "json"])

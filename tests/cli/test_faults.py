@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
 # The real entry point, with harness/train.py swapped for the script given as the first argument.
-WITH_SCRIPT = ("import sys; from pathlib import Path; from zero_lab.analysis import launch; "
-               "launch.TRAIN_SCRIPT = Path(sys.argv.pop(1)); from zero_lab.cli.entry import main; main()")
+WITH_SCRIPT = ("import sys; from pathlib import Path; from zero_lab.launch import torchrun; "
+               "torchrun.TRAIN_SCRIPT = Path(sys.argv.pop(1)); from zero_lab.cli.entry import main; main()")
 SLEEPY_TRAIN = """
 import os, time
 if os.environ["RANK"] == "0":

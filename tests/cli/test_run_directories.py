@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from zero_lab.analysis import launch, rundir
-from zero_lab.cli import launcher
+from zero_lab.analysis import rundir
+from zero_lab.launch import torchrun
+from zero_lab.launch import torchrun_job
 from zero_lab.cli.app import app
 
 runner = CliRunner()
@@ -42,7 +43,7 @@ def test_claim_creates_a_new_directory_or_numbers_the_next_one(tmp_path):
 def test_runs_started_in_the_same_second_keep_their_own_logs(tmp_path, monkeypatch):
     script = tmp_path / "quick_train.py"
     script.write_text(QUICK_SCRIPT)
-    monkeypatch.setattr(launch, "TRAIN_SCRIPT", script)
+    monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
     monkeypatch.setattr(rundir, "timestamp", lambda now=None: "20260101-120000")
     for _ in range(2):
         result = runner.invoke(app, ["run", "--gpus", "1", "--device", "cpu", "--model", "tiny", "--steps", "1",
@@ -76,7 +77,7 @@ def test_two_runs_started_together_never_share_a_directory(tmp_path):
 def test_an_existing_directory_is_refused_even_without_results(tmp_path, monkeypatch, command):
     (tmp_path / "half" / "cells" / "w2-s1-nano").mkdir(parents=True)  # a comparison cut short
     (tmp_path / "half" / "cells" / "w2-s1-nano" / "console.log").write_text("kept\n")
-    monkeypatch.setattr(launcher.subprocess, "Popen", no_launch)
+    monkeypatch.setattr(torchrun_job.subprocess, "Popen", no_launch)
     result = runner.invoke(app, [command, "--device", "cpu", "--model", "tiny", "--out", str(tmp_path), "--name", "half"])
     assert result.exit_code == 2 and result.stderr.startswith(f"error: {tmp_path / 'half'} already exists"), result.output
     assert (tmp_path / "half" / "cells" / "w2-s1-nano" / "console.log").read_text() == "kept\n"
@@ -101,7 +102,7 @@ def unwritable_out(tmp_path: Path, kind: str) -> Path:
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_an_unwritable_out_is_one_line_and_exit_2_before_anything_starts(tmp_path, monkeypatch, command, kind):
     out = unwritable_out(tmp_path, kind)
-    monkeypatch.setattr(launcher.subprocess, "Popen", no_launch)
+    monkeypatch.setattr(torchrun_job.subprocess, "Popen", no_launch)
     result = runner.invoke(app, [command, "--device", "cpu", "--model", "tiny", "--out", str(out)])
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"error: cannot create a directory in --out {out}") and result.stderr.count("\n") == 1

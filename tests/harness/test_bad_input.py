@@ -3,7 +3,6 @@ before any engine starts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,15 +15,14 @@ from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.run_config import resolve_device
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "harness" / "train.py"
+TRAIN = REPO / "harness" / "train.py"  # the documented script
 
 
 @pytest.fixture(scope="module")
 def train_module():
-    spec = importlib.util.spec_from_file_location("harness_train", TRAIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from zero_lab.harness import train
+
+    return train
 
 
 @pytest.fixture

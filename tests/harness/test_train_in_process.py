@@ -4,7 +4,6 @@ the `[warn]` lines follow the engine's loss and skipped steps."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from zero_lab.analysis.launch import free_port
+from zero_lab.launch.ports import free_port
 from zero_lab.workload.log_lines import parse_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,10 +23,9 @@ TINY_RUN = ("--model-name", "tiny", "--steps", "2", "--batch-size", "1", "--seq-
 
 @pytest.fixture(scope="module")
 def train_module():
-    spec = importlib.util.spec_from_file_location("harness_train", REPO / "harness" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from zero_lab.harness import train
+
+    return train
 
 
 @pytest.fixture

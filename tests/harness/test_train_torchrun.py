@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from zero_lab.analysis.launch import free_port
+from zero_lab.launch.ports import free_port
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.memory_formula import model_state_bytes
 from zero_lab.workload.log_lines import parse_line

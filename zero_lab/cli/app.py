@@ -14,7 +14,7 @@ import sys
 import typer
 
 from zero_lab.analysis.metrics import interrupted_exit_code
-from zero_lab.cli import signals
+from zero_lab.launch import signals
 from zero_lab.cli.compare_cmd import compare
 from zero_lab.cli.inspect_cmd import parse, report
 from zero_lab.cli.run_cmd import EXTRA_ARGS, run

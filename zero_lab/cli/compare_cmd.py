@@ -56,7 +56,7 @@ def compare(
     world_sizes = parse_int_list(gpus, "--gpus")
     stage_list = [plan.check_stage(stage, "--stages") for stage in parse_int_list(stages, "--stages")]
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
-    shared = common.launch
+    shared = common.shared
     jobs.check(shared, impl_list, world_sizes)
     with plan.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
         warmups = [

@@ -11,16 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from zero_lab.analysis import launch, rundir
-from zero_lab.cli import output, plan, signals
-from zero_lab.cli.launcher import execute
+from zero_lab.analysis import rundir
+from zero_lab.cli import output, plan
+from zero_lab.launch import signals, torchrun
+from zero_lab.launch.torchrun_job import execute
 
 
 @dataclass
 class Job:
     """One prepared run: its launch, directory, the configs each engine receives, a display label."""
 
-    spec: launch.LaunchSpec
+    spec: torchrun.LaunchSpec
     run_dir: Path
     config: dict
     official_config: dict | None
@@ -28,19 +29,19 @@ class Job:
 
 
 @dataclass
-class Launch:
+class SharedSettings:
     """What every job of one command shares (config_path None: the harness's per-stage default;
     stall_timeout_s 0: no stall watch)."""
 
     config_path: Path | None
     device: str
-    workload: launch.Workload
-    multi_node: launch.MultiNode
+    workload: torchrun.Workload
+    multi_node: torchrun.MultiNode
     extra_torchrun_args: list[str]
     stall_timeout_s: float = 0.0
 
 
-def check(shared: Launch, impls: list[str], world_sizes: list[int]) -> None:
+def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> None:
     """Before any config is read: known impls, processes the device can hold, a workload the harness accepts."""
     plan.check_impls(impls)
     for world_size in world_sizes:
@@ -48,7 +49,7 @@ def check(shared: Launch, impls: list[str], world_sizes: list[int]) -> None:
     plan.check_workload(shared.workload, shared.device, impls)
 
 
-def prepare(shared: Launch, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None) -> Job:
+def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None) -> Job:
     """Phase 1 for one run: the config as the harness will build it, validated, and its launch."""
     source = shared.config_path or plan.default_config_path(stage)
     staged = plan.config_for_stage(plan.load_config_file(source), stage)

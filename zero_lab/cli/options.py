@@ -15,10 +15,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from zero_lab.analysis import launch
+from zero_lab.launch import torchrun
 from zero_lab.cli.environment import DEVICES, resolve_device
 from zero_lab.cli.errors import check_choice, check_not_negative
-from zero_lab.cli.jobs import Launch
+from zero_lab.cli.jobs import SharedSettings
 from zero_lab.nano.config import OFFLOAD_SECTIONS
 
 WORKLOAD = "Workload (identical for every impl)"
@@ -55,7 +55,7 @@ DEFAULT_STALL_TIMEOUT_S = 1800.0
 class Common:
     """What `@common_options` hands a command: the shared launch, and where its run directories go."""
 
-    launch: Launch
+    shared: SharedSettings
     out: Path
     name: str | None
 
@@ -91,12 +91,12 @@ def common(context: typer.Context, device, config, model, steps, batch_size, seq
            offload, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout) -> Common:
     """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, or a
     negative --stall-timeout."""
-    work = launch.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
+    work = torchrun.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
                            dataset_path=dataset_path, offload=check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS)))
-    node = launch.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
+    node = torchrun.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     device = resolve_device(check_choice(device, "--device", DEVICES))
     check_not_negative(stall_timeout, "--stall-timeout")
-    return Common(Launch(config, device, work, node, list(context.args), stall_timeout), out, name)
+    return Common(SharedSettings(config, device, work, node, list(context.args), stall_timeout), out, name)
 
 
 def common_options(command):

@@ -16,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from zero_lab.analysis import launch, rundir
+from zero_lab.analysis import rundir
+from zero_lab.launch import torchrun
 from zero_lab.cli.environment import cpu_cores, cuda_devices
 from zero_lab.cli.errors import BadInput, check_choice
 from zero_lab.nano import stages
@@ -36,7 +37,7 @@ def check_stage(stage: int, source: str) -> int:
 
 def default_config_path(stage: int) -> Path:
     """The harness's own default for a stage: harness/configs/zero<stage>.json."""
-    return launch.CONFIG_DIR / f"zero{stage}.json"
+    return torchrun.CONFIG_DIR / f"zero{stage}.json"
 
 
 def load_config_file(path: Path) -> dict:
@@ -58,7 +59,7 @@ def config_for_stage(base: dict, stage: int) -> dict:
     return config
 
 
-def received_config(staged: dict, spec: launch.LaunchSpec, source: Path) -> dict:
+def received_config(staged: dict, spec: torchrun.LaunchSpec, source: Path) -> dict:
     """The config the harness will train with, from its own parser and builder (which validate it
     as nano does): precision from --dtype, batch size from --batch-size, batch sizes inferred.
 
@@ -69,7 +70,7 @@ def received_config(staged: dict, spec: launch.LaunchSpec, source: Path) -> dict
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "config.json"
         path.write_text(json.dumps(staged))
-        arguments = launch.train_arguments(dataclasses.replace(spec, config_path=path))
+        arguments = torchrun.train_arguments(dataclasses.replace(spec, config_path=path))
         nnodes = spec.multi_node.nnodes or "1"
         world_size = spec.nproc * (int(nnodes) if nnodes.isdigit() else 1)
         try:
@@ -97,7 +98,7 @@ def check_impls(impls: list[str]) -> None:
             raise BadInput(f"unknown impl {impl!r}", f"choose from {', '.join(IMPLS)}")
 
 
-def check_workload(workload: launch.Workload, device: str, impls: list[str]) -> None:
+def check_workload(workload: torchrun.Workload, device: str, impls: list[str]) -> None:
     check_choice(workload.dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
     if workload.dtype == "float16" and device == "cpu" and "official" in impls:
         raise BadInput("official DeepSpeed rejects fp16 on this CPU (Type fp16 is not supported on your device)",
@@ -112,7 +113,7 @@ def check_workload(workload: launch.Workload, device: str, impls: list[str]) -> 
     check_dataset(workload)
 
 
-def check_dataset(workload: launch.Workload) -> None:
+def check_dataset(workload: torchrun.Workload) -> None:
     """Read, tokenize and filter --dataset-path as every rank will, so that an empty file, a
     malformed line or no usable record stops the command here, not N ranks racing to say so."""
     if workload.dataset_path is None:
@@ -121,12 +122,12 @@ def check_dataset(workload: launch.Workload) -> None:
     from zero_lab.workload.models import load_tokenizer
     from zero_lab.workload.run_config import build_parser
 
-    args = build_parser().parse_args(launch.workload_arguments(workload))
+    args = build_parser().parse_args(torchrun.workload_arguments(workload))
     make_batches(load_tokenizer(args.model_name), args.seq_len, 1, 1, args.seed, args.dataset_path,
                  args.max_samples, args.min_target_tokens)
 
 
-def check_processes(nproc: int, device: str, multi_node: launch.MultiNode) -> None:
+def check_processes(nproc: int, device: str, multi_node: torchrun.MultiNode) -> None:
     """On CUDA refuse more processes than devices; on CPU warn beyond the core count."""
     if nproc < 1:
         raise BadInput(f"--gpus {nproc} is not a process count", "use 1 or more")
@@ -148,16 +149,16 @@ def make_spec(
     nproc: int,
     device: str,
     run_dir: Path,
-    workload: launch.Workload,
-    multi_node: launch.MultiNode,
+    workload: torchrun.Workload,
+    multi_node: torchrun.MultiNode,
     extra_torchrun_args: list[str],
     steps: int | None = None,
     stall_timeout_s: float = 0.0,
-) -> launch.LaunchSpec:
+) -> torchrun.LaunchSpec:
     """One launch (its port is picked at launch time, by the launcher); steps overrides the workload's (for warm-ups)."""
     if steps is not None:
         workload = dataclasses.replace(workload, steps=steps)
-    return launch.LaunchSpec(
+    return torchrun.LaunchSpec(
         impl=impl,
         stage=stage,
         nproc=nproc,

@@ -73,7 +73,7 @@ def run(
     Arguments after `--` go to torchrun.
     """
     check_choice(format, "--format", FORMATS)
-    shared = common.launch
+    shared = common.shared
     jobs.check(shared, [impl], [gpus])
     config = shared.config_path
     if stage is None:

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from zero_lab.analysis import launch
+from zero_lab.launch import torchrun
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.analysis.estimate import estimate_rows, parse_param_count
 from zero_lab.analysis.markdown import fmt
@@ -96,7 +96,7 @@ print(json.dumps({"accelerator": accelerator.device_name(), "bf16": bool(acceler
 
 def probe_official(device: str) -> dict:
     """Ask official DeepSpeed, in a child process with the harness's environment, what it supports."""
-    env = launch.launch_environment(dict(os.environ), device, 1, cpu_cores())
+    env = torchrun.launch_environment(dict(os.environ), device, 1, cpu_cores())
     try:
         done = subprocess.run([sys.executable, "-c", OFFICIAL_PROBE], capture_output=True, text=True, env=env, timeout=120)
     except subprocess.TimeoutExpired:
@@ -123,7 +123,7 @@ def doctor_checks() -> list[tuple[str, bool, str, str]]:
         ("gloo backend", dist.is_gloo_available(), "CPU collectives", "install a torch build with gloo"),
         ("nccl backend", device == "cpu" or dist.is_nccl_available(), "GPU collectives" if device == "cuda" else "not needed on CPU",
          "install a CUDA build of torch"),
-        ("harness", launch.TRAIN_SCRIPT.is_file(), str(launch.TRAIN_SCRIPT), "run from a zero-lab checkout (pip install -e .)"),
+        ("harness", torchrun.TRAIN_SCRIPT.is_file(), str(torchrun.TRAIN_SCRIPT), "reinstall zero-lab: pip install -e . (or pip install .)"),
         ("official DeepSpeed runs here", "error" not in official,
          official.get("error") or f"accelerator {official.get('accelerator')}", "see the error; on CPU set DS_ACCELERATOR=cpu"),
         ("official bf16", bool(official.get("bf16")), "bf16 supported" if official.get("bf16") else "not supported",

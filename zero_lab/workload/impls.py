@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -28,11 +27,9 @@ def default_single_process_env() -> None:
     """Let `python harness/train.py` run as world size 1 without torchrun."""
     if "RANK" in os.environ:
         return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    # A world of one never connects to its own rendezvous store: port 0 lets the OS pick any.
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
 
 
 def load_engine_module(impl: str, device: torch.device) -> ModuleType:

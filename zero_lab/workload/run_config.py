@@ -26,7 +26,7 @@ from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
 from zero_lab.workload.models import PRESETS, check_model_name
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "harness" / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "harness" / "configs"  # shipped in the package
 
 
 

@@ -4,8 +4,8 @@ Phase 1: write what the run is given (command, configs, environment) before it s
 Phase 2: pick a free port, then at once start torchrun in its own session (a port picked earlier
          could have been taken by a concurrent comparison), and stream rank 0's output: to console.log, and each
          `[opt_step k]` line to the progress bar with its loss, and to the stall watch
-         (zero_lab.cli.stall), which stops the run when no step comes for --stall-timeout seconds.
-Phase 3: on Ctrl-C, SIGTERM or SIGHUP (zero_lab.cli.signals), stop torchrun's process group and
+         (zero_lab.launch.stall), which stops the run when no step comes for --stall-timeout seconds.
+Phase 3: on Ctrl-C, SIGTERM or SIGHUP (zero_lab.launch.signals), stop torchrun's process group and
          every worker's (torchrun starts each worker in a session of its own), SIGTERM then
          SIGKILL, within seconds.
 Phase 4: gather every rank's log, parse rank 0's, and write metrics.csv and summary.json - also
@@ -26,12 +26,12 @@ from pathlib import Path
 import psutil
 from rich.progress import Progress
 
-from zero_lab.analysis import launch, rundir
-from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
+from zero_lab.analysis import rundir
 from zero_lab.analysis.logparse import parse_file, step_and_loss
 from zero_lab.analysis.metrics import summarize_run
-from zero_lab.cli import signals
-from zero_lab.cli.stall import StallWatch
+from zero_lab.launch import ports, signals, torchrun
+from zero_lab.launch.stall import StallWatch
+from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 
 STOP_GRACE_S = 5.0
 
@@ -92,7 +92,7 @@ def bad_input_message(rank_logs: list[Path], rank_exit_code: int | None) -> str 
 
 
 def execute(
-    spec: launch.LaunchSpec,
+    spec: torchrun.LaunchSpec,
     run_dir: Path,
     config: dict,
     official_config: dict | None,
@@ -108,19 +108,19 @@ def execute(
     if official_config is not None:
         rundir.write_json(run_dir / "config.official.json", official_config)
     rundir.write_json(run_dir / "env.json", environment)
-    child_env = launch.launch_environment(dict(os.environ), spec.device, spec.nproc, environment["cpu_cores"])
+    child_env = torchrun.launch_environment(dict(os.environ), spec.device, spec.nproc, environment["cpu_cores"])
     task = progress.add_task(label, total=spec.workload.steps, loss="-") if progress is not None else None
     # Phase 2
     if not spec.multi_node.enabled:
-        spec = dataclasses.replace(spec, port=launch.free_port())
-    command = launch.torchrun_command(spec)
-    (run_dir / "command.txt").write_text(launch.shell_quote(command) + "\n")
+        spec = dataclasses.replace(spec, port=ports.free_port())
+    command = torchrun.torchrun_command(spec)
+    (run_dir / "command.txt").write_text(torchrun.shell_quote(command) + "\n")
     started = time.monotonic()
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
         start_new_session=True, env=child_env,
     )
-    watch = StallWatch(process, launch.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
+    watch = StallWatch(process, torchrun.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
     interrupt = None
     try:
         with watch:
@@ -134,14 +134,14 @@ def execute(
         interrupted_by = signals.signal_name(interrupt) if interrupt is not None else None
         summary = summarize(spec, run_dir, process.returncode, interrupted_by, time.monotonic() - started,
                             stalled=watch.message)
-        summary.update(config=official_config or config, env=environment, command=launch.shell_quote(command))
+        summary.update(config=official_config or config, env=environment, command=torchrun.shell_quote(command))
         rundir.write_json(run_dir / rundir.SUMMARY, summary)
     if interrupt is not None:
         raise interrupt
     return summary
 
 
-def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupted_by: str | None,
+def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrupted_by: str | None,
               duration_s: float, stalled: str | None = None) -> dict:
     """The run's summary.json; interrupted_by: the signal that stopped it (SIGINT, SIGTERM, SIGHUP);
     stalled: the stall watch's message when it stopped the run."""

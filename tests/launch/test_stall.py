@@ -4,8 +4,8 @@ import subprocess
 import sys
 import time
 
-from zero_lab.cli.launcher import stop_process_tree
-from zero_lab.cli.stall import StallWatch, stall_message
+from zero_lab.launch.torchrun_job import stop_process_tree
+from zero_lab.launch.stall import StallWatch, stall_message
 
 
 def test_the_stall_line_names_every_rank_with_its_process_state():

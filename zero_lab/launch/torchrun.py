@@ -9,14 +9,13 @@ ran, may have been taken since by another comparison on the same host); multi-no
 from __future__ import annotations
 
 import shlex
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import zero_lab
-
-TRAIN_SCRIPT = Path(zero_lab.__file__).resolve().parents[1] / "harness" / "train.py"
+# The harness entry inside the package (an installed zero-lab has it too); the checkout's
+# harness/train.py runs the same main.
+TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "harness" / "train.py"
 CONFIG_DIR = TRAIN_SCRIPT.parent / "configs"
 
 
@@ -71,12 +70,6 @@ class LaunchSpec:
     stall_timeout_s: float = 0.0  # the CLI stops the run after this long without a step (0: never)
 
 
-def free_port() -> int:
-    """A port the OS says is free now; each launch asks again, so two launches never share one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 def threads_per_process(cores: int, nproc: int) -> int:
     return max(1, cores // nproc)
@@ -85,7 +78,7 @@ def threads_per_process(cores: int, nproc: int) -> int:
 def torchrun_command(spec: LaunchSpec) -> list[str]:
     """The exact argv: `python -m torch.distributed.run <launcher flags> harness/train.py <flags>`."""
     if spec.port is None and not spec.multi_node.enabled:
-        raise ValueError("a single-node launch needs spec.port; pick it with free_port() just before launching")
+        raise ValueError("a single-node launch needs spec.port; pick it with ports.free_port() just before launching")
     command = [spec.python, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.nproc)]
     if spec.multi_node.enabled:
         node = spec.multi_node

@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-from zero_lab.analysis.launch import (
-    TRAIN_SCRIPT, LaunchSpec, MultiNode, Workload, free_port, launch_environment, threads_per_process,
+from zero_lab.launch.ports import free_port
+from zero_lab.launch.torchrun import (
+    TRAIN_SCRIPT, LaunchSpec, MultiNode, Workload, launch_environment, threads_per_process,
     torchrun_command, watched_stall_timeout_s,
 )
 

@@ -1,0 +1,215 @@
+"""Train one workload with nano or official DeepSpeed; rank 0 prints the log contract.
+
+The two impls differ only in which module provides `init_distributed` and `initialize` (and the
+official config is derived from the same nano config). Lines and fields: docs/log-format.md.
+
+Commands (from the repository root; on CPU each process is one rank):
+
+    # tiny model, 2 ranks on CPU, ZeRO-2, fp32, 5 optimizer steps: nano, then official
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl nano \
+        --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl official \
+        --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
+
+    # one process, no torchrun (or, from an installed zero-lab: python -m zero_lab.harness ...)
+    .venv/bin/python harness/train.py --impl nano --model-name tiny --steps 5
+
+    # the seed's comparison on one GPU: Qwen3-0.6B architecture, bf16, stage 2
+    torchrun --standalone --nproc_per_node=1 harness/train.py --impl nano \
+        --model-name qwen3-0.6b --model-dtype bfloat16 --zero-stage 2 --steps 20 \
+        --batch-size 1 --seq-len 512
+
+Bad input (unknown preset, missing model directory, malformed dataset, more processes than GPUs,
+a config stage contradicting --zero-stage, fp16 with official DeepSpeed on CPU) prints
+`error: <problem>. <fix>` on stderr and exits 2 before any engine starts; so do the problems only
+the engine or Hugging Face find (a config value nano rejects, an --attn-impl that is not
+installed, a model directory that does not load).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.errors import NanoConfigError
+from zero_lab.workload.comm_meter import CommMeter
+from zero_lab.workload.data import make_batches
+from zero_lab.workload.errors import WorkloadError
+from zero_lab.workload.impls import (default_single_process_env, engine_config, load_engine_module,
+                                     loss_scale)
+from zero_lab.workload.log_lines import format_line
+from zero_lab.workload.memory_meter import MemoryMeter
+from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
+from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
+from zero_lab.workload.run_config import (build_parser, check_launch,
+                                          precision_of)
+from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
+
+
+def emit(rank: int, tag: str, fields: dict, step: int | None = None) -> None:
+    """A contract line from rank 0, written whole and flushed so no other output splits it."""
+    if rank == 0:
+        sys.stdout.write(format_line(tag, fields, step) + "\n")
+        sys.stdout.flush()
+
+
+def zero_header(impl: str, stage: int, world_size: int, settings, accumulation: int) -> dict:
+    """The `[zero]` line: the ZeRO settings both impls run with (stage-3 keys at stage 3)."""
+    zero = settings.zero_optimization
+    fields = {"impl": impl, "stage": stage, "world_size": world_size,
+              "reduce_scatter": zero.reduce_scatter, "reduce_bucket_size": zero.reduce_bucket_size,
+              "allgather_bucket_size": zero.allgather_bucket_size, "overlap_comm": zero.overlap_comm,
+              "communication_data_type": settings.communication_data_type or "auto",
+              "gradient_accumulation_steps": accumulation,
+              "offload_optimizer": zero.offload_optimizer.device, "offload_param": zero.offload_param.device}
+    if stage == 3:
+        fields.update({key: getattr(zero, key) for key in (
+            "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+            "stage3_max_reuse_distance")})
+    return fields
+
+
+def parameter_count(module: torch.nn.Module) -> int:
+    """Every parameter's elements, also where official stage 3 left a parameter empty (ds_numel)."""
+    return sum(getattr(parameter, "ds_numel", parameter.numel()) for parameter in module.parameters())
+
+
+def dist_backend(device: torch.device) -> str:
+    """The process group's backend for the run's device: gloo for CPU tensors, nccl for CUDA."""
+    return "gloo" if device.type == "cpu" else "nccl"
+
+
+def prepare(argv: list[str] | None):
+    """Every check that needs no engine: flags, config, model name, dataset (Phase 1)."""
+    args = build_parser().parse_args(argv)
+    default_single_process_env()
+    world_size = int(os.environ["WORLD_SIZE"])
+    device, config = check_launch(args, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    args.model_dtype = args.model_dtype or DTYPE_NAME_OF_PRECISION[precision_of(config)]
+    tokenizer = load_tokenizer(args.model_name, args.trust_remote_code)
+    batches = make_batches(tokenizer, args.seq_len, config["train_micro_batch_size_per_gpu"],
+                           world_size, args.seed, args.dataset_path, args.max_samples,
+                           args.min_target_tokens)
+    return args, device, config, batches
+
+
+def train(args, device: torch.device, config: dict, batches) -> None:
+    """Phases 2-5: meters, engine, training steps, totals; the meters come out whatever happens."""
+    # Phase 2: both meters go in before the engine exists (see their modules for why).
+    comm = CommMeter().install()
+    memory = MemoryMeter(device)
+    memory.start()
+    try:
+        train_with_meters(args, device, config, batches, comm, memory)
+    finally:
+        memory.stop()
+        comm.uninstall()
+
+
+def train_with_meters(args, device: torch.device, config: dict, batches, comm: CommMeter,
+                      memory: MemoryMeter) -> None:
+    """Phases 3-5, measured by the meters Phase 2 installed."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    engine_module = load_engine_module(args.impl, device)
+    # Named, not left to the engine: nano (like DeepSpeed) defaults to nccl whenever CUDA exists,
+    # which breaks `--device cpu` on a GPU host.
+    engine_module.init_distributed(dist_backend=dist_backend(device),
+                                   timeout=datetime.timedelta(seconds=args.dist_timeout))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    # Every rank says who it is (the only line ranks other than 0 print): on a node without
+    # global rank 0, the CLI learns the world size and where the [opt_step] lines are.
+    sys.stdout.write(format_line("rank", {"global_rank": rank, "world_size": world_size,
+                                          "local_rank": int(os.environ.get("LOCAL_RANK", 0))}) + "\n")
+    sys.stdout.flush()
+
+    # Phase 3: the same weights on every rank and for both impls, then the engine.
+    model = build_model(args.model_name, args.seed, args.model_dtype, args.attn_impl,
+                        args.gradient_checkpointing, args.trust_remote_code).to(device)
+    weight_decay = config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
+    engine, _, _, _ = engine_module.initialize(
+        model=model, model_parameters=parameter_groups(model, weight_decay),
+        config=engine_config(args.impl, config, device))
+    settings = load_config(config, world_size=world_size)  # the config with DeepSpeed's defaults
+    emit(rank, "zero", zero_header(args.impl, engine.zero_optimization_stage(), world_size, settings,
+                                   engine.gradient_accumulation_steps()))
+    parameter = next(engine.module.parameters())
+    emit(rank, "model", {
+        "name": args.model_name, "params": parameter_count(engine.module),
+        "param_dtype": parameter.dtype, "compute_dtype": parameter.dtype,
+        "ds_precision": settings.precision, "device": device.type,
+        "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"]})
+
+    for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
+        emit(rank, "warn", {"kind": "engine", "message": message})
+
+    # Phase 4: the steps. Initialization's broadcasts are not part of any step.
+    comm.reset()
+    metrics = StepMetrics(memory, comm, device, world_size)
+    accumulation = engine.gradient_accumulation_steps()
+    for step in range(1, args.steps + 1):
+        metrics.begin()
+        skipped_before = engine.skipped_steps
+        for micro in range(accumulation):
+            batch = batches.get((step - 1) * accumulation + micro, rank, device)
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            if micro == accumulation - 1:
+                metrics.before_optimizer_step()
+            engine.step()
+            metrics.add_loss(loss)
+        tokens = batch["input_ids"].numel() * accumulation * world_size
+        fields = metrics.end(tokens)
+        grad_norm = engine.get_global_grad_norm()
+        fields = {"loss": fields.pop("loss"),
+                  "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
+                  "lr": float(engine.get_lr()[0]), "loss_scale": loss_scale(engine), **fields}
+        emit(rank, "opt_step", fields, step)
+        for warning in step_warnings(step, fields["loss"], fields["loss_scale"],
+                                     skipped=engine.skipped_steps > skipped_before):
+            emit(rank, "warn", warning)
+
+    # Phase 5: totals per collective type over the training steps; no rank tears its process
+    # group down while another still works.
+    for fields in comm_totals(comm.snapshot(), args.steps):
+        emit(rank, "comm", fields)
+    with comm.paused():
+        dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """0 after training; 2 with one `error:` line on this rank's stderr for bad input, found before
+    or inside `train` (nano rejecting a config value, Hugging Face rejecting the model or --attn-impl)."""
+    try:
+        train(*prepare(argv))
+    except (WorkloadError, NanoConfigError) as error:
+        if not isinstance(error, WorkloadError):
+            error = WorkloadError.from_nano(error)
+        # Every rank says why: the first to exit ends the job, and it need not be rank 0.
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def run_as_script() -> None:
+    """Run `main` and leave without interpreter finalization: gloo's worker threads can still hold
+    work objects whose tensors need the GIL to be freed, and freeing them while the interpreter is
+    torn down aborts the process (SIGABRT, "terminate called without an active exception") after
+    a run that finished cleanly. The process group is already destroyed and the output flushed."""
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
+if __name__ == "__main__":
+    run_as_script()
