@@ -17,28 +17,17 @@ Exit code 1 when a memory target is missed, so CI or a person can gate on it.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from compare_json import ratio, run_compare  # bench/compare_json.py
+
 MB = 2 ** 20
 
 
 def compare(precision: str, args: argparse.Namespace) -> dict:
     """Phase 1: one compare run for one precision, parsed from its JSON."""
-    command = [str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", str(args.gpus), "--device",
-               args.device, "--stages", "0,1,2,3", "--model", args.model, "--steps", str(args.steps), "--dtype",
-               precision, "--format", "json", "--out", str(REPO / "runs" / "bench")]
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if not finished.stdout.strip():
-        sys.exit(f"error: zero-lab compare printed nothing (exit {finished.returncode}):\n{finished.stderr[-2000:]}")
-    return json.loads(finished.stdout)
-
-
-def ratio(numerator, denominator) -> float:
-    return float("nan") if not numerator or not denominator else numerator / denominator
+    return run_compare("--gpus", str(args.gpus), "--device", args.device, "--stages", "0,1,2,3", "--model",
+                       args.model, "--steps", str(args.steps), "--dtype", precision)
 
 
 def main() -> int:

@@ -14,25 +14,18 @@ No gate: this is a measurement to read (and to paste into a closing note).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from compare_json import run_compare  # bench/compare_json.py
+
 MB = 2 ** 20
 CASES = (("none", "2,3"), ("optimizer", "2,3"), ("param", "3"))
 
 
 def compare(offload: str, stages: str, args: argparse.Namespace) -> dict:
     """Phase 1 for one offload choice."""
-    command = [str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", str(args.gpus), "--device",
-               args.device, "--stages", stages, "--model", args.model, "--steps", str(args.steps), "--dtype",
-               args.dtype, "--offload", offload, "--format", "json", "--out", str(REPO / "runs" / "bench")]
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if not finished.stdout.strip():
-        sys.exit(f"error: zero-lab compare printed nothing (exit {finished.returncode}):\n{finished.stderr[-2000:]}")
-    return json.loads(finished.stdout)
+    return run_compare("--gpus", str(args.gpus), "--device", args.device, "--stages", stages, "--model", args.model,
+                       "--steps", str(args.steps), "--dtype", args.dtype, "--offload", offload)
 
 
 def main() -> int:

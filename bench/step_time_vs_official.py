@@ -16,23 +16,15 @@ a single miss.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from compare_json import run_compare  # bench/compare_json.py
 
 
 def compare(args: argparse.Namespace) -> dict:
     """Phase 1: one compare over every cell, parsed from its JSON."""
-    command = [str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", args.gpus, "--device",
-               args.device, "--stages", args.stages, "--model", args.model, "--steps", str(args.steps),
-               "--dtype", args.dtype, "--format", "json", "--out", str(REPO / "runs" / "bench")]
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if not finished.stdout.strip():
-        sys.exit(f"error: zero-lab compare printed nothing (exit {finished.returncode}):\n{finished.stderr[-2000:]}")
-    return json.loads(finished.stdout)
+    return run_compare("--gpus", args.gpus, "--device", args.device, "--stages", args.stages, "--model", args.model,
+                       "--steps", str(args.steps), "--dtype", args.dtype)
 
 
 def main() -> int:
