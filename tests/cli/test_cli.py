@@ -205,6 +205,28 @@ def test_estimate_json_for_a_preset_counts_parameters():
     assert payload["rows"][1]["official_estimator_mb"] is not None and payload["rows"][0]["official_estimator_mb"] is None
 
 
+def test_estimate_with_offload_splits_device_and_host_bytes():
+    """bf16 stage 2 with the optimizer offloaded keeps the 16-bit parameters on the device, as
+    DeepSpeed's own cpu_offload estimator says; the 16 bytes per parameter of master, states and
+    gradient partition go to the host, split between the ranks."""
+    result = runner.invoke(app, ["estimate", "--model", "tiny", "--gpus", "2", "--offload", "optimizer",
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    rows = {row["stage"]: row for row in payload["rows"]}
+    assert set(rows) == {1, 2, 3}, "by default every stage the offload applies to"
+    params_mb = payload["params"] / 2**20
+    assert rows[2]["nano_mb"] == pytest.approx(2 * params_mb, rel=1e-3)
+    assert rows[2]["official_estimator_mb"] == pytest.approx(2 * params_mb, rel=1e-6)
+    assert rows[2]["nano_host_mb"] == pytest.approx(16 * params_mb / 2, rel=1e-3)
+    assert rows[3]["nano_mb"] is not None and rows[3]["nano_mb"] < rows[2]["nano_mb"], "stage 3 also shards the parameters"
+
+
+def test_estimate_offload_at_a_stage_it_does_not_apply_to_is_one_line_and_exit_2():
+    error = one_line_error(runner.invoke(app, ["estimate", "--model", "1B", "--offload", "param", "--stages", "2"]))
+    assert "--offload param does not apply at stage 2" in error and "--stages 3" in error
+
+
 def test_config_official_prints_a_config_deepspeed_accepts(tmp_path):
     pytest.importorskip("zero_lab.nano.official_config")
     nano = tmp_path / "nano.json"

@@ -200,16 +200,15 @@ def stage3_buffers() -> list[tuple[int, str]]:
     """(padded fp32 elements, unit) of every flat buffer nano makes of tiny at stage 3 with the
     harness's zero3.json: the unit policy, read from nano, applied to the harness's model."""
     from zero_lab.nano.config_loading import load_config
-    from zero_lab.nano.units import choose_units, split_groups_by_unit
+    from zero_lab.nano.units import choose_units, flat_buffer_roles
 
     settings = load_config(json.loads((REPO / "harness" / "configs" / "zero3.json").read_text()),
                            world_size=WORLD_SIZE)
     model = build_model("tiny", seed=0)
     groups = parameter_groups(model, weight_decay=0.0)
     units = choose_units(model, [p for group in groups for p in group["params"]], settings.zero_optimization)
-    return [(FlatLayout.for_stage(tuple(p.numel() for p in parameters), 3, "fp32", WORLD_SIZE).padded_numel,
-             "persistent" if not units[index].sharded else "root" if units[index].name == "root" else "block")
-            for index, _, parameters in split_groups_by_unit(units, groups)]
+    return [(FlatLayout.for_stage((numel,), 3, "fp32", WORLD_SIZE).padded_numel, role)
+            for numel, role in flat_buffer_roles(units, groups)]
 
 
 def test_nano_stage3_moves_the_formulas_bytes(run):

@@ -10,14 +10,19 @@ With P parameters, N ranks and Adam (K bytes of optimizer state per parameter):
 | 2     | 2P + (2 + 12)P/N                      | 4P + (4 + 8)P/N                       |
 | 3     | (2 + 2 + 12)P/N                       | (4 + 4 + 8)P/N                        |
 
-Official DeepSpeed's estimators assume 16-bit training and no offload here: stage 2 is
-`2P + 18P/N` in code (it counts 2-byte and 4-byte gradients in the 18, where its docs say 16),
-stage 3 is `4 * largest_layer + 18P/N`, and it has none for stages 0 and 1.
+Official DeepSpeed's estimators assume 16-bit training: stage 2 is `2P + 18P/N` in code (it
+counts 2-byte and 4-byte gradients in the 18, where its docs say 16), stage 3 is
+`4 * largest_layer + 18P/N`, and it has none for stages 0 and 1. With the optimizer offloaded,
+stage 2 keeps 2P on the device and stage 3 `4 * largest_layer + 2P/N`; with the parameters too,
+stage 3 keeps `4 * largest_layer`. Its host figures are per node, with a 1.5 buffer factor.
+nano's figures come from its own formula (`zero_lab.nano.memory_formula`), per place; at stage 3
+from the model's own flat buffers (its units), so an estimate of a bare parameter count has none.
 """
 
 from __future__ import annotations
 
-from zero_lab.nano.memory_formula import peak_model_state_bytes
+from zero_lab.nano import stages
+from zero_lab.nano.memory_formula import peak_model_state_bytes_by_place
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 MIB = 2**20
@@ -37,34 +42,48 @@ def paper_bytes(stage: int, precision: str, numel: int, world_size: int) -> int:
     return int(sum(size / world_size if name in shard[stage] else size for name, size in sizes.items()))
 
 
-def official_bytes(stage: int, numel: int, world_size: int, largest_layer: int | None) -> int | None:
-    """Official DeepSpeed's own estimator (16-bit, no offload), or None where it has none.
+OFFLOADS = ("none", "optimizer", "param")  # the harness's --offload: param offloads the optimizer too
 
-    Calls the functions in the installed package, so the figure is DeepSpeed's, not our copy.
+
+def official_bytes(stage: int, numel: int, world_size: int, largest_layer: int | None,
+                   offload: str = "none") -> dict[str, int] | None:
+    """Official DeepSpeed's own estimator, {"device": bytes per GPU, "host": bytes per node}
+    (16-bit training, one node of `world_size` GPUs), or None where it has none.
+
+    Calls the functions in the installed package, so the figures are DeepSpeed's, not our copy.
+    Its host figure is per node, and without offload it is the fp32 model each process loads.
     """
-    if stage == 2:
+    if stage == 2 and offload != "param":
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-        _, gpu_bytes = estimate_zero2_model_states_mem_needs(
-            numel, num_gpus_per_node=world_size, cpu_offload=False
-        )
-        return gpu_bytes
+        host, device = estimate_zero2_model_states_mem_needs(
+            numel, num_gpus_per_node=world_size, cpu_offload=offload == "optimizer")
+        return {"device": device, "host": host}
     if stage == 3 and largest_layer is not None:
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
-        _, gpu_bytes, _ = estimate_zero3_model_states_mem_needs(
-            numel, largest_layer, num_gpus_per_node=world_size, cpu_offload=False
-        )
-        return gpu_bytes
+        host, device, _ = estimate_zero3_model_states_mem_needs(
+            numel, largest_layer, num_gpus_per_node=world_size, cpu_offload=offload != "none",
+            cpu_offload_params=offload == "param")
+        return {"device": device, "host": host}
     return None
 
 
-def nano_bytes(stage: int, precision: str, numel: int, world_size: int) -> int | None:
-    """nano's documented peak model-state bytes per rank (the larger of the end of backward and the
-    optimizer step), or None for a stage nano does not implement."""
-    if stage not in (0, 1, 2):
+def nano_bytes(stage: int, precision: str, numel: int, world_size: int,
+               stage3_buffers: list[tuple[int, str]] | None = None, offload: str = "none") -> dict[str, int] | None:
+    """nano's documented peak model-state bytes per rank, {"device": ..., "host": ...}; None where
+    nano has no figure: a stage it does not implement, stage 3 without the model's buffers (its
+    units decide what is gathered), or an offload the stage does not take."""
+    if stages.refusal(stage) or (stage == 3 and not stage3_buffers):
         return None
-    return peak_model_state_bytes(stage, precision, numel, world_size)
+    if (offload == "optimizer" and stage == 0) or (offload == "param" and stage != 3):
+        return None
+    return peak_model_state_bytes_by_place(stage, precision, numel, world_size, stage3_buffers,
+                                           offload_optimizer=offload != "none", offload_parameters=offload == "param")
+
+
+def megabytes(figures: dict[str, int] | None, place: str) -> float | None:
+    return None if figures is None else figures[place] / MIB
 
 
 def estimate_rows(
@@ -74,22 +93,27 @@ def estimate_rows(
     precision: str,
     largest_layer: int | None = None,
     with_official: bool = True,
+    stage3_buffers: list[tuple[int, str]] | None = None,
+    offload: str = "none",
 ) -> list[dict[str, object]]:
-    """One row per (world size, stage): the three estimates in MiB."""
+    """One row per (world size, stage): the three estimates in MiB (nano and official per place)."""
     rows = []
     for world_size in world_sizes:
         for stage in stages:
-            official = official_bytes(stage, numel, world_size, largest_layer) if with_official else None
-            nano = nano_bytes(stage, precision, numel, world_size)
+            official = official_bytes(stage, numel, world_size, largest_layer, offload) if with_official else None
+            nano = nano_bytes(stage, precision, numel, world_size, stage3_buffers, offload)
             rows.append(
                 {
                     "world_size": world_size,
                     "stage": stage,
                     "precision": precision,
+                    "offload": offload,
                     "params": numel,
                     "paper_mb": paper_bytes(stage, precision, numel, world_size) / MIB,
-                    "nano_mb": None if nano is None else nano / MIB,
-                    "official_estimator_mb": None if official is None else official / MIB,
+                    "nano_mb": megabytes(nano, "device"),
+                    "nano_host_mb": megabytes(nano, "host"),
+                    "official_estimator_mb": megabytes(official, "device"),
+                    "official_estimator_host_mb_per_node": megabytes(official, "host"),
                 }
             )
     return rows

@@ -59,19 +59,23 @@ def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]
 
 
 def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Measured live bytes beside the model-state formulas."""
-    headers = ["world size", "stage", "impl", "alloc MB", "peak alloc MB", "nano formula MB", "ZeRO paper MB"]
+    """Measured live bytes beside the model-state formulas: nano's for the run's own model, units
+    and offload (logged by the harness; else the flat formula, none at stage 3) and the paper's."""
+    with_host = any(row.get("states_formula_host_mb") for row in rows)
+    headers = ["world size", "stage", "impl", "alloc MB", "peak alloc MB", "nano formula MB",
+               *(["nano formula host MB"] if with_host else []), "ZeRO paper MB"]
     body = []
     for row in rows:
         params, precision = row.get("params"), row.get("precision")
-        nano = paper = None
+        nano, host, paper = row.get("states_formula_mb"), row.get("states_formula_host_mb"), None
         if isinstance(params, int) and precision:
             stage, world_size = row["stage"], row["world_size"]
-            nano_total = nano_bytes(stage, precision, params, world_size)
-            nano = None if nano_total is None else nano_total / MIB
+            if nano is None:
+                nano_total = nano_bytes(stage, precision, params, world_size)
+                nano = None if nano_total is None else nano_total["device"] / MIB
             paper = paper_bytes(stage, precision, params, world_size) / MIB
         body.append([str(row["world_size"]), str(row["stage"]), row["impl"], fmt(row.get("alloc_max_mb")),
-                     fmt(row.get("peak_alloc_max_mb")), fmt(nano), fmt(paper)])
+                     fmt(row.get("peak_alloc_max_mb")), fmt(nano), *([fmt(host)] if with_host else []), fmt(paper)])
     return headers, body
 
 

@@ -1,6 +1,7 @@
 """`zero-lab estimate`, `zero-lab doctor` and `zero-lab config official`.
 
     zero-lab estimate --model qwen3-0.6b --gpus 1,2,8 --stages 0,1,2,3 --dtype bfloat16
+    zero-lab estimate --model qwen3-0.6b --gpus 1,4 --stages 2,3 --offload optimizer
     zero-lab doctor
     zero-lab config official harness/configs/zero2.json --device cpu
 """
@@ -12,31 +13,35 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from zero_lab.launch import torchrun
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
-from zero_lab.analysis.estimate import estimate_rows, parse_param_count
+from zero_lab.analysis.estimate import OFFLOADS, estimate_rows, parse_param_count
 from zero_lab.analysis.markdown import fmt
 from zero_lab.cli import output, plan
 from zero_lab.cli.environment import DEVICES, cpu_cores, cuda_devices, environment, resolve_device
 from zero_lab.cli.errors import BadInput, check_choice, one_line_errors, parse_int_list
 
 ESTIMATE_FORMATS = ("table", "json")
+OFFLOAD_STAGES = {"none": (0, 1, 2, 3), "optimizer": (1, 2, 3), "param": (3,)}
 config_app = typer.Typer(help="DeepSpeed config tools.", no_args_is_help=True)
 
 
-def count_parameters(model: str) -> tuple[int, int]:
-    """(parameters, largest layer's own parameters) of a preset or local HF model, built on meta.
+def count_parameters(model: str) -> tuple[int, int, list[tuple[int, str]]]:
+    """(parameters, largest layer's own parameters, stage 3's flat buffers) of a preset or local
+    HF model, built on meta; the buffers follow the harness's zero3.json (its persistence threshold).
 
     Presets come from the workload's own build_model (the model a run trains); a directory from its
     config alone, since from_pretrained would read the weights."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from zero_lab.nano.config_loading import load_config
     from zero_lab.workload.models import PRESETS, build_model, check_model_name
+    from zero_lab.workload.state_formula import flat_buffers
 
     check_model_name(model, flag="--model")
     with torch.device("meta"):
@@ -51,38 +56,59 @@ def count_parameters(model: str) -> tuple[int, int]:
                                "give a Hugging Face model directory or a parameter count (600M, 1.5B)")
     total = sum(parameter.numel() for parameter in network.parameters())
     largest = max(sum(p.numel() for p in module.parameters(recurse=False)) for module in network.modules())
-    return total, largest
+    stage3 = load_config(json.loads(plan.default_config_path(3).read_text()))
+    return total, largest, flat_buffers(network, stage3)
 
 
 @one_line_errors
 def estimate(
     model: Annotated[str, typer.Option(help="Preset, local HF directory, or a parameter count (600M, 1.5B, 7e9).")] = "qwen3-0.6b",
     gpus: Annotated[str, typer.Option(help="World sizes, e.g. 1,2,8.")] = "1,2,8",
-    stages: Annotated[str, typer.Option(help="ZeRO stages, e.g. 0,1,2,3.")] = "0,1,2",
+    stages: Annotated[Optional[str], typer.Option(help="ZeRO stages, e.g. 0,1,2,3. Default: every stage the offload applies to.")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "bfloat16",
+    offload: Annotated[str, typer.Option(help="none, optimizer (stages 1-3) or param (stage 3: parameters and optimizer).")] = "none",
     format: Annotated[str, typer.Option(help="table or json.")] = "table",
 ) -> None:
     """Model-state MB per rank: ZeRO paper formula, nano's formula, official DeepSpeed's estimator.
 
-    Official DeepSpeed's estimators assume 16-bit training (stage 2 in code: 2P + 18P/N); it has
-    none for stages 0 and 1. Activations are not counted.
+    nano's figures are per place (device, host) and, at stage 3, from its own units of the model
+    (a bare parameter count has none). Official DeepSpeed's estimators assume 16-bit training, have
+    none for stages 0 and 1, and give host bytes per node. Activations are not counted.
     """
     check_choice(dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
+    check_choice(offload, "--offload", OFFLOADS)
     check_choice(format, "--format", ESTIMATE_FORMATS)
     world_sizes = parse_int_list(gpus, "--gpus", range(1, 1 << 20))
-    stage_list = parse_int_list(stages, "--stages", range(0, 4))
-    numel, largest = parse_param_count(model), None
+    stage_list = parse_int_list(stages, "--stages", range(0, 4)) if stages else list(OFFLOAD_STAGES[offload])
+    check_offload_stages(offload, stage_list)
+    numel, largest, buffers = parse_param_count(model), None, None
     if numel is None:
-        numel, largest = count_parameters(model)
+        numel, largest, buffers = count_parameters(model)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda_devices() else "cpu")
-    rows = estimate_rows(numel, world_sizes, stage_list, PRECISION_OF_DTYPE_NAME[dtype], largest)
+    rows = estimate_rows(numel, world_sizes, stage_list, PRECISION_OF_DTYPE_NAME[dtype], largest,
+                         stage3_buffers=buffers, offload=offload)
     if format == "json":
-        output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "rows": rows})
+        output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "offload": offload,
+                           "rows": rows})
         return
-    headers = ["world size", "stage", "ZeRO paper MB", "nano MB", "official estimator MB"]
-    body = [[str(r["world_size"]), str(r["stage"]), fmt(r["paper_mb"]), fmt(r["nano_mb"]), fmt(r["official_estimator_mb"])]
-            for r in rows]
-    output.print_table(headers, body, title=f"{model}: {numel:,} parameters, {dtype}, model states per rank")
+    with_host = offload != "none"
+    headers = ["world size", "stage", "ZeRO paper MB", "nano MB", *(["nano host MB"] if with_host else []),
+               "official estimator MB", *(["official host MB / node"] if with_host else [])]
+    body = [[str(r["world_size"]), str(r["stage"]), fmt(r["paper_mb"]), fmt(r["nano_mb"]),
+             *([fmt(r["nano_host_mb"])] if with_host else []), fmt(r["official_estimator_mb"]),
+             *([fmt(r["official_estimator_host_mb_per_node"])] if with_host else [])] for r in rows]
+    title = f"{model}: {numel:,} parameters, {dtype}, model states per rank" + (
+        f", {offload} offloaded to the host" if with_host else "")
+    output.print_table(headers, body, title=title)
+
+
+def check_offload_stages(offload: str, stage_list: list[int]) -> None:
+    """The stages an offload applies to, as nano and official DeepSpeed accept them."""
+    allowed = OFFLOAD_STAGES[offload]
+    refused = [stage for stage in stage_list if stage not in allowed]
+    if refused:
+        raise BadInput(f"--offload {offload} does not apply at stage {refused[0]}",
+                       f"use --stages {','.join(map(str, allowed))} with --offload {offload}")
 
 
 OFFICIAL_PROBE = """

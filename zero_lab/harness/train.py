@@ -43,7 +43,8 @@ from zero_lab.workload.data import make_batches
 from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.impls import (default_single_process_env, engine_config, load_engine_module,
                                      loss_scale)
-from zero_lab.workload.log_lines import format_line
+from zero_lab.workload import state_formula
+from zero_lab.workload.log_lines import MB, format_line
 from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
 from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
@@ -133,10 +134,11 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     model = build_model(args.model_name, args.seed, args.model_dtype, args.attn_impl,
                         args.gradient_checkpointing, args.trust_remote_code).to(device)
     weight_decay = config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
+    settings = load_config(config, world_size=world_size)  # the config with DeepSpeed's defaults
+    formula = state_formula.peak_bytes(model, settings, world_size)  # nano's, for the same workload
     engine, _, _, _ = engine_module.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay),
         config=engine_config(args.impl, config, device))
-    settings = load_config(config, world_size=world_size)  # the config with DeepSpeed's defaults
     emit(rank, "zero", zero_header(args.impl, engine.zero_optimization_stage(), world_size, settings,
                                    engine.gradient_accumulation_steps()))
     parameter = next(engine.module.parameters())
@@ -144,7 +146,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         "name": args.model_name, "params": parameter_count(engine.module),
         "param_dtype": parameter.dtype, "compute_dtype": parameter.dtype,
         "ds_precision": settings.precision, "device": device.type,
-        "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"]})
+        "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"],
+        "states_formula_mb": formula["device"] / MB, "states_formula_host_mb": formula["host"] / MB})
 
     for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
         emit(rank, "warn", {"kind": "engine", "message": message})

@@ -27,7 +27,7 @@ import psutil
 from rich.progress import Progress
 
 from zero_lab.analysis import rundir
-from zero_lab.analysis.logparse import parse_file, step_and_loss
+from zero_lab.analysis.logparse import is_number, parse_file, step_and_loss
 from zero_lab.analysis.metrics import summarize_run
 from zero_lab.launch import ports, signals, torchrun
 from zero_lab.launch.stall import StallWatch
@@ -141,6 +141,10 @@ def execute(
     return summary
 
 
+def number_or_none(value: object) -> float | None:
+    return float(value) if is_number(value) else None
+
+
 def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrupted_by: str | None,
               duration_s: float, stalled: str | None = None) -> dict:
     """The run's summary.json; interrupted_by: the signal that stopped it (SIGINT, SIGTERM, SIGHUP);
@@ -174,6 +178,10 @@ def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrup
         "log_tail": "" if status in ("ok", "interrupted") else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
         "params": params if isinstance(params, int) and not isinstance(params, bool) else None,
         "precision": PRECISION_OF_DTYPE_NAME.get(spec.workload.dtype, spec.workload.dtype),
+        "offload": spec.workload.offload,
+        # nano's model-state formula for this workload, per rank (the harness's [model] line)
+        "states_formula_mb": number_or_none(parsed.model.get("states_formula_mb")),
+        "states_formula_host_mb": number_or_none(parsed.model.get("states_formula_host_mb")),
         "duration_s": round(duration_s, 1),
         "run_dir": str(run_dir),
         "skipped_lines": parsed.skipped_lines,

@@ -95,37 +95,42 @@ def total(figures: list[dict[str, int]]) -> dict[str, int]:
     return {category: sum(figure[category] for figure in figures) for category in CATEGORIES}
 
 
-def peak_model_state_bytes(stage: int, precision: str, numel: int, world_size: int,
-                           stage3_buffers: list[tuple[int, str]] | None = None) -> int:
-    """What a rank must fit besides activations: the larger of the backward and step moments.
+def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, world_size: int,
+                                    stage3_buffers: list[tuple[int, str]] | None = None,
+                                    offload_optimizer: bool = False,
+                                    offload_parameters: bool = False) -> dict[str, int]:
+    """What a rank must fit besides activations, per place: {"device": bytes, "host": bytes}, each
+    the larger of the backward and step moments (the two places may peak at different moments).
 
     At stage 3, `stage3_buffers` lists the model's flat buffers as (elements, role), role being
-    "persistent", "root" or "block"; the peak comes inside a backward, with every gradient
-    partition allocated and the root and the largest block gathered. Without the list, stage 3
-    counts the whole model as one block gathered (an upper bound).
+    "persistent", "root" or "block" (`units.flat_buffer_roles`); the peak comes inside a backward,
+    with every gradient partition allocated and the root and the largest block gathered. Without
+    the list, stage 3 counts the whole model as one block gathered (an upper bound).
     """
+    offload = {"offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters}
     if stage != 3:
-        return max(sum(model_state_bytes(stage, precision, numel, world_size, moment).values())
-                   for moment in ("backward", "step"))
-    buffers = stage3_buffers or [(numel, "block")]
-    blocks = [size for size, role in buffers if role == "block"]
-    largest = max(blocks, default=0)
-    chosen_largest = False
+        moments = [model_state_bytes_by_place(stage, precision, numel, world_size, moment, **offload)
+                   for moment in ("backward", "step")]
+    else:
+        buffers = stage3_buffers or [(numel, "block")]
+        largest = max((size for size, role in buffers if role == "block"), default=0)
+        largest_index = next((index for index, (size, role) in enumerate(buffers)
+                              if role == "block" and size == largest), None)
+        inside_backward = [model_state_bytes_by_place(3, precision, size, world_size, "backward",
+                                                      sharded=role != "persistent",
+                                                      gathered=role == "root" or index == largest_index, **offload)
+                           for index, (size, role) in enumerate(buffers)]
+        step = [model_state_bytes_by_place(3, precision, size, world_size, "step", sharded=role != "persistent",
+                                           **offload) for size, role in buffers]
+        moments = [{place: total([figure[place] for figure in figures]) for place in ("device", "host")}
+                   for figures in (inside_backward, step)]
+    return {place: max(sum(moment[place].values()) for moment in moments) for place in ("device", "host")}
 
-    def gathered(size: int, role: str) -> bool:
-        nonlocal chosen_largest
-        if role == "root":
-            return True
-        if role == "block" and size == largest and not chosen_largest:
-            chosen_largest = True
-            return True
-        return False
 
-    inside_backward = total([model_state_bytes(3, precision, size, world_size, "backward", sharded=role != "persistent",
-                                               gathered=gathered(size, role)) for size, role in buffers])
-    step = total([model_state_bytes(3, precision, size, world_size, "step", sharded=role != "persistent")
-                  for size, role in buffers])
-    return max(sum(inside_backward.values()), sum(step.values()))
+def peak_model_state_bytes(stage: int, precision: str, numel: int, world_size: int,
+                           stage3_buffers: list[tuple[int, str]] | None = None) -> int:
+    """`peak_model_state_bytes_by_place` without offload: everything on the device."""
+    return peak_model_state_bytes_by_place(stage, precision, numel, world_size, stage3_buffers)["device"]
 
 
 def bytes_per_parameter(stage: int, precision: str, world_size: int, numel: int = 10**9) -> float:

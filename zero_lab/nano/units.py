@@ -109,3 +109,15 @@ def split_groups_by_unit(units: list[Unit], groups: list[dict]) -> list[tuple[in
             if parameters:
                 pairs.append((unit_index, group_index, parameters))
     return pairs
+
+
+def role(unit: Unit) -> str:
+    """The memory formula's name for what a unit's buffers do at stage 3."""
+    return "persistent" if not unit.sharded else "root" if unit.name == "root" else "block"
+
+
+def flat_buffer_roles(units: list[Unit], groups: list[dict]) -> list[tuple[int, str]]:
+    """(elements, role) of every flat buffer the engine builds: what the memory formula needs to
+    count a model at stage 3 without building the engine."""
+    return [(sum(numel_of(parameter) for parameter in parameters), role(units[unit_index]))
+            for unit_index, _, parameters in split_groups_by_unit(units, groups)]
