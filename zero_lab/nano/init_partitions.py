@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.collectives import Collectives, free_storage
 
 
 def is_partitioned(parameter: torch.Tensor) -> bool:
@@ -37,6 +37,9 @@ def partition(parameter: torch.nn.Parameter, collectives: Collectives) -> None:
     piece[:max(0, min(flat.numel(), start + share) - start)] = flat[start:start + share]
     parameter.zero_lab_shape = tuple(parameter.shape)
     parameter.zero_lab_init_partition = piece
+    # gloo's broadcast work can keep the whole tensor alive after the wait; free its bytes now, or
+    # two modules' whole parameters are sometimes alive at once (bench/init_peak.py).
+    free_storage(flat)
     parameter.data = torch.empty(0, dtype=flat.dtype, device=flat.device)
 
 
