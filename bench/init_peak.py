@@ -7,10 +7,11 @@ Phase 1: spawn N gloo ranks; each builds the preset's Hugging Face model (random
          harness does) inside `nano.zero.Init()`, with the live-storage tracker of the harness's
          memory meter watching every tensor from outside.
 Phase 2: each rank prints its construction peak beside the bound issue 8 sets - 1/N of the model
-         plus its largest layer - made exact: the slices Init kept (Hugging Face builds an untied
-         head and ties it afterwards, so a tied model's head slice is counted too), the largest
+         plus its largest layer - made exact: the built model's slices (padded to N), the largest
          module's own parameters whole (the one being initialised before it is partitioned), and
-         the model's buffers (rotary frequencies), which Init leaves whole.
+         the model's buffers (rotary frequencies), which Init leaves whole. A tied model's head
+         is built untied by Hugging Face and tied afterwards: while it is built, the embedding's
+         slice and the whole head are alive, which the bound covers.
 Exit code 1 when a rank's peak exceeds its bound.
 """
 
@@ -50,8 +51,9 @@ def build_under_init(rank: int, world_size: int, port: int, model_name: str, res
     largest = max(sum(whole_numel(p) for p in module.parameters(recurse=False)) for module in model.modules()) * width
     buffers = sum(buffer.untyped_storage().nbytes() for buffer in model.buffers())
     whole = sum(whole_numel(parameter) for parameter in model.parameters()) * width
-    bound = init.partitioned_bytes + largest + buffers
-    results.put((rank, peak, bound, init.partitioned_bytes, largest, buffers, whole))
+    slices = sum(parameter.zero_lab_init_partition.untyped_storage().nbytes() for parameter in model.parameters())
+    bound = slices + largest + buffers
+    results.put((rank, peak, bound, slices, largest, buffers, whole))
     dist.barrier()
     dist.destroy_process_group()
 

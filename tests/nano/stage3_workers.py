@@ -316,9 +316,9 @@ def init_parity_worker(rank: int, world_size: int) -> list[str]:
 
 
 def init_memory_worker(rank: int, world_size: int) -> list[str]:
-    """Building a Qwen3 model under zero.Init never holds more than 1/N of the parameters built
-    (Hugging Face builds an untied head, then ties it) plus its largest module's own parameters
-    (and its buffers), tracked from outside."""
+    """Building a Qwen3 model under zero.Init never holds more than 1/N of the model (its slices,
+    padded) plus its largest module's own parameters (and its buffers), tracked from outside; the
+    untied head Hugging Face builds before tying it is the largest module while it is built."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from zero_lab.workload.memory_meter import LiveStorageTracker
@@ -331,7 +331,8 @@ def init_memory_worker(rank: int, world_size: int) -> list[str]:
         with nano.zero.Init() as init:
             model = Qwen3ForCausalLM(config)
         peak = tracker.peak_bytes - start
-    slices = init.partitioned_bytes  # the tied model's, and the untied head's Hugging Face built first
+    slices = sum(parameter.zero_lab_init_partition.untyped_storage().nbytes() for parameter in model.parameters())
+    assert init.partitioned_bytes > slices, "the untied head's slice was kept, then dropped by tying"
     largest = max(sum(torch.Size(parameter.zero_lab_shape).numel() for parameter in module.parameters(recurse=False))
                   for module in model.modules()) * 4
     buffers = sum(buffer.untyped_storage().nbytes() for buffer in model.buffers())
@@ -339,6 +340,6 @@ def init_memory_worker(rank: int, world_size: int) -> list[str]:
     whole = sum(torch.Size(parameter.zero_lab_shape).numel() for parameter in model.parameters()) * 4
     print(f"[init] rank {rank} peak {peak} bound {bound} (slices {slices} + largest module {largest} + buffers "
           f"{buffers}); the whole model is {whole}", flush=True)
-    if peak > bound:
-        return [f"peak {peak} bytes > 1/N of the model + the largest module + buffers = {bound}"]
+    if peak != bound:  # the head, built whole beside every other slice: exactly the bound
+        return [f"peak {peak} bytes != 1/N of the model + the largest module + buffers = {bound}"]
     return []

@@ -2,7 +2,9 @@
 
 Phase 1 (partition; at the end of a module's __init__): rank 0's values are broadcast, so every
          rank agrees; each rank keeps its slice of the flattened parameter, padded to a multiple
-         of N (`zero_lab_init_partition`); the parameter's data becomes an empty tensor, as in
+         of N (`zero_lab_init_partition`), in the parameter's own storage shrunk to the slice (so
+         building never holds more than the module being built whole beside the slices kept);
+         the parameter's data becomes an empty tensor, as in
          official DeepSpeed, so nothing (a model's own weight init included) can read or write
          the freed values; its shape is kept in `zero_lab_shape`.
 Phase 2 (whole again; when an engine lays the parameter into its flat buffer): the slices are
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from zero_lab.nano.collectives import Collectives, free_storage
+from zero_lab.nano.collectives import Collectives
 
 
 def is_partitioned(parameter: torch.Tensor) -> bool:
@@ -28,18 +30,27 @@ def numel_of(parameter: torch.Tensor) -> int:
 
 @torch.no_grad()
 def partition(parameter: torch.nn.Parameter, collectives: Collectives) -> None:
-    """Phase 1."""
+    """Phase 1, in place: this rank's slice is moved to the front of the parameter's own storage,
+    which then shrinks to the slice, so no second buffer ever sits beside the whole parameter."""
     collectives.broadcast(parameter.data, source_rank=0)
     flat = parameter.data.reshape(-1)
-    share = -(-flat.numel() // collectives.world_size)
-    start = min(flat.numel(), collectives.rank * share)
-    piece = torch.zeros(share, dtype=flat.dtype, device=flat.device)
-    piece[:max(0, min(flat.numel(), start + share) - start)] = flat[start:start + share]
+    numel, size = flat.numel(), flat.element_size()
+    share = -(-numel // collectives.world_size)
+    start = min(numel, collectives.rank * share)
+    kept = max(0, min(numel, start + share) - start)
+    storage = flat.untyped_storage()
+    if flat.storage_offset() == 0 and storage.nbytes() == numel * size:
+        if start > 0 and kept:  # start >= share >= kept: source and destination never overlap
+            flat[:kept].copy_(flat[start:start + kept])
+        # Shrinking frees the rest even where gloo's broadcast work still refers to the storage.
+        storage.resize_(share * size)
+        piece = flat.new_empty(0).set_(storage, 0, (share,), (1,))
+    else:  # a view into a storage others share (or a copy made by reshape): copy the slice out
+        piece = flat.new_zeros(share)
+        piece[:kept] = flat[start:start + kept]
+    piece[kept:].zero_()  # the last ranks' padding
     parameter.zero_lab_shape = tuple(parameter.shape)
     parameter.zero_lab_init_partition = piece
-    # gloo's broadcast work can keep the whole tensor alive after the wait; free its bytes now, or
-    # two modules' whole parameters are sometimes alive at once (bench/init_peak.py).
-    free_storage(flat)
     parameter.data = torch.empty(0, dtype=flat.dtype, device=flat.device)
 
 
