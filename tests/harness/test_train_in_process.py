@@ -139,3 +139,19 @@ def test_non_finite_loss_and_skipped_steps_are_warned(train_module, one_process,
     assert kinds == [(1, "non_finite_loss"), (1, "skipped_step"), (2, "non_finite_loss"),
                      (2, "skipped_step")]
     assert math.isnan(warnings[0]["loss"]) and warnings[1]["loss_scale"] == 1024
+
+
+def test_offload_shows_nanos_states_by_place_beside_the_formula(train_module, one_process, capsys):
+    """fp32 stage 2 with the optimizer offloaded, W=1: after a step the device holds the parameters
+    (4 B each) and the host the master and Adam's two states (12 B each); the [model] line's
+    formula adds the gradient partition the step holds (16 B each on the host)."""
+    assert train_module.main(["--impl", "nano", "--zero-stage", "2", "--offload", "optimizer", *TINY_RUN]) == 0
+    lines = contract_lines(capsys.readouterr().out)
+    model = next(fields for tag, _, fields in lines if tag == "model")
+    steps = [fields for tag, _, fields in lines if tag == "opt_step"]
+    megabytes = model["params"] / 2**20
+    for fields in steps:
+        assert fields["states_device_mb"] == pytest.approx(4 * megabytes, abs=1e-4)
+        assert fields["states_host_mb"] == pytest.approx(12 * megabytes, abs=1e-4)
+    assert model["states_formula_mb"] == pytest.approx(4 * megabytes, abs=1e-4)
+    assert model["states_formula_host_mb"] == pytest.approx(16 * megabytes, abs=1e-4)

@@ -58,12 +58,18 @@ def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]
     return headers, body
 
 
+def placed(row: dict) -> str:
+    """nano's own model-state MB after a step, device / host (official has no such count)."""
+    device, host = row.get("states_device_mb"), row.get("states_host_mb")
+    return "-" if device is None else f"{fmt(device)} / {fmt(host)}"
+
+
 def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Measured live bytes beside the model-state formulas: nano's for the run's own model, units
     and offload (logged by the harness; else the flat formula, none at stage 3) and the paper's."""
-    with_host = any(row.get("states_formula_host_mb") for row in rows)
+    with_host = any(row.get("states_formula_host_mb") or row.get("states_host_mb") for row in rows)
     headers = ["world size", "stage", "impl", "alloc MB", "peak alloc MB", "nano formula MB",
-               *(["nano formula host MB"] if with_host else []), "ZeRO paper MB"]
+               *(["nano states MB (device / host)", "nano formula host MB"] if with_host else []), "ZeRO paper MB"]
     body = []
     for row in rows:
         params, precision = row.get("params"), row.get("precision")
@@ -75,7 +81,8 @@ def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
                 nano = None if nano_total is None else nano_total["device"] / MIB
             paper = paper_bytes(stage, precision, params, world_size) / MIB
         body.append([str(row["world_size"]), str(row["stage"]), row["impl"], fmt(row.get("alloc_max_mb")),
-                     fmt(row.get("peak_alloc_max_mb")), fmt(nano), *([fmt(host)] if with_host else []), fmt(paper)])
+                     fmt(row.get("peak_alloc_max_mb")), fmt(nano), *(
+                         [placed(row), fmt(host)] if with_host else []), fmt(paper)])
     return headers, body
 
 

@@ -62,6 +62,9 @@ def summarize_run(parsed: ParsedLog) -> dict[str, object]:
         **{name: max_or_none(column(steps, name)) for name in MEMORY_FIELDS},
         "step_ms": steady_median(column(steps, "step_ms")),
         "comm_mb": steady_median(column(steps, "comm_mb")),
+        # nano only: its own model-state bytes after a step, per place (None for official)
+        "states_device_mb": max_or_none(column(steps, "states_device_mb")),
+        "states_host_mb": max_or_none(column(steps, "states_host_mb")),
         "tokens_per_s": steady_median(column(steps, "tokens_per_s")),
     }
     return summary

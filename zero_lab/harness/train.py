@@ -81,6 +81,16 @@ def parameter_count(module: torch.nn.Module) -> int:
     return sum(getattr(parameter, "ds_numel", parameter.numel()) for parameter in module.parameters())
 
 
+def states_by_place(engine) -> dict:
+    """nano's own count of its model states after the step, per place (`memory_breakdown`): what
+    offload moved to the host, beside what stayed on the device. Official has no such call."""
+    breakdown = getattr(engine, "memory_breakdown", None)
+    if breakdown is None:
+        return {}
+    places = breakdown(by_device=True)
+    return {f"states_{place}_mb": places.get(place, {}).get("total", 0) / MB for place in ("device", "host")}
+
+
 def dist_backend(device: torch.device) -> str:
     """The process group's backend for the run's device: gloo for CPU tensors, nccl for CUDA."""
     return "gloo" if device.type == "cpu" else "nccl"
@@ -172,7 +182,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         grad_norm = engine.get_global_grad_norm()
         fields = {"loss": fields.pop("loss"),
                   "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
-                  "lr": float(engine.get_lr()[0]), "loss_scale": loss_scale(engine), **fields}
+                  "lr": float(engine.get_lr()[0]), "loss_scale": loss_scale(engine), **fields,
+                  **states_by_place(engine)}
         emit(rank, "opt_step", fields, step)
         for warning in step_warnings(step, fields["loss"], fields["loss_scale"],
                                      skipped=engine.skipped_steps > skipped_before):
