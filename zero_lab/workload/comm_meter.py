@@ -10,6 +10,8 @@ Byte convention (nano's own `engine.comm_stats()` uses the same one):
   the input;
 - all_gather, all_gather_into_tensor (or _single): the total bytes of the output;
 - the coalesced variants: the sum over their tensors, by the same rule.
+Each call also counts its wire bytes: what one rank sends for that payload by NCCL-tests'
+bus-bytes convention, for the size of the group it ran on (`wire_bytes.py`).
 A collective called from inside another one (torch 2.13's `all_gather_into_tensor` calls
 `all_gather_single`) counts once, under the name the engine called; the private
 `_all_gather_base` and `_reduce_scatter_base` are not wrapped, so they count as the `_single`
@@ -27,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from zero_lab.workload.wire_bytes import wire_bytes
 
 
 def _nbytes(tensors) -> int:
@@ -59,6 +63,7 @@ MEASURED_ARGUMENT = {
 class OpCount:
     calls: int = 0
     bytes: int = 0
+    wire_bytes: int = 0
 
 
 class CommMeter:
@@ -94,8 +99,10 @@ class CommMeter:
             if self._depth == 0:
                 bound = signature.bind(*args, **kwargs)
                 count = self.counts.setdefault(name, OpCount())
+                payload = _nbytes(bound.arguments[argument])
                 count.calls += 1
-                count.bytes += _nbytes(bound.arguments[argument])
+                count.bytes += payload
+                count.wire_bytes += wire_bytes(name, payload, c10d.get_world_size(bound.arguments.get("group")))
             self._depth += 1
             try:
                 return original(*args, **kwargs)
@@ -108,7 +115,7 @@ class CommMeter:
         self.counts = {}
 
     def snapshot(self) -> dict[str, OpCount]:
-        return {name: OpCount(count.calls, count.bytes) for name, count in self.counts.items()}
+        return {name: OpCount(count.calls, count.bytes, count.wire_bytes) for name, count in self.counts.items()}
 
     @contextmanager
     def paused(self):
@@ -126,5 +133,6 @@ def difference(after: dict[str, OpCount], before: dict[str, OpCount]) -> dict[st
     for name, count in after.items():
         earlier = before.get(name, OpCount())
         if count.calls != earlier.calls:
-            delta[name] = OpCount(count.calls - earlier.calls, count.bytes - earlier.bytes)
+            delta[name] = OpCount(count.calls - earlier.calls, count.bytes - earlier.bytes,
+                                  count.wire_bytes - earlier.wire_bytes)
     return delta
