@@ -12,6 +12,11 @@ Byte convention (nano's own `engine.comm_stats()` uses the same one):
 - the coalesced variants: the sum over their tensors, by the same rule.
 Each call also counts its wire bytes: what one rank sends for that payload by NCCL-tests'
 bus-bytes convention, for the size of the group it ran on (`wire_bytes.py`).
+A call that emulates another collective counts under the collective it implements: nano's
+reduce-scatter on gloo is an `all_to_all_single` of the bucket's shares (each rank then adds up
+its own share's parts), named `reduce_scatter` by nano while it runs
+(`zero_lab.nano.collectives.EMULATED_COLLECTIVE`), so it counts as `reduce_scatter`, payload the
+whole bucket, wire bytes a reduce-scatter's.
 A collective called from inside another one (torch 2.13's `all_gather_into_tensor` calls
 `all_gather_single`) counts once, under the name the engine called; the private
 `_all_gather_base` and `_reduce_scatter_base` are not wrapped, so they count as the `_single`
@@ -30,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from zero_lab.nano.collectives import EMULATED_COLLECTIVE
 from zero_lab.workload.wire_bytes import wire_bytes
 
 
@@ -73,6 +79,7 @@ class CommMeter:
         self.counts: dict[str, OpCount] = {}
         self._originals: dict[str, object] = {}
         self._depth = 0  # > 0 while inside a counted collective, or while paused
+        self.trace: list[tuple[str, int, int]] | None = None  # a list: every call in order, (label, payload, wire)
 
     def install(self) -> "CommMeter":
         for name, argument in MEASURED_ARGUMENT.items():
@@ -98,11 +105,9 @@ class CommMeter:
         def counted(*args, **kwargs):
             if self._depth == 0:
                 bound = signature.bind(*args, **kwargs)
-                count = self.counts.setdefault(name, OpCount())
+                label = EMULATED_COLLECTIVE.get() or name
                 payload = _nbytes(bound.arguments[argument])
-                count.calls += 1
-                count.bytes += payload
-                count.wire_bytes += wire_bytes(name, payload, c10d.get_world_size(bound.arguments.get("group")))
+                self.record(label, payload, wire_bytes(label, payload, c10d.get_world_size(bound.arguments.get("group"))))
             self._depth += 1
             try:
                 return original(*args, **kwargs)
@@ -110,6 +115,14 @@ class CommMeter:
                 self._depth -= 1
 
         return counted
+
+    def record(self, label: str, payload: int, wire: int) -> None:
+        count = self.counts.setdefault(label, OpCount())
+        count.calls += 1
+        count.bytes += payload
+        count.wire_bytes += wire
+        if self.trace is not None:
+            self.trace.append((label, payload, wire))
 
     def reset(self) -> None:
         self.counts = {}

@@ -12,10 +12,12 @@ For N ranks and an array of S bytes (NCCL-tests, doc/PERFORMANCE.md, "bus bandwi
     broadcast, reduce                   S
 
 nano reduce-scatters with an all-to-all on gloo (each rank sends its N-1 foreign shares and adds
-up what it receives), so its wire bytes are a reduce-scatter's. With one rank nothing moves.
+up what it receives); the meter counts that call as the `reduce_scatter` it implements, at a
+reduce-scatter's factor. With one rank nothing moves.
 These are the algorithm's bytes, not a backend's: gloo implements some collectives differently
-(its reduce-scatter is an all-reduce of a copy), so on gloo they are the cost the algorithm needs,
-not the traffic gloo made. Results are rounded down to whole bytes.
+(its reduce-scatter is an all-reduce of a copy; its all-reduce and all-gather need not be rings),
+so on gloo they are the cost the algorithm needs, not the traffic gloo made. Results are rounded
+down to whole bytes.
 """
 
 from __future__ import annotations
