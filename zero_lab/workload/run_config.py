@@ -24,7 +24,8 @@ from zero_lab.workload.errors import WorkloadError
 from zero_lab.nano.config import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
-from zero_lab.workload.models import PRESETS, check_model_name
+from zero_lab.workload.model_shapes import PRESETS
+from zero_lab.workload.models import check_model_name
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "harness" / "configs"
 
