@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Annotated, List
 
-import pandas
 import typer
 
 from zero_lab.analysis import rundir
@@ -71,6 +70,8 @@ def parse(
                                      "comm": log.comm, "warnings": log.warnings, "skipped_lines": log.skipped_lines}
                                     for path, log in parsed.items()]})
         return
+    import pandas  # only the table and csv formats need it
+
     frame = pandas.DataFrame([{"log": path, **row} for path, log in parsed.items() for row in log.steps])
     known = ["log", "step", *STEP_FIELDS]
     frame = frame.reindex(columns=[*known, *sorted(set(frame.columns) - set(known))]) if len(frame) else frame

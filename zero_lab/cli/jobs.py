@@ -13,7 +13,6 @@ from pathlib import Path
 
 from zero_lab.analysis import launch, rundir
 from zero_lab.cli import output, plan, signals
-from zero_lab.cli.launcher import execute
 
 
 @dataclass
@@ -66,6 +65,8 @@ def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], str | None
 
     On a terminal a live bar per run; elsewhere (CI logs) one line as each run starts and ends.
     """
+    from zero_lab.cli import launcher  # psutil and process control: only when runs start
+
     summaries = []
     live = output.stderr.is_terminal
     with output.progress_bar(disable=not live) as progress:
@@ -73,8 +74,8 @@ def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], str | None
             if not live:
                 output.stderr.print(f"{job.label}: running {job.spec.workload.steps} steps in {job.run_dir}", markup=False)
             try:
-                summary = execute(job.spec, job.run_dir, job.config, job.official_config, environment,
-                                  job.label, progress if live else None)
+                summary = launcher.execute(job.spec, job.run_dir, job.config, job.official_config, environment,
+                                           job.label, progress if live else None)
             except signals.INTERRUPTS as interrupt:
                 if (job.run_dir / rundir.SUMMARY).is_file():  # absent if the signal came before the launch
                     summaries.append(rundir.read_json(job.run_dir / rundir.SUMMARY))
