@@ -4,7 +4,7 @@ Layers, each importing only the ones below it:
     zero_lab.nano       the engine (collectives -> flat buffers -> per-stage optimizers -> initialize)
     zero_lab.workload   the training workload: models, data, memory and communication meters, log lines
     harness/train.py    the torchrun entry that runs the workload under nano or official DeepSpeed
-    zero_lab.cli        the `zero-lab` command: run, compare, parse, report, estimate, doctor
+    zero_lab.cli        the `zero-lab` command: run, compare, parse, report, estimate, explain, doctor
 """
 
 __version__ = "0.1.0"

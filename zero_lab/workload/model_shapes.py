@@ -14,7 +14,10 @@ A preset is a `transformers.Qwen3ForCausalLM`; its parameters, in `named_paramet
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from zero_lab.nano.unit_policy import ParameterEntry
+from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.tokenizer import ByteTokenizer
 
 SHARED = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "use_cache": False}
@@ -30,6 +33,21 @@ PRESETS = {
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                        head_dim=128, max_position_embeddings=40_960, tie_word_embeddings=True),
 }
+
+
+def check_model_name(name: str, flag: str = "--model-name") -> None:
+    """A preset name, or a directory holding a Hugging Face config.json; `flag` is how the user
+    gave it (the harness's --model-name, the CLI's --model)."""
+    if name in PRESETS:
+        return
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise WorkloadError(f"{flag} {name!r} is neither a preset ({', '.join(PRESETS)}) "
+                            "nor an existing directory",
+                            "Pick a preset or give a local Hugging Face model directory")
+    if not (path / "config.json").is_file():
+        raise WorkloadError(f"{path} has no config.json",
+                            "Give a Hugging Face model directory (config, weights, tokenizer)")
 
 
 def decays(shape: tuple[int, ...]) -> bool:

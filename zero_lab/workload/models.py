@@ -19,27 +19,12 @@ import torch
 
 from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.workload.errors import WorkloadError, first_line
-from zero_lab.workload.model_shapes import PRESETS, SHARED, decays
+from zero_lab.workload.model_shapes import PRESETS, SHARED, check_model_name, decays
 from zero_lab.workload.tokenizer import ByteTokenizer
 
 # What Hugging Face raises for a bad model directory or attention implementation: a missing or
 # unreadable file (OSError), a value it rejects (ValueError), an uninstalled kernel (ImportError).
 LOAD_ERRORS = (OSError, ValueError, ImportError)
-
-
-def check_model_name(name: str, flag: str = "--model-name") -> None:
-    """A preset name, or a directory holding a Hugging Face config.json; `flag` is how the user
-    gave it (the harness's --model-name, the CLI's --model)."""
-    if name in PRESETS:
-        return
-    path = Path(name).expanduser()
-    if not path.exists():
-        raise WorkloadError(f"{flag} {name!r} is neither a preset ({', '.join(PRESETS)}) "
-                            "nor an existing directory",
-                            "Pick a preset or give a local Hugging Face model directory")
-    if not (path / "config.json").is_file():
-        raise WorkloadError(f"{path} has no config.json",
-                            "Give a Hugging Face model directory (config, weights, tokenizer)")
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False):
@@ -91,3 +76,23 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     no_decay = [p for p in trainable if not decays(tuple(p.shape))]
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
+
+
+def directory_parameters(path: str):
+    """(parameter entries, stage-3 blocks) of a local Hugging Face model, from its config alone:
+    the model is built on the meta device (no weights read, no memory), blocks found as nano finds
+    them (`units.find_blocks`). Presets need none of this: `model_shapes.preset_parameters`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from zero_lab.nano.units import find_blocks, parameter_entries
+
+    check_model_name(path, flag="--model")
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, local_files_only=True))
+    except LOAD_ERRORS as error:
+        raise WorkloadError(f"cannot read the model config in {path}: {first_line(error)}",
+                            "Give a Hugging Face model directory with a readable config.json") from None
+    blocks = find_blocks(model)
+    trainable = {parameter for parameter in model.parameters() if parameter.requires_grad}
+    return [entry for entry, _ in parameter_entries(model, blocks, trainable)], [name for name, _ in blocks]
