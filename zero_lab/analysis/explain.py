@@ -205,12 +205,12 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int, kept
     blocks = list(dict.fromkeys(buffer.unit for buffer in buffers if buffer.sharded and buffer.unit != "root"))
     root = ["root"] if any(buffer.unit == "root" for buffer in buffers) else []
     found: list[Collective] = []
-    for _ in range(config.gradient_accumulation_steps if stage >= 2 else 1):
-        if stage >= 2:
+    if stage >= 2:  # every micro-step gathers (stage 3) and reduces as backward goes
+        for _ in range(config.gradient_accumulation_steps):
             found += gathers("forward", root + blocks)
             found += gathers("backward", [block for block in reversed(blocks) if block not in kept])
             found += reductions("backward", buffers)
-    if stage < 2:
+    else:  # once, at the boundary
         found += reductions("reduce_gradients", buffers)
     if stage >= 1:
         found.append(moved("unscale_clip", "all_reduce", FP32_BYTES, "squared gradient norm"))
