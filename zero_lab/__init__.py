@@ -7,7 +7,7 @@ Layers, each importing only the ones below it:
                         (the checkout's harness/train.py is its documented script)
     zero_lab.analysis   pure functions on finished runs: log parsing, metrics, verdicts, reports, estimates
     zero_lab.launch     starting, watching and stopping one torchrun job (command, port, stall, signals)
-    zero_lab.cli        the `zero-lab` command: run, compare, parse, report, estimate, doctor
+    zero_lab.cli        the `zero-lab` command: run, compare, parse, report, estimate, explain, doctor
 """
 
 __version__ = "0.1.0"

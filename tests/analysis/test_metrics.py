@@ -38,7 +38,15 @@ def test_delta_is_candidate_minus_baseline_with_percent_of_baseline():
     assert delta["reserved_max_mb_delta"] == 0.0
     assert delta["max_step_loss_delta"] == pytest.approx(1e-5)
     assert delta["step_time_ratio"] == pytest.approx(1.5)
+    assert delta["comm_wire_ratio"] is None, "no wire bytes in these rows: no ratio"
     assert delta["loss_parity"] is True
+
+
+def test_wire_ratio_is_candidate_over_baseline():
+    nano, official = summary("nano", comm_wire_mb=2.0), summary("official", comm_wire_mb=3.0)
+    assert cell_delta(nano, official, {}, {}, 1e-4)["comm_wire_ratio"] == pytest.approx(2 / 3)
+    log = parse_text("\n".join(f"[opt_step {k}] loss=1.0 comm_mb=4.0 comm_wire_mb={k}.0" for k in (1, 2, 3, 4)))
+    assert summarize_run(log)["comm_wire_mb"] == 3.0, "the median over steps 2-4"
 
 
 def test_loss_parity_fails_beyond_tolerance_and_on_nan():

@@ -46,13 +46,15 @@ def test_compare_prints_one_json_object_with_rows_deltas_and_verdict(compare_res
     for row in payload["rows"]:
         assert row["status"] == "ok" and row["steps"] == 5 and row["world_size"] == 2
         for key in ("loss_last", "alloc_max_mb", "peak_alloc_max_mb", "reserved_max_mb", "peak_reserved_max_mb",
-                    "step_ms", "comm_mb"):
+                    "step_ms", "comm_mb", "comm_wire_mb"):
             assert isinstance(row[key], float), key
     assert [(d["stage"], d["impl"], d["baseline"]) for d in payload["deltas"]] == [
         (1, "nano", "official"), (2, "nano", "official")]
     for delta in payload["deltas"]:
         assert delta["loss_parity"] is True and delta["max_step_loss_delta"] <= 1e-4
         assert "alloc_max_mb_delta_pct" in delta and delta["step_time_ratio"] > 0
+        # ZeRO's argument: a reduce-scatter and an all-gather against an all-reduce and an all-gather
+        assert delta["comm_wire_ratio"] == pytest.approx(2 / 3, rel=0.01), delta
     assert payload["verdict"]["ok"] is True and payload["verdict"]["loss_parity"] is True
 
 

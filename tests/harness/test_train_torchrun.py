@@ -20,6 +20,7 @@ from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.memory_formula import model_state_bytes
 from zero_lab.workload.log_lines import parse_line
 from zero_lab.workload.models import build_model, parameter_groups
+from zero_lab.workload.wire_bytes import wire_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ ZERO_KEYS = {"impl", "stage", "world_size", "reduce_scatter", "reduce_bucket_siz
              "allgather_bucket_size", "overlap_comm", "communication_data_type"}
 MODEL_KEYS = {"name", "params", "param_dtype", "compute_dtype", "ds_precision", "device"}
 STEP_KEYS = {"loss", "grad_norm", "lr", "loss_scale", "step_ms", "tokens_per_s", "alloc_max_mb",
-             "reserved_max_mb", "peak_alloc_max_mb", "peak_reserved_max_mb", "comm_mb"}
+             "reserved_max_mb", "peak_alloc_max_mb", "peak_reserved_max_mb", "comm_mb", "comm_wire_mb"}
 
 
 def torchrun_command(config: Path, impl: str) -> list[str]:
@@ -176,15 +177,18 @@ def bytes_per_step(log: dict) -> dict[str, int]:
 @pytest.mark.parametrize("reduce_scatter", [True, False])
 def test_nano_stage2_moves_the_formulas_bytes(run, group_numels, reduce_scatter):
     """Gradients: reduce-scatter of every group's whole flat buffer (on gloo an all-to-all of its
-    shares, each owner adding its parts; see Collectives.reduce_scatter) or all-reduce of it;
+    shares, each owner adding its parts, counted as the reduce_scatter it implements; see
+    Collectives.reduce_scatter) or all-reduce of it;
     parameters: an all-gather of every buffer; plus one fp32 scalar all-reduce, the squared
     gradient norm (a non-finite norm skips the step: no separate overflow check)."""
     log = run("nano", 2, reduce_scatter)
     buffer_bytes = flat_buffer_bytes(2, group_numels)
     norm = FP32
-    expected = ({"all_to_all_single": buffer_bytes, "all_gather": buffer_bytes, "all_reduce": norm}
+    expected = ({"reduce_scatter": buffer_bytes, "all_gather": buffer_bytes, "all_reduce": norm}
                 if reduce_scatter else {"all_reduce": buffer_bytes + norm, "all_gather": buffer_bytes})
     assert bytes_per_step(log) == expected
+    for op, fields in log["comm"].items():  # whole fp32 arrays: the bus-bytes factor divides them exactly
+        assert fields["wire_bytes"] == wire_bytes(op, fields["bytes"], WORLD_SIZE), op
 
 
 def test_official_stage2_moves_the_formulas_bytes(run):
@@ -215,14 +219,15 @@ def test_nano_stage3_moves_the_formulas_bytes(run):
     """Per step at accumulation 1: each block is gathered twice (its forward, its backward), the root
     once (it stays gathered from the forward to the end of the backward), the persistent buffers
     once (published after the step, as at stage 2); every buffer's gradients are reduce-scattered
-    once (on gloo an all-to-all of the shares); plus the squared norm's fp32 all-reduce."""
+    once (on gloo an all-to-all of the shares, counted as reduce_scatter); plus the squared norm's
+    fp32 all-reduce."""
     log = run("nano", 3)
     buffers = stage3_buffers()
     gathers = {"block": 2, "root": 1, "persistent": 1}
     assert {role for _, role in buffers} == {"block", "root", "persistent"}
     assert bytes_per_step(log) == {
         "all_gather": sum(gathers[role] * numel * FP32 for numel, role in buffers),
-        "all_to_all_single": sum(numel * FP32 for numel, _ in buffers),
+        "reduce_scatter": sum(numel * FP32 for numel, _ in buffers),
         "all_reduce": FP32}
 
 

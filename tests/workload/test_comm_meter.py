@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from zero_lab.nano.collectives import EMULATED_COLLECTIVE
 from zero_lab.workload.comm_meter import CommMeter, OpCount, difference
 
 
@@ -64,3 +65,17 @@ def test_uninstall_restores_torch_distributed():
     assert dist.all_reduce is not original
     meter.uninstall()
     assert dist.all_reduce is original and dist.distributed_c10d.all_reduce is original
+
+
+def test_an_emulating_call_counts_under_the_collective_it_implements(meter):
+    """nano's gloo reduce-scatter is an all-to-all named reduce_scatter while it runs; the trace
+    keeps every call in order."""
+    meter.trace = []
+    label = EMULATED_COLLECTIVE.set("reduce_scatter")
+    try:
+        dist.all_to_all_single(torch.empty(6), torch.ones(6))
+    finally:
+        EMULATED_COLLECTIVE.reset(label)
+    dist.all_to_all_single(torch.empty(3), torch.ones(3))
+    assert meter.snapshot() == {"reduce_scatter": OpCount(1, 24), "all_to_all_single": OpCount(1, 12)}
+    assert meter.trace == [("reduce_scatter", 24, 0), ("all_to_all_single", 12, 0)], "one rank sends nothing"

@@ -8,6 +8,7 @@ from transformers import PreTrainedTokenizerFast
 
 from zero_lab.workload.data import IGNORE_INDEX, conversation_example
 from zero_lab.workload.errors import WorkloadError
+from zero_lab.workload.model_shapes import PRESETS, preset_blocks, preset_parameters
 from zero_lab.workload.models import build_model, check_model_name, load_tokenizer, parameter_groups
 
 WORDS = ["[UNK]", "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "hi", "there", "hello", "friend"]
@@ -58,3 +59,20 @@ def test_norms_and_biases_get_no_weight_decay():
     decay, no_decay = parameter_groups(build_model("tiny", seed=0), weight_decay=0.1)
     assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0) and no_decay["params"]
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_the_pure_parameter_table_is_the_built_presets(name):
+    """`zero-lab explain` reads the table without building anything; it must be the real model's
+    parameters, in order, with each decoder layer as the block that holds its parameters."""
+    with torch.device("meta"):
+        model = build_model(name, seed=0)
+    table = preset_parameters(name)
+    assert [(entry.name, entry.shape) for entry in table] == \
+        [(parameter_name, tuple(parameter.shape)) for parameter_name, parameter in model.named_parameters()]
+    layers = dict(model.model.layers.named_children())
+    holder = {parameter: f"model.layers.{index}" for index, layer in layers.items() for parameter in layer.parameters()}
+    named = dict(model.named_parameters())
+    assert [entry.blocks for entry in table] == [(holder[named[entry.name]],) if named[entry.name] in holder else ()
+                                                 for entry in table]
+    assert preset_blocks(name) == [f"model.layers.{index}" for index in layers]

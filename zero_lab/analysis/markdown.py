@@ -54,6 +54,8 @@ def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]
                  "", f"ratio {fmt(delta['step_time_ratio'], 3)}"])
     body.append(["comm MB / step", fmt(by_impl[candidate].get("comm_mb"), 2), fmt(by_impl[baseline].get("comm_mb"), 2),
                  fmt(delta["comm_mb_delta"], 2, signed=True), ""])
+    body.append(["wire MB / step", fmt(by_impl[candidate].get("comm_wire_mb"), 2),
+                 fmt(by_impl[baseline].get("comm_wire_mb"), 2), "", f"ratio {fmt(delta.get('comm_wire_ratio'), 3)}"])
     body.append(["loss parity", "", "", fmt(delta["loss_parity"]), ""])
     return headers, body
 
@@ -181,8 +183,8 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
 
 def run_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     headers = ["world size", "stage", "impl", "status", "steps", "last loss", "alloc MB", "peak alloc MB",
-               "step ms", "comm MB / step"]
+               "step ms", "comm MB / step", "wire MB / step"]
     body = [[str(r["world_size"]), str(r["stage"]), r["impl"], r["status"], fmt(r.get("steps")),
              fmt(r.get("loss_last"), 6), fmt(r.get("alloc_max_mb")), fmt(r.get("peak_alloc_max_mb")),
-             fmt(r.get("step_ms")), fmt(r.get("comm_mb"), 2)] for r in rows]
+             fmt(r.get("step_ms")), fmt(r.get("comm_mb"), 2), fmt(r.get("comm_wire_mb"), 2)] for r in rows]
     return headers, body

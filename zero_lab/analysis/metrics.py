@@ -29,6 +29,7 @@ ROW_KEYS = (
     *MEMORY_FIELDS,
     "step_ms",
     "comm_mb",
+    "comm_wire_mb",
 )
 
 # summary.json keys too bulky for a row: per-step losses, headers, configs and the environment.
@@ -62,6 +63,7 @@ def summarize_run(parsed: ParsedLog) -> dict[str, object]:
         **{name: max_or_none(column(steps, name)) for name in MEMORY_FIELDS},
         "step_ms": steady_median(column(steps, "step_ms")),
         "comm_mb": steady_median(column(steps, "comm_mb")),
+        "comm_wire_mb": steady_median(column(steps, "comm_wire_mb")),
         # nano only: its own model-state bytes after a step, per place (None for official)
         "states_device_mb": max_or_none(column(steps, "states_device_mb")),
         "states_host_mb": max_or_none(column(steps, "states_host_mb")),
@@ -74,6 +76,11 @@ def difference(candidate: float | None, baseline: float | None) -> float | None:
     if candidate is None or baseline is None:
         return None
     return candidate - baseline
+
+
+def ratio(candidate: float | None, baseline: float | None) -> float | None:
+    """candidate / baseline, or None when either is missing or the baseline is 0."""
+    return candidate / baseline if candidate is not None and baseline else None
 
 
 def percent(delta: float | None, baseline: float | None) -> float | None:
@@ -112,9 +119,9 @@ def cell_delta(
     delta["loss_last_delta"] = difference(candidate.get("loss_last"), baseline.get("loss_last"))
     step_gap = max_step_loss_delta(candidate_losses, baseline_losses)
     delta["max_step_loss_delta"] = step_gap
-    step_ms, baseline_step_ms = candidate.get("step_ms"), baseline.get("step_ms")
-    delta["step_time_ratio"] = step_ms / baseline_step_ms if step_ms and baseline_step_ms else None
+    delta["step_time_ratio"] = ratio(candidate.get("step_ms"), baseline.get("step_ms"))
     delta["comm_mb_delta"] = difference(candidate.get("comm_mb"), baseline.get("comm_mb"))
+    delta["comm_wire_ratio"] = ratio(candidate.get("comm_wire_mb"), baseline.get("comm_wire_mb"))
     delta["loss_parity"] = step_gap is not None and step_gap <= loss_tol
     return delta
 

@@ -16,6 +16,7 @@ import typer
 from zero_lab.analysis.metrics import interrupted_exit_code
 from zero_lab.launch import signals
 from zero_lab.cli.compare_cmd import compare
+from zero_lab.cli.explain_cmd import explain
 from zero_lab.cli.inspect_cmd import parse, report
 from zero_lab.cli.run_cmd import EXTRA_ARGS, run
 from zero_lab.cli.tools_cmd import config_app, doctor, estimate
@@ -32,6 +33,7 @@ app.command(context_settings=EXTRA_ARGS)(compare)
 app.command()(parse)
 app.command()(report)
 app.command()(estimate)
+app.command()(explain)
 app.command()(doctor)
 app.add_typer(config_app, name="config")
 

@@ -1,5 +1,6 @@
-"""The `zero-lab` executable: importing the CLI takes seconds (torch), and a Ctrl-C meanwhile ends
-it as one afterwards does, with exit code 130 and no traceback.
+"""The `zero-lab` executable: a Ctrl-C while the CLI is still importing ends it as one afterwards
+does, with exit code 130 and no traceback. The app imports no heavy library (torch, pandas,
+matplotlib, transformers): each command imports those where it uses them, so `--help` answers at once.
 
     zero-lab --help
 """

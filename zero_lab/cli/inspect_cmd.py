@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, List
 
-import pandas
 import typer
 
 from zero_lab.analysis import rundir
@@ -54,6 +55,10 @@ def read_summary(path: Path) -> dict:
     raise BadInput(f"{path} {problem}", "move that run directory aside (or run it again) and report again")
 
 
+def cell(value: object) -> str:
+    return "" if value is None else str(value)
+
+
 @one_line_errors
 def parse(
     logs: Annotated[List[Path], typer.Argument(help="Rank-0 logs: zero-lab's or the seed's.")],
@@ -71,15 +76,16 @@ def parse(
                                      "comm": log.comm, "warnings": log.warnings, "skipped_lines": log.skipped_lines}
                                     for path, log in parsed.items()]})
         return
-    frame = pandas.DataFrame([{"log": path, **row} for path, log in parsed.items() for row in log.steps])
+    rows = [{"log": path, **row} for path, log in parsed.items() for row in log.steps]
     known = ["log", "step", *STEP_FIELDS]
-    frame = frame.reindex(columns=[*known, *sorted(set(frame.columns) - set(known))]) if len(frame) else frame
+    columns = [*known, *sorted({key for row in rows for key in row} - set(known))]
     if format == "csv":
-        print(frame.to_csv(index=False), end="")
+        writer = csv.DictWriter(sys.stdout, fieldnames=columns, restval="", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
     else:
-        shown = [column for column in known if column in frame.columns and frame[column].notna().any()]
-        body = [[str(value) for value in values] for values in frame[shown].itertuples(index=False)]
-        output.print_table(shown, body)
+        shown = [column for column in known if any(row.get(column) is not None for row in rows)]
+        output.print_table(shown, [[cell(row.get(column)) for column in shown] for row in rows])
     for path, log in parsed.items():
         if log.skipped_lines:
             output.stderr.print(f"{path}: skipped {log.skipped_lines} garbled line(s)", markup=False)

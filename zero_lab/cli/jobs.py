@@ -14,7 +14,6 @@ from pathlib import Path
 from zero_lab.analysis import rundir
 from zero_lab.cli import output, plan
 from zero_lab.launch import signals, torchrun
-from zero_lab.launch.torchrun_job import execute
 
 
 @dataclass
@@ -67,6 +66,8 @@ def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], str | None
 
     On a terminal a live bar per run; elsewhere (CI logs) one line as each run starts and ends.
     """
+    from zero_lab.launch import torchrun_job  # psutil and process control: only when runs start
+
     summaries = []
     live = output.stderr.is_terminal
     with output.progress_bar(disable=not live) as progress:
@@ -74,8 +75,8 @@ def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], str | None
             if not live:
                 output.stderr.print(f"{job.label}: running {job.spec.workload.steps} steps in {job.run_dir}", markup=False)
             try:
-                summary = execute(job.spec, job.run_dir, job.config, job.official_config, environment,
-                                  job.label, progress if live else None)
+                summary = torchrun_job.execute(job.spec, job.run_dir, job.config, job.official_config, environment,
+                                               job.label, progress if live else None)
             except signals.INTERRUPTS as interrupt:
                 if (job.run_dir / rundir.SUMMARY).is_file():  # absent if the signal came before the launch
                     summaries.append(rundir.read_json(job.run_dir / rundir.SUMMARY))

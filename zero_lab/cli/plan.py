@@ -61,20 +61,25 @@ def config_for_stage(base: dict, stage: int) -> dict:
 
 def received_config(staged: dict, spec: torchrun.LaunchSpec, source: Path) -> dict:
     """The config the harness will train with, from its own parser and builder (which validate it
-    as nano does): precision from --dtype, batch size from --batch-size, batch sizes inferred.
+    as nano does): precision from --dtype, batch size from --batch-size, batch sizes inferred."""
+    nnodes = spec.multi_node.nnodes or "1"
+    world_size = spec.nproc * (int(nnodes) if nnodes.isdigit() else 1)
+    return harness_config(staged, lambda path: torchrun.train_arguments(dataclasses.replace(spec, config_path=path)),
+                          world_size, source)
 
-    The builder reads a scratch copy; its errors name source, the file the user gave (or the default)."""
+
+def harness_config(staged: dict, arguments_for, world_size: int, source: Path) -> dict:
+    """The harness's builder applied to `staged` with the flags `arguments_for(path)` gives for a
+    config file at path. The builder reads a scratch copy; its errors name source, the file the
+    user gave (or the default)."""
     from zero_lab.workload.errors import WorkloadError
     from zero_lab.workload.run_config import build_config, build_parser
 
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "config.json"
         path.write_text(json.dumps(staged))
-        arguments = torchrun.train_arguments(dataclasses.replace(spec, config_path=path))
-        nnodes = spec.multi_node.nnodes or "1"
-        world_size = spec.nproc * (int(nnodes) if nnodes.isdigit() else 1)
         try:
-            return build_config(build_parser().parse_args(arguments), world_size)
+            return build_config(build_parser().parse_args(arguments_for(path)), world_size)
         except WorkloadError as error:
             raise BadInput(error.problem.replace(str(path), str(source)), error.fix) from None
 
@@ -87,7 +92,7 @@ def official_config(config: dict, device: str) -> dict:
 
 
 def check_model(model: str) -> None:
-    from zero_lab.workload.models import check_model_name
+    from zero_lab.workload.model_shapes import check_model_name
 
     check_model_name(model, flag="--model")
 

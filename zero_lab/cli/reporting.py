@@ -6,11 +6,12 @@ import os
 from pathlib import Path
 
 from zero_lab.analysis.markdown import render_report
-from zero_lab.analysis.plots import write_plots
 
 
 def write_report(comparison: dict, summaries: list[dict], path: Path, title: str = "zero-lab: nano vs official DeepSpeed") -> str:
     """The report at path, PNGs beside it; appended to $GITHUB_STEP_SUMMARY when that is set."""
+    from zero_lab.analysis.plots import write_plots  # matplotlib: only when a report is written
+
     path.parent.mkdir(parents=True, exist_ok=True)
     plots = write_plots(summaries, comparison["rows"], path)
     text = render_report(comparison, summaries, title, plots)

@@ -16,10 +16,17 @@ what a rank holds after a reduction does not depend on thread timing.
 from __future__ import annotations
 
 from collections import defaultdict
+from contextvars import ContextVar
 from typing import Optional, Sequence
 
 import torch
 import torch.distributed
+
+
+# The collective a call implements when nano emulates it with another (its reduce-scatter on gloo is
+# an all-to-all): a meter that wraps torch.distributed counts the call under this name, so traffic
+# is labelled by the algorithm, whichever function carried it.
+EMULATED_COLLECTIVE: ContextVar[Optional[str]] = ContextVar("zero_lab_emulated_collective", default=None)
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -87,8 +94,12 @@ class Collectives:
 
     def _reduce_scatter_by_all_to_all(self, output, bucket, share_sizes, async_op):
         received = torch.empty(output.numel() * self.world_size, dtype=bucket.dtype, device=bucket.device)
-        work = torch.distributed.all_to_all_single(received, bucket, output_split_sizes=[output.numel()] * self.world_size,
-                                                   input_split_sizes=share_sizes, group=self.group, async_op=True)
+        label = EMULATED_COLLECTIVE.set("reduce_scatter")
+        try:
+            work = torch.distributed.all_to_all_single(received, bucket, output_split_sizes=[output.numel()] * self.world_size,
+                                                       input_split_sizes=share_sizes, group=self.group, async_op=True)
+        finally:
+            EMULATED_COLLECTIVE.reset(label)
         summing = _SumOnArrival(work, received, output, self.world_size)
         if async_op:
             return summing

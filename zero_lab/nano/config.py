@@ -16,9 +16,6 @@ from zero_lab.nano import stages
 from zero_lab.nano.layout import START_ALIGNMENT_FACTOR
 
 DEFAULT_BUCKET_SIZE = 500_000_000
-# The harness's and the CLI's --offload: the zero_optimization sections each choice turns on
-# (parameter offload comes with the optimizer's, as ZeRO-Infinity runs it).
-OFFLOAD_SECTIONS = {"none": (), "optimizer": ("offload_optimizer",), "param": ("offload_optimizer", "offload_param")}
 
 
 class _Strict(BaseModel):

@@ -43,3 +43,7 @@ DEEPSPEED_ONLY_SCHEDULERS = frozenset({"LRRangeTest", "OneCycle", "WarmupCosineD
 DEEPSPEED_ONLY_FP16 = frozenset({"auto_cast", "fp16_master_weights_and_grads", "initial_scale"})
 DEEPSPEED_ONLY_BF16 = frozenset({"bf16_master_weights_and_grads", "bf16_optimizer_states"})
 DEEPSPEED_ONLY_DATA_TYPES = frozenset({"param_dtype", "buffer_dtype", "keep_in_fp32_modules"})
+
+# The harness's and the CLI's --offload: the zero_optimization sections each choice turns on
+# (parameter offload comes with the optimizer's, as ZeRO-Infinity runs it).
+OFFLOAD_SECTIONS = {"none": (), "optimizer": ("offload_optimizer",), "param": ("offload_optimizer", "offload_param")}

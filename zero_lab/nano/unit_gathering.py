@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.flat_buffer import ShardedFlatBuffer
+from zero_lab.nano.unit_policy import used_again_soon
 from zero_lab.nano.units import Unit
 
 
@@ -136,18 +137,10 @@ class UnitGathering:
                 buffer.unshard(self.collectives, asynchronous=True)
 
     def _used_again_soon(self, entry: GatheredUnit, position: int, with_backward: bool) -> bool:
-        """stage3_max_reuse_distance, as official DeepSpeed reads it: walking the recorded order
-        (forward, then backward in reverse) from this use, `entry` comes again before the units
-        passed add up to the distance (a distance of 0 keeps nothing)."""
+        """stage3_max_reuse_distance (`unit_policy.used_again_soon`) over the recorded order: the
+        forward, then the backward in reverse."""
         order = self.trace + (self.trace[::-1] if with_backward else [])
-        between = 0
-        for other in order[position + 1:]:
-            if between >= self.max_reuse_distance:
-                return False
-            if other is entry:
-                return True
-            between += other.numel
-        return False
+        return used_again_soon(entry, order, position, lambda other: other.numel, self.max_reuse_distance)
 
     # ----- the hooks (phases 1-5) ------------------------------------------------------------
     def _before_forward(self, entry: GatheredUnit):

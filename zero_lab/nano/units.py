@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zero_lab.nano.init_partitions import numel_of
+from zero_lab.nano.init_partitions import is_partitioned, numel_of
+from zero_lab.nano.unit_policy import ParameterEntry, plan_units
 
 
 @dataclass
@@ -52,18 +53,9 @@ def is_block(name: str, module: torch.nn.Module, parent: torch.nn.Module | None,
     return isinstance(parent, torch.nn.ModuleList)
 
 
-def per_block(model: torch.nn.Module, trainable: list[torch.nn.Parameter], classes: tuple[str, ...] = (),
-              names: tuple[str, ...] = (), suffixes: tuple[str, ...] = (), persistence_threshold: int = 0,
-              model_persistence_threshold: int = 0) -> list[Unit]:
-    """Stage 3's units, in the order listed in this module's docstring."""
-    wanted = set(trainable)
-    persistent = Unit("persistent", model)
-    total = 0
-    for _, parameter in model.named_parameters():
-        if parameter in wanted and numel_of(parameter) <= persistence_threshold \
-                and total + numel_of(parameter) <= model_persistence_threshold:
-            persistent.parameters.append(parameter)
-            total += numel_of(parameter)
+def find_blocks(model: torch.nn.Module, classes: tuple[str, ...] = (), names: tuple[str, ...] = (),
+                suffixes: tuple[str, ...] = ()) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) of every block, outermost first, in the model's order."""
     parents = {id(child): parent for parent in model.modules() for child in parent.children()}
     blocks: list[tuple[str, torch.nn.Module]] = []
     for name, module in model.named_modules():
@@ -71,20 +63,34 @@ def per_block(model: torch.nn.Module, trainable: list[torch.nn.Parameter], class
         if module is not model and not inside_a_block and is_block(name, module, parents.get(id(module)), classes,
                                                                    names, suffixes):
             blocks.append((name, module))
-    users: dict[torch.nn.Parameter, int] = {}
-    for _, block in blocks:
+    return blocks
+
+
+def parameter_entries(model: torch.nn.Module, blocks: list[tuple[str, torch.nn.Module]],
+                      wanted: set | None = None) -> list[tuple[ParameterEntry, torch.nn.Parameter]]:
+    """Each (wanted) parameter as the unit policy sees it, in `named_parameters()` order."""
+    holders: dict[torch.nn.Parameter, list[str]] = {}
+    for block_name, block in blocks:
         for parameter in block.parameters():
-            users[parameter] = users.get(parameter, 0) + 1
-    taken = set(persistent.parameters)
-    units = [persistent]
-    for name, block in blocks:
-        members = [parameter for parameter in block.parameters()
-                   if parameter in wanted and parameter not in taken and users[parameter] == 1]
-        taken.update(members)
-        units.append(Unit(name, block, members, sharded=True))
-    units.append(Unit("root", model, [parameter for parameter in model.parameters()
-                                      if parameter in wanted and parameter not in taken], sharded=True))
-    return [unit for unit in units if unit.parameters]
+            holders.setdefault(parameter, []).append(block_name)
+    return [(ParameterEntry(name, tuple(parameter.zero_lab_shape if is_partitioned(parameter) else parameter.shape),
+                            tuple(holders.get(parameter, ()))), parameter)
+            for name, parameter in model.named_parameters() if wanted is None or parameter in wanted]
+
+
+def per_block(model: torch.nn.Module, trainable: list[torch.nn.Parameter], classes: tuple[str, ...] = (),
+              names: tuple[str, ...] = (), suffixes: tuple[str, ...] = (), persistence_threshold: int = 0,
+              model_persistence_threshold: int = 0) -> list[Unit]:
+    """Stage 3's units, in the order listed in this module's docstring: the blocks are found in
+    the module tree here, the parameters assigned by `unit_policy.plan_units`."""
+    wanted = set(trainable)
+    blocks = find_blocks(model, classes, names, suffixes)
+    paired = parameter_entries(model, blocks, wanted)
+    entries, parameters = [entry for entry, _ in paired], [parameter for _, parameter in paired]
+    module_of = {block_name: block for block_name, block in blocks}
+    return [Unit(plan.name, module_of.get(plan.name, model), [parameters[index] for index in plan.members], plan.sharded)
+            for plan in plan_units(entries, [block_name for block_name, _ in blocks], persistence_threshold,
+                                   model_persistence_threshold)]
 
 
 def choose_units(model: torch.nn.Module, trainable: list[torch.nn.Parameter], zero) -> list[Unit]:

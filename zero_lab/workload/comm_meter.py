@@ -10,6 +10,13 @@ Byte convention (nano's own `engine.comm_stats()` uses the same one):
   the input;
 - all_gather, all_gather_into_tensor (or _single): the total bytes of the output;
 - the coalesced variants: the sum over their tensors, by the same rule.
+Each call also counts its wire bytes: what one rank sends for that payload by NCCL-tests'
+bus-bytes convention, for the size of the group it ran on (`wire_bytes.py`).
+A call that emulates another collective counts under the collective it implements: nano's
+reduce-scatter on gloo is an `all_to_all_single` of the bucket's shares (each rank then adds up
+its own share's parts), named `reduce_scatter` by nano while it runs
+(`zero_lab.nano.collectives.EMULATED_COLLECTIVE`), so it counts as `reduce_scatter`, payload the
+whole bucket, wire bytes a reduce-scatter's.
 A collective called from inside another one (torch 2.13's `all_gather_into_tensor` calls
 `all_gather_single`) counts once, under the name the engine called; the private
 `_all_gather_base` and `_reduce_scatter_base` are not wrapped, so they count as the `_single`
@@ -27,6 +34,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from zero_lab.nano.collectives import EMULATED_COLLECTIVE
+from zero_lab.workload.wire_bytes import wire_bytes
 
 
 def _nbytes(tensors) -> int:
@@ -59,6 +69,7 @@ MEASURED_ARGUMENT = {
 class OpCount:
     calls: int = 0
     bytes: int = 0
+    wire_bytes: int = 0
 
 
 class CommMeter:
@@ -68,6 +79,7 @@ class CommMeter:
         self.counts: dict[str, OpCount] = {}
         self._originals: dict[str, object] = {}
         self._depth = 0  # > 0 while inside a counted collective, or while paused
+        self.trace: list[tuple[str, int, int]] | None = None  # a list: every call in order, (label, payload, wire)
 
     def install(self) -> "CommMeter":
         for name, argument in MEASURED_ARGUMENT.items():
@@ -93,9 +105,9 @@ class CommMeter:
         def counted(*args, **kwargs):
             if self._depth == 0:
                 bound = signature.bind(*args, **kwargs)
-                count = self.counts.setdefault(name, OpCount())
-                count.calls += 1
-                count.bytes += _nbytes(bound.arguments[argument])
+                label = EMULATED_COLLECTIVE.get() or name
+                payload = _nbytes(bound.arguments[argument])
+                self.record(label, payload, wire_bytes(label, payload, c10d.get_world_size(bound.arguments.get("group"))))
             self._depth += 1
             try:
                 return original(*args, **kwargs)
@@ -104,11 +116,19 @@ class CommMeter:
 
         return counted
 
+    def record(self, label: str, payload: int, wire: int) -> None:
+        count = self.counts.setdefault(label, OpCount())
+        count.calls += 1
+        count.bytes += payload
+        count.wire_bytes += wire
+        if self.trace is not None:
+            self.trace.append((label, payload, wire))
+
     def reset(self) -> None:
         self.counts = {}
 
     def snapshot(self) -> dict[str, OpCount]:
-        return {name: OpCount(count.calls, count.bytes) for name, count in self.counts.items()}
+        return {name: OpCount(count.calls, count.bytes, count.wire_bytes) for name, count in self.counts.items()}
 
     @contextmanager
     def paused(self):
@@ -126,5 +146,6 @@ def difference(after: dict[str, OpCount], before: dict[str, OpCount]) -> dict[st
     for name, count in after.items():
         earlier = before.get(name, OpCount())
         if count.calls != earlier.calls:
-            delta[name] = OpCount(count.calls - earlier.calls, count.bytes - earlier.bytes)
+            delta[name] = OpCount(count.calls - earlier.calls, count.bytes - earlier.bytes,
+                                  count.wire_bytes - earlier.wire_bytes)
     return delta

@@ -19,39 +19,12 @@ import torch
 
 from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.workload.errors import WorkloadError, first_line
+from zero_lab.workload.model_shapes import PRESETS, SHARED, check_model_name, decays
 from zero_lab.workload.tokenizer import ByteTokenizer
 
-_SHARED = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "use_cache": False}
-PRESETS = {
-    "tiny": dict(vocab_size=ByteTokenizer.vocab_size, hidden_size=128, intermediate_size=384,
-                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                 max_position_embeddings=2048, tie_word_embeddings=False),
-    "small": dict(vocab_size=ByteTokenizer.vocab_size, hidden_size=512, intermediate_size=1376,
-                  num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                  max_position_embeddings=4096, tie_word_embeddings=False),
-    # Qwen3-0.6B's config.json, as published.
-    "qwen3-0.6b": dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
-                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=128, max_position_embeddings=40_960, tie_word_embeddings=True),
-}
 # What Hugging Face raises for a bad model directory or attention implementation: a missing or
 # unreadable file (OSError), a value it rejects (ValueError), an uninstalled kernel (ImportError).
 LOAD_ERRORS = (OSError, ValueError, ImportError)
-
-
-def check_model_name(name: str, flag: str = "--model-name") -> None:
-    """A preset name, or a directory holding a Hugging Face config.json; `flag` is how the user
-    gave it (the harness's --model-name, the CLI's --model)."""
-    if name in PRESETS:
-        return
-    path = Path(name).expanduser()
-    if not path.exists():
-        raise WorkloadError(f"{flag} {name!r} is neither a preset ({', '.join(PRESETS)}) "
-                            "nor an existing directory",
-                            "Pick a preset or give a local Hugging Face model directory")
-    if not (path / "config.json").is_file():
-        raise WorkloadError(f"{path} has no config.json",
-                            "Give a Hugging Face model directory (config, weights, tokenizer)")
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False):
@@ -79,7 +52,7 @@ def build_model(name: str, seed: int, dtype: str = "float32", attn_impl: str | N
     torch.manual_seed(seed)
     try:  # Hugging Face checks the attention implementation and the files while it builds
         if name in PRESETS:
-            config = Qwen3Config(**PRESETS[name], **_SHARED, **({"attn_implementation": attn_impl} if attn_impl else {}))
+            config = Qwen3Config(**PRESETS[name], **SHARED, **({"attn_implementation": attn_impl} if attn_impl else {}))
             model = Qwen3ForCausalLM(config).to(torch_dtype(dtype))
         else:
             model = AutoModelForCausalLM.from_pretrained(
@@ -98,7 +71,28 @@ def build_model(name: str, seed: int, dtype: str = "float32", attn_impl: str | N
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only: norms and biases (1-D tensors) are not decayed."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if decays(tuple(p.shape))]
+    no_decay = [p for p in trainable if not decays(tuple(p.shape))]
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
+
+
+def directory_parameters(path: str):
+    """(parameter entries, stage-3 blocks) of a local Hugging Face model, from its config alone:
+    the model is built on the meta device (no weights read, no memory), blocks found as nano finds
+    them (`units.find_blocks`). Presets need none of this: `model_shapes.preset_parameters`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from zero_lab.nano.units import find_blocks, parameter_entries
+
+    check_model_name(path, flag="--model")
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, local_files_only=True))
+    except LOAD_ERRORS as error:
+        raise WorkloadError(f"cannot read the model config in {path}: {first_line(error)}",
+                            "Give a Hugging Face model directory with a readable config.json") from None
+    blocks = find_blocks(model)
+    trainable = {parameter for parameter in model.parameters() if parameter.requires_grad}
+    return [entry for entry, _ in parameter_entries(model, blocks, trainable)], [name for name, _ in blocks]

@@ -18,13 +18,11 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
 from zero_lab.workload.errors import WorkloadError
-from zero_lab.nano.config import OFFLOAD_SECTIONS
+from zero_lab.nano.config_keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
-from zero_lab.workload.models import PRESETS, check_model_name
+from zero_lab.workload.model_shapes import PRESETS, check_model_name
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "harness" / "configs"  # shipped in the package
 
@@ -73,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_device(requested: str, local_world_size: int) -> torch.device:
+def resolve_device(requested: str, local_world_size: int) -> "torch.device":
     """Phase 2: cpu or cuda; on cuda one device per local process, and no more processes."""
+    import torch  # here, not at the top: the CLI builds configs without loading torch
+
     available = torch.cuda.is_available()
     if requested == "cuda" and not available:
         raise WorkloadError("--device cuda but torch sees no CUDA device",

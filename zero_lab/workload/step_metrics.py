@@ -25,7 +25,7 @@ from zero_lab.workload.log_lines import MB
 from zero_lab.workload.memory_meter import MemoryMeter
 
 MAX_OVER_RANKS = ("alloc", "reserved", "peak_alloc", "peak_reserved", "pre_step_alloc",
-                  "comm_bytes", "step_ns")
+                  "comm_bytes", "comm_wire_bytes", "step_ns")
 
 
 class StepMetrics:
@@ -55,10 +55,11 @@ class StepMetrics:
             torch.cuda.synchronize(self.device)
         step_ns = time.perf_counter_ns() - self._started
         memory = self.memory.sample()
-        comm_bytes = sum(count.bytes for count in
-                         difference(self.comm.snapshot(), self._comm_before).values())
+        moved = difference(self.comm.snapshot(), self._comm_before).values()
+        comm_bytes = sum(count.bytes for count in moved)
+        comm_wire_bytes = sum(count.wire_bytes for count in moved)
         local_max = [memory.alloc, memory.reserved, memory.peak_alloc, memory.peak_reserved,
-                     self._pre_step_alloc, comm_bytes, step_ns]
+                     self._pre_step_alloc, comm_bytes, comm_wire_bytes, step_ns]
         with self.comm.paused():
             loss_sum = torch.stack(self._losses).sum().to(torch.float64).reshape(1)
             maxima = torch.tensor(local_max, dtype=torch.int64, device=self.device)
@@ -76,17 +77,21 @@ class StepMetrics:
             "peak_alloc_max_mb": worst["peak_alloc"] / MB,
             "peak_reserved_max_mb": worst["peak_reserved"] / MB,
             "comm_mb": worst["comm_bytes"] / MB,
+            "comm_wire_mb": worst["comm_wire_bytes"] / MB,
             "pre_step_alloc_max_mb": worst["pre_step_alloc"] / MB,
             "alloc_max_bytes": worst["alloc"],
             "pre_step_alloc_max_bytes": worst["pre_step_alloc"],
             "comm_bytes": worst["comm_bytes"],
+            "comm_wire_bytes": worst["comm_wire_bytes"],
         }
 
 
 def comm_totals(counts: dict[str, OpCount], steps: int) -> list[dict]:
     """Fields of the `[comm]` lines: one per collective type, over all training steps."""
     return [{"op": name, "calls": count.calls, "mb": count.bytes / MB, "bytes": count.bytes,
-             "bytes_per_step": count.bytes // steps} for name, count in sorted(counts.items())]
+             "bytes_per_step": count.bytes // steps, "wire_mb": count.wire_bytes / MB,
+             "wire_bytes": count.wire_bytes, "wire_bytes_per_step": count.wire_bytes // steps}
+            for name, count in sorted(counts.items())]
 
 
 def step_warnings(step: int, loss: float, loss_scale: float, skipped: bool) -> list[dict]:

@@ -1,0 +1,140 @@
+"""`zero-lab explain`: the walk-through's bytes follow nano's layout and stage rules, its JSON is
+the documented contract, bad input is one line, and a preset needs no torch."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zero_lab.analysis.explain import explain
+from zero_lab.analysis.explain_check import disagreements
+from zero_lab.cli.app import app
+from zero_lab.nano.config_loading import load_config
+from zero_lab.workload.model_shapes import preset_blocks, preset_parameters
+from zero_lab.workload.wire_bytes import wire_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def walk(stage, world_size=4, model="small", precision="bf16", micro_steps=1, **zero):
+    config = json.loads((REPO / "harness" / "configs" / f"zero{stage}.json").read_text())
+    config["bf16"] = {"enabled": precision == "bf16"}
+    config["gradient_accumulation_steps"] = micro_steps
+    config["zero_optimization"].update(zero)
+    return explain(model, preset_parameters(model), preset_blocks(model), load_config(config, world_size=world_size),
+                   world_size)
+
+
+def total(walk_result, phase=None, op=None, key="payload_bytes"):
+    return sum(item[key] for item in walk_result.to_json()["collectives"]
+               if (phase is None or item["phase"] == phase) and (op is None or item["op"] == op))
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stages_1_and_2_reduce_scatter_and_gather_every_padded_buffer_once(stage):
+    """Buckets cover each padded buffer: 2(N-1)/N of it on the wire, where an all-reduce first costs 3."""
+    result = walk(stage)
+    padded_bytes = sum(buffer.layout.padded_numel * 2 for buffer in result.buffers)
+    assert total(result, op="reduce_scatter") == total(result, op="all_gather") == padded_bytes
+    assert total(result, op="reduce_scatter", key="wire_bytes") == pytest.approx(padded_bytes * 3 / 4, abs=64)
+    all_reduce_first = walk(stage, reduce_scatter=False)
+    assert total(all_reduce_first, op="all_reduce") == padded_bytes + 4  # the buckets, and the norm's 4 bytes
+    ratio = total(result, key="wire_bytes") / total(all_reduce_first, key="wire_bytes")
+    assert ratio == pytest.approx(2 / 3, rel=1e-3)
+
+
+def test_stage_2_reduces_during_backward_and_stage_1_at_the_boundary():
+    assert {item["phase"] for item in walk(1).to_json()["collectives"]} == {"reduce_gradients", "unscale_clip",
+                                                                           "all_gather"}
+    assert {item["phase"] for item in walk(2).to_json()["collectives"]} == {"backward", "unscale_clip", "all_gather"}
+    accumulating = walk(2, micro_steps=3)
+    assert total(accumulating, "backward") == 3 * total(walk(2), "backward"), "every micro-step reduces"
+
+
+def test_stage_3_gathers_each_block_again_for_backward_unless_reuse_keeps_it():
+    freed = walk(3, stage3_max_reuse_distance=0)
+    kept = walk(3, stage3_max_reuse_distance=10**9)
+    blocks = [buffer for buffer in freed.buffers if buffer.sharded and buffer.unit != "root"]
+    block_bytes = sum(buffer.layout.padded_numel * 2 for buffer in blocks)
+    assert total(freed, "backward", "all_gather") == block_bytes
+    assert total(kept, "backward", "all_gather") == 0
+    assert total(freed, "forward", "all_gather") == total(kept, "forward", "all_gather")
+    end_of_forward = {moment["name"]: moment["bytes"] for moment in kept.to_json()["moments"]}["end_of_forward"]
+    root_bytes = sum(buffer.layout.padded_numel * 2 for buffer in kept.buffers if buffer.unit == "root")
+    assert end_of_forward["gathered_parameters"] == root_bytes + block_bytes
+    assert all(item["wire_bytes"] == wire_bytes(item["op"], item["payload_bytes"], 4)
+               for item in freed.to_json()["collectives"])
+
+
+def test_one_rank_moves_nothing():
+    assert walk(2, world_size=1).collectives == []
+
+
+def test_a_measurement_that_differs_is_named_byte_for_byte():
+    prediction = walk(2, world_size=2, model="tiny").to_json()
+    by_call = {"forward": [], "backward": [], "step": []}
+    for item in prediction["collectives"]:
+        by_call["backward" if item["phase"] == "backward" else "step"].append(dict(item))
+    memory = {moment["name"]: dict(moment["bytes"]) for moment in prediction["moments"]}
+    assert disagreements(prediction, {"collectives": by_call, "memory": memory}) == []
+    by_call["step"].pop()
+    memory["end_of_backward"]["gradient_partition"] += 8
+    problems = disagreements(prediction, {"collectives": by_call, "memory": memory})
+    assert len(problems) == 2 and "step: predicted 1 more all_gather" in problems[0]
+    assert "end_of_backward: gradient_partition" in problems[1]
+
+
+def test_json_is_the_documented_contract():
+    result = runner.invoke(app, ["explain", "--model", "tiny", "--stage", "3", "--gpus", "2", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["parameters"] == sum(entry.numel for entry in preset_parameters("tiny"))
+    assert {"between_steps", "end_of_backward", "optimizer_step"} <= {moment["name"] for moment in payload["moments"]}
+    for moment in payload["moments"]:
+        assert moment["total_bytes"] == sum(moment["bytes"].values())
+    assert payload["collectives"] and all({"phase", "op", "payload_bytes", "wire_bytes"} <= set(item)
+                                          for item in payload["collectives"])
+
+
+def test_markdown_is_one_document():
+    result = runner.invoke(app, ["explain", "--model", "tiny", "--stage", "2", "--gpus", "2", "--format", "markdown"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("# One optimizer step of nano: tiny") and "| backward |" in result.stdout
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (["--stage", "5"], "ZeRO stage 5 does not exist (--stage)"),
+    (["--gpus", "0"], "--gpus must be 1 or more"),
+    (["--format", "yaml"], "--format yaml"),
+    (["--model", "no-such-model"], "--model 'no-such-model' is neither a preset"),
+    (["--config", "missing.json"], "config missing.json does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(arguments, words):
+    result = runner.invoke(app, ["explain", *arguments])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
+
+
+def test_a_config_with_leaf_module_is_refused(tmp_path):
+    config = json.loads((REPO / "harness" / "configs" / "zero3.json").read_text())
+    config["zero_optimization"]["leaf_module"] = {"classes": ["Qwen3MLP"]}
+    path = tmp_path / "leaf.json"
+    path.write_text(json.dumps(config))
+    result = runner.invoke(app, ["explain", "--model", "tiny", "--stage", "3", "--config", str(path)])
+    assert result.exit_code == 2 and "leaf_module, which explain does not model" in result.stderr
+
+
+def test_explaining_a_preset_loads_no_torch():
+    """Pure: the answer comes from arithmetic, so it comes at once."""
+    script = ("import sys; from typer.testing import CliRunner; from zero_lab.cli.app import app; "
+              "result = CliRunner().invoke(app, ['explain', '--model', 'qwen3-0.6b', '--stage', '3', '--gpus', '4']); "
+              "assert result.exit_code == 0, result.output; "
+              "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -1,0 +1,243 @@
+"""One optimizer step of nano, phase by phase, for a model it never builds: what one rank holds and
+what moves (`zero-lab explain`). Pure arithmetic: the bytes come from nano's own layout
+(`layout.FlatLayout`: padding, partitions, buckets), its memory formula (`memory_formula`), its
+stage-3 policies (`unit_policy`) and the wire-bytes convention (`workload.wire_bytes`).
+
+Phase 1 (buffers): the harness's weight-decay groups and, at stage 3, the unit policy cut the
+         parameters into flat buffers, one per unit and group (as `units.split_groups_by_unit`),
+         each laid out as the engine lays it out.
+Phase 2 (moments): the memory formula for every buffer at each moment, summed by category.
+Phase 3 (collectives), phase by phase, as the stage modules describe them:
+    forward           stage 3: every sharded unit is gathered, the root first (held until the end
+                      of backward), then each block (freed after its forward unless
+                      `stage3_max_reuse_distance` keeps it for its backward);
+    backward          stage 3: each block freed after its forward is gathered again; stages 2
+                      and 3: every gradient bucket is reduce-scattered (all-reduced with
+                      `reduce_scatter: false`) as its gradients arrive, in every micro-step;
+    reduce_gradients  stages 0 and 1, the step's first phase: every bucket is packed from
+                      `param.grad` and reduced, once per optimizer step (stage 0 all-reduces);
+    unscale_clip      stages 1-3: the squared gradient norm is summed over ranks (4 bytes);
+    adam              nothing moves;
+    all_gather        stages 1 and 2, and stage 3's persistent buffers: each buffer is gathered
+                      whole again, in `allgather_bucket_size` pieces.
+It describes a steady step (stage 3 records the order of uses during the first one). Ops are
+collective families (`all_gather` for `all_gather_into_tensor` too); with one rank nothing moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from zero_lab.nano.dtypes import BYTES_OF_PRECISION
+from zero_lab.nano.layout import FlatLayout
+from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
+from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, plan_units, used_again_soon
+from zero_lab.workload.model_shapes import decays
+from zero_lab.workload.wire_bytes import wire_bytes
+
+if TYPE_CHECKING:  # the typed config loads pydantic; the walk-through only reads its fields
+    from zero_lab.nano.config import NanoConfig
+
+FP32_BYTES = 4
+GROUP_NAMES = ("decay", "no_decay")  # the harness's parameter groups, in order
+
+# Each moment, and the memory formula's moment it is.
+MOMENTS = {"between_steps": "between_steps", "end_of_forward": "forward", "end_of_backward": "backward",
+           "optimizer_step": "step"}
+
+# Each phase: the engine call it runs in, the moment that describes what a rank holds after it,
+# and one line of what happens.
+PHASES = {
+    "forward": ("engine(batch)", "end_of_forward", "the model's forward; stage 3 gathers each unit for its use"),
+    "backward": ("engine.backward(loss)", "end_of_backward",
+                 "gradients; stages 2-3 reduce each bucket as it fills, stage 3 gathers each freed block again"),
+    "reduce_gradients": ("engine.step()", "optimizer_step",
+                         "stages 0-1: the buckets are packed from param.grad and reduced at the boundary"),
+    "unscale_clip": ("engine.step()", "optimizer_step",
+                     "unscale (fp16), the global gradient norm over ranks, clip"),
+    "adam": ("engine.step()", "optimizer_step", "Adam on the fp32 master partitions"),
+    "all_gather": ("engine.step()", "between_steps",
+                   "the updated partitions become whole parameters again; gradient buffers released"),
+}
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One flat buffer: its unit, its parameter group and its layout."""
+
+    unit: str
+    group: str
+    layout: FlatLayout
+    sharded: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.unit}/{self.group}"
+
+
+@dataclass(frozen=True)
+class Collective:
+    phase: str
+    op: str
+    payload_bytes: int
+    wire_bytes: int
+    what: str  # the buffer, bucket or unit it moves
+
+
+@dataclass
+class Walkthrough:
+    """One steady optimizer step of one rank."""
+
+    model: str
+    parameters: int
+    stage: int
+    world_size: int
+    precision: str
+    micro_steps: int
+    buffers: list[Buffer]
+    moments: dict[str, dict[str, dict[str, int]]]  # moment -> place -> category -> bytes
+    collectives: list[Collective] = field(default_factory=list)
+
+    def phases(self) -> list[str]:
+        skipped = {"reduce_gradients"} if self.stage >= 2 else set()
+        return [phase for phase in PHASES if phase not in skipped]
+
+    def moment_bytes(self, moment: str) -> dict[str, int]:
+        places = self.moments[moment]
+        return {category: places["device"][category] + places["host"][category] for category in CATEGORIES}
+
+    def to_json(self) -> dict:
+        """The contract of `zero-lab explain --format json` (docs/explain-json.md)."""
+        return {
+            "model": self.model, "stage": self.stage, "world_size": self.world_size, "precision": self.precision,
+            "micro_steps": self.micro_steps, "parameters": self.parameters,
+            "buffers": [{"name": buffer.name, "numel": buffer.layout.numel, "padded_numel": buffer.layout.padded_numel,
+                         "partition_numel": buffer.layout.partition_numel, "sharded": buffer.sharded}
+                        for buffer in self.buffers],
+            "moments": [{"name": name, "bytes": self.moment_bytes(name), "total_bytes": sum(self.moment_bytes(name).values()),
+                         "device_bytes": sum(self.moments[name]["device"].values()),
+                         "host_bytes": sum(self.moments[name]["host"].values())} for name in MOMENTS],
+            "phases": [{"name": phase, "engine_call": PHASES[phase][0], "holds": PHASES[phase][1],
+                        "summary": PHASES[phase][2]} for phase in self.phases()],
+            "collectives": [{"phase": item.phase, "op": item.op, "payload_bytes": item.payload_bytes,
+                             "wire_bytes": item.wire_bytes, "what": item.what} for item in self.collectives],
+        }
+
+
+def flat_buffers(entries: list[ParameterEntry], blocks: list[str], config: NanoConfig,
+                 world_size: int) -> list[Buffer]:
+    """Phase 1: one buffer per unit and group, in the engine's order."""
+    zero = config.zero_optimization
+    if zero.stage < 3:
+        units = [UnitPlan("model", tuple(range(len(entries))), False)]
+    else:
+        units = plan_units(entries, blocks, zero.stage3_param_persistence_threshold,
+                           zero.stage3_model_persistence_threshold)
+    buffers = []
+    for unit in units:
+        for group in GROUP_NAMES:
+            numels = tuple(entries[index].numel for index in unit.members
+                           if decays(entries[index].shape) == (group == "decay"))
+            if numels:
+                layout = FlatLayout.for_stage(numels, zero.stage, config.precision, world_size)
+                buffers.append(Buffer(unit.name, group, layout, unit.sharded))
+    return buffers
+
+
+def kept_blocks(buffers: list[Buffer], max_reuse_distance: int) -> set[str]:
+    """Stage 3's blocks that stay gathered from their forward to their backward in a steady step:
+    the recorded order is the root, then the blocks; the backward walks it in reverse."""
+    units: dict[str, int] = {}
+    for buffer in buffers:
+        if buffer.sharded:
+            units[buffer.unit] = units.get(buffer.unit, 0) + buffer.layout.padded_numel
+    trace = ["root"] * ("root" in units) + [unit for unit in units if unit != "root"]
+    order = trace + trace[::-1]
+    return {unit for position, unit in enumerate(trace) if unit != "root"
+            and used_again_soon(unit, order, position, units.__getitem__, max_reuse_distance)}
+
+
+def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, kept: set[str]) -> dict:
+    """Phase 2: bytes per place and category at each moment. Nothing is gathered at the end of
+    backward, in the step or between steps; at the end of forward the root and the kept blocks are."""
+    zero = config.zero_optimization
+    figures = {}
+    for name, formula_moment in MOMENTS.items():
+        total = {place: dict.fromkeys(CATEGORIES, 0) for place in ("device", "host")}
+        for buffer in buffers:
+            gathered = name == "end_of_forward" and buffer.sharded and (buffer.unit == "root" or buffer.unit in kept)
+            places = model_state_bytes_by_place(zero.stage, config.precision, buffer.layout.numel, world_size,
+                                                formula_moment, sharded=buffer.sharded, gathered=gathered,
+                                                offload_optimizer=zero.offload_optimizer.device == "cpu",
+                                                offload_parameters=zero.offload_param.device == "cpu")
+            for place, categories in places.items():
+                for category, nbytes in categories.items():
+                    total[place][category] += nbytes
+        figures[name] = total
+    return figures
+
+
+def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int, kept: set[str]) -> list[Collective]:
+    """Phase 3: every collective of one steady optimizer step, phase by phase."""
+    if world_size == 1:
+        return []
+    zero, stage = config.zero_optimization, config.zero_optimization.stage
+    width = BYTES_OF_PRECISION[config.precision]
+    communication_width = BYTES_OF_PRECISION[config.communication_data_type or config.precision]
+    reduction = "reduce_scatter" if stage >= 1 and zero.reduce_scatter else "all_reduce"
+
+    def moved(phase: str, op: str, payload: int, what: str) -> Collective:
+        return Collective(phase, op, payload, wire_bytes(op, payload, world_size), what)
+
+    def reductions(phase: str, chosen: list[Buffer]) -> list[Collective]:
+        found = []
+        for buffer in chosen:
+            ranges = buffer.layout.bucket_ranges(zero.reduce_bucket_size)
+            for number, (start, end) in enumerate(ranges, 1):
+                found.append(moved(phase, reduction, (end - start) * communication_width,
+                                   f"{buffer.name} bucket {number}/{len(ranges)}"))
+        return found
+
+    def gathers(phase: str, units: list[str]) -> list[Collective]:
+        return [moved(phase, "all_gather", buffer.layout.padded_numel * width, buffer.name)
+                for unit in units for buffer in buffers if buffer.unit == unit and buffer.sharded]
+
+    blocks = list(dict.fromkeys(buffer.unit for buffer in buffers if buffer.sharded and buffer.unit != "root"))
+    root = ["root"] if any(buffer.unit == "root" for buffer in buffers) else []
+    found: list[Collective] = []
+    if stage >= 2:  # every micro-step gathers (stage 3) and reduces as backward goes
+        for _ in range(config.gradient_accumulation_steps):
+            found += gathers("forward", root + blocks)
+            found += gathers("backward", [block for block in reversed(blocks) if block not in kept])
+            found += reductions("backward", buffers)
+    else:  # once, at the boundary
+        found += reductions("reduce_gradients", buffers)
+    if stage >= 1:
+        found.append(moved("unscale_clip", "all_reduce", FP32_BYTES, "squared gradient norm"))
+    for buffer in buffers:
+        if stage >= 1 and not buffer.sharded:
+            found += publish(buffer, zero.allgather_bucket_size, width, moved)
+    return found
+
+
+def publish(buffer: Buffer, bucket_numel: int, width: int, moved) -> list[Collective]:
+    """A whole buffer's all-gather after Adam, as `FlatParameterBuffer.unshard` cuts it."""
+    count, size = buffer.layout.partition_count, buffer.layout.partition_numel
+    chunk = max(1, bucket_numel // count)
+    if chunk >= size:
+        return [moved("all_gather", "all_gather", buffer.layout.padded_numel * width, buffer.name)]
+    return [moved("all_gather", "all_gather", count * min(chunk, size - offset) * width, f"{buffer.name} @{offset}")
+            for offset in range(0, size, chunk)]
+
+
+def explain(model: str, entries: list[ParameterEntry], blocks: list[str], config: NanoConfig,
+            world_size: int) -> Walkthrough:
+    """The walk-through of one steady optimizer step of `config` (its stage, precision, buckets,
+    offload) on `world_size` ranks, for a model given as its parameter table and blocks."""
+    buffers = flat_buffers(entries, blocks, config, world_size)
+    zero = config.zero_optimization
+    kept = kept_blocks(buffers, zero.stage3_max_reuse_distance) if zero.stage == 3 else set()
+    walk = Walkthrough(model, sum(entry.numel for entry in entries), zero.stage, world_size, config.precision,
+                       config.gradient_accumulation_steps, buffers, moments(buffers, config, world_size, kept))
+    walk.collectives = collectives(buffers, config, world_size, kept)
+    return walk

@@ -1,0 +1,81 @@
+"""What a run's model looks like without building it: the presets' configurations, each preset's
+parameter table, and the weight-decay grouping. Pure data: no torch, no transformers, so
+`zero-lab explain` answers at once; `models.py` builds the same presets for real, and a test checks
+the table against the built model.
+
+A preset is a `transformers.Qwen3ForCausalLM`; its parameters, in `named_parameters()` order:
+    model.embed_tokens.weight                          vocab x hidden
+    per decoder layer i (model.layers.i, one stage-3 block each):
+        self_attn.{q,k,v,o}_proj.weight, self_attn.{q,k}_norm.weight,
+        mlp.{gate,up,down}_proj.weight, input_layernorm.weight, post_attention_layernorm.weight
+    model.norm.weight                                  hidden
+    lm_head.weight                                     vocab x hidden, unless tied to the embedding
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zero_lab.nano.unit_policy import ParameterEntry
+from zero_lab.workload.errors import WorkloadError
+from zero_lab.workload.tokenizer import ByteTokenizer
+
+SHARED = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "use_cache": False}
+PRESETS = {
+    "tiny": dict(vocab_size=ByteTokenizer.vocab_size, hidden_size=128, intermediate_size=384,
+                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 max_position_embeddings=2048, tie_word_embeddings=False),
+    "small": dict(vocab_size=ByteTokenizer.vocab_size, hidden_size=512, intermediate_size=1376,
+                  num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                  max_position_embeddings=4096, tie_word_embeddings=False),
+    # Qwen3-0.6B's config.json, as published.
+    "qwen3-0.6b": dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, max_position_embeddings=40_960, tie_word_embeddings=True),
+}
+
+
+def check_model_name(name: str, flag: str = "--model-name") -> None:
+    """A preset name, or a directory holding a Hugging Face config.json; `flag` is how the user
+    gave it (the harness's --model-name, the CLI's --model)."""
+    if name in PRESETS:
+        return
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise WorkloadError(f"{flag} {name!r} is neither a preset ({', '.join(PRESETS)}) "
+                            "nor an existing directory",
+                            "Pick a preset or give a local Hugging Face model directory")
+    if not (path / "config.json").is_file():
+        raise WorkloadError(f"{path} has no config.json",
+                            "Give a Hugging Face model directory (config, weights, tokenizer)")
+
+
+def decays(shape: tuple[int, ...]) -> bool:
+    """The harness's grouping: weight decay on matrices only, not on norms and biases (1-D)."""
+    return len(shape) >= 2
+
+
+def preset_parameters(name: str) -> list[ParameterEntry]:
+    """The preset's trainable parameters in `named_parameters()` order, each decoder layer a block."""
+    config = PRESETS[name]
+    hidden, intermediate, head = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    queries, keys = config["num_attention_heads"] * head, config["num_key_value_heads"] * head
+    entries = [ParameterEntry("model.embed_tokens.weight", (config["vocab_size"], hidden))]
+    for layer in range(config["num_hidden_layers"]):
+        block = f"model.layers.{layer}"
+        shapes = {"self_attn.q_proj.weight": (queries, hidden), "self_attn.k_proj.weight": (keys, hidden),
+                  "self_attn.v_proj.weight": (keys, hidden), "self_attn.o_proj.weight": (hidden, queries),
+                  "self_attn.q_norm.weight": (head,), "self_attn.k_norm.weight": (head,),
+                  "mlp.gate_proj.weight": (intermediate, hidden), "mlp.up_proj.weight": (intermediate, hidden),
+                  "mlp.down_proj.weight": (hidden, intermediate), "input_layernorm.weight": (hidden,),
+                  "post_attention_layernorm.weight": (hidden,)}
+        entries += [ParameterEntry(f"{block}.{name}", shape, (block,)) for name, shape in shapes.items()]
+    entries.append(ParameterEntry("model.norm.weight", (hidden,)))
+    if not config["tie_word_embeddings"]:
+        entries.append(ParameterEntry("lm_head.weight", (config["vocab_size"], hidden)))
+    return entries
+
+
+def preset_blocks(name: str) -> list[str]:
+    """The stage-3 blocks of a preset: its decoder layers (the children of `model.layers`)."""
+    return [f"model.layers.{layer}" for layer in range(PRESETS[name]["num_hidden_layers"])]
