@@ -144,7 +144,9 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         "name": args.model_name, "params": parameter_count(engine.module),
         "param_dtype": parameter.dtype, "compute_dtype": parameter.dtype,
         "ds_precision": settings.precision, "device": device.type,
-        "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"]})
+        "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"],
+        "attn_impl": getattr(model.config, "_attn_implementation", None) or "unknown",
+        "gradient_checkpointing": args.gradient_checkpointing})
 
     for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
         emit(rank, "warn", {"kind": "engine", "message": message})
@@ -152,17 +154,24 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     # Phase 4: the steps. Initialization's broadcasts are not part of any step.
     comm.reset()
     metrics = StepMetrics(memory, comm, device, world_size)
+    # nano names the buffers it holds; official DeepSpeed's `memory_breakdown` is a config flag.
+    breakdown = getattr(engine, "memory_breakdown", None) if args.impl == "nano" else None
     accumulation = engine.gradient_accumulation_steps()
     for step in range(1, args.steps + 1):
         metrics.begin()
         skipped_before = engine.skipped_steps
         for micro in range(accumulation):
+            last = micro == accumulation - 1  # memory through the step: the last micro-step's phases
             batch = batches.get((step - 1) * accumulation + micro, rank, device)
             loss = engine(**batch).loss
+            if last:
+                metrics.sample_phase("after_forward", breakdown)
             engine.backward(loss)
-            if micro == accumulation - 1:
-                metrics.before_optimizer_step()
+            if last:
+                metrics.sample_phase("after_backward", breakdown)
             engine.step()
+            if last:
+                metrics.sample_phase("after_step", breakdown)
             metrics.add_loss(loss)
         tokens = batch["input_ids"].numel() * accumulation * world_size
         fields = metrics.end(tokens)
@@ -171,6 +180,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
                   "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
                   "lr": float(engine.get_lr()[0]), "loss_scale": loss_scale(engine), **fields}
         emit(rank, "opt_step", fields, step)
+        for sample in metrics.phases:
+            emit(rank, "phase", sample.fields(step))
         for warning in step_warnings(step, fields["loss"], fields["loss_scale"],
                                      skipped=engine.skipped_steps > skipped_before):
             emit(rank, "warn", warning)

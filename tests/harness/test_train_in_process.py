@@ -4,7 +4,6 @@ the `[warn]` lines follow the engine's loss and skipped steps."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.analysis.launch import free_port
+from tests.scripts import load_script
 from zero_lab.workload.log_lines import parse_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,10 +24,7 @@ TINY_RUN = ("--model-name", "tiny", "--steps", "2", "--batch-size", "1", "--seq-
 
 @pytest.fixture(scope="module")
 def train_module():
-    spec = importlib.util.spec_from_file_location("harness_train", REPO / "harness" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("harness/train.py", "harness_train")
 
 
 @pytest.fixture
@@ -141,3 +138,59 @@ def test_non_finite_loss_and_skipped_steps_are_warned(train_module, one_process,
     assert kinds == [(1, "non_finite_loss"), (1, "skipped_step"), (2, "non_finite_loss"),
                      (2, "skipped_step")]
     assert math.isnan(warnings[0]["loss"]) and warnings[1]["loss_scale"] == 1024
+
+
+PHASE_RUN = ("--model-name", "tiny", "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--device", "cpu",
+             "--zero-stage", "2")
+
+
+def phase_lines(out: str) -> tuple[list[dict], list[dict], dict, dict]:
+    """([opt_step] fields, [phase] fields, [model] fields, [zero] fields) of a run's output."""
+    lines = contract_lines(out)
+    steps = [fields for tag, _, fields in lines if tag == "opt_step"]
+    phases = [fields for tag, _, fields in lines if tag == "phase"]
+    model = next(fields for tag, _, fields in lines if tag == "model")
+    zero = next(fields for tag, _, fields in lines if tag == "zero")
+    return steps, phases, model, zero
+
+
+def test_memory_through_a_step_nano(train_module, one_process, capsys):
+    """Three [phase] samples per step; nano's categories are its formula's buffers, and what the live
+    bytes hold beyond them after the forward is the activation model's count; the step's peak is
+    the predicted one."""
+    from zero_lab.analysis.activation_memory import activation_bytes, decoder_shape
+    from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
+    from zero_lab.nano.memory_formula import model_state_bytes
+    from zero_lab.workload.log_lines import MB
+    from zero_lab.workload.phase_memory import PHASES
+
+    assert train_module.main(["--impl", "nano", *PHASE_RUN]) == 0
+    steps, phases, model, zero = phase_lines(capsys.readouterr().out)
+    assert [(row["step"], row["phase"]) for row in phases] == [(step, phase) for step in (1, 2) for phase in PHASES]
+    last = {row["phase"]: row for row in phases if row["step"] == 2}
+    assert last["after_backward"]["live_bytes"] == steps[-1]["pre_step_alloc_max_bytes"]  # one rank: its own max
+    assert last["after_step"]["live_bytes"] == steps[-1]["alloc_max_bytes"]
+    peaks = [last[phase]["peak_bytes"] for phase in PHASES]
+    assert peaks == sorted(peaks) and all(last[p]["peak_bytes"] >= last[p]["live_bytes"] for p in PHASES)
+
+    def categories(row: dict) -> dict:
+        return {key[:-len("_bytes")]: value for key, value in row.items()
+                if key.endswith("_bytes") and key not in ("live_bytes", "peak_bytes")}
+
+    numel = model["params"]
+    assert categories(last["after_step"]) == model_state_bytes(2, "fp32", numel, 1, "between_steps")
+    assert categories(last["after_backward"]) == model_state_bytes(2, "fp32", numel, 1, "backward")
+    rest = last["after_forward"]["live_bytes"] - sum(categories(last["after_forward"]).values())
+    assert rest == pytest.approx(activation_bytes(decoder_shape("tiny"), 32, 2, "fp32").saved, rel=2e-3)
+    prediction = predict_run_peak(model, zero, 2, "fp32", 1)
+    assert abs(error_percent(prediction.peak / MB, steps[-1]["peak_alloc_max_mb"])) < 15
+
+
+@pytest.mark.official
+def test_memory_through_a_step_official(train_module, one_process, capsys):
+    """Official DeepSpeed's samples: live and peak bytes, no categories (its memory_breakdown is a flag)."""
+    assert train_module.main(["--impl", "official", *PHASE_RUN]) == 0
+    steps, phases, _, _ = phase_lines(capsys.readouterr().out)
+    assert len(phases) == 3 * len(steps) == 6
+    assert all(set(row) == {"step", "phase", "live_bytes", "peak_bytes"} for row in phases)
+    assert phases[-1]["live_bytes"] == steps[-1]["alloc_max_bytes"]
