@@ -59,8 +59,10 @@ def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]
 
 
 def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Measured live bytes beside the model-state formulas."""
-    headers = ["world size", "stage", "impl", "alloc MB", "peak alloc MB", "nano formula MB", "ZeRO paper MB"]
+    """Measured live bytes beside the model-state formulas, and the measured peak beside the
+    predicted one (model states, activations and temporaries: analysis.peak_memory)."""
+    headers = ["world size", "stage", "impl", "alloc MB", "peak alloc MB", "nano formula MB", "ZeRO paper MB",
+               "predicted peak MB", "peak error %"]
     body = []
     for row in rows:
         params, precision = row.get("params"), row.get("precision")
@@ -71,7 +73,8 @@ def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             nano = None if nano_total is None else nano_total / MIB
             paper = paper_bytes(stage, precision, params, world_size) / MIB
         body.append([str(row["world_size"]), str(row["stage"]), row["impl"], fmt(row.get("alloc_max_mb")),
-                     fmt(row.get("peak_alloc_max_mb")), fmt(nano), fmt(paper)])
+                     fmt(row.get("peak_alloc_max_mb")), fmt(nano), fmt(paper), fmt(row.get("predicted_peak_mb")),
+                     fmt(row.get("peak_error_pct"), signed=True)])
     return headers, body
 
 
@@ -151,7 +154,9 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
     out += ["## Measured memory against model-state estimates", "",
             "`alloc` is the live tensor bytes when the harness samples them and `peak alloc` the peak within a "
             "step (activations and temporary buffers included; see docs/log-format.md); the formulas count "
-            "model states only: parameters, gradients and optimizer states.", "",
+            "model states only: parameters, gradients and optimizer states. The predicted peak adds the "
+            "activations of one micro-batch, the loss's temporaries and nano's first gradient bucket to nano's "
+            "formula (`zero-lab estimate`); its error is (predicted - measured) / measured.", "",
             markdown_table(*estimate_table(rows)), ""]
     failures = failure_section(rows)
     if failures:

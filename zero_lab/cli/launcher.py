@@ -30,6 +30,9 @@ from zero_lab.analysis import launch, rundir
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.analysis.logparse import parse_file, step_and_loss
 from zero_lab.analysis.metrics import summarize_run
+from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
+from zero_lab.analysis.step_phases import last_step_phases
+from zero_lab.workload.log_lines import MB
 from zero_lab.cli import signals
 from zero_lab.cli.stall import StallWatch
 
@@ -157,6 +160,10 @@ def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupte
     params = parsed.model.get("params")
     world_size = parsed.zero.get("world_size") or parsed.rank.get("world_size") \
         or spec.multi_node.world_size(spec.nproc) or spec.nproc
+    precision = PRECISION_OF_DTYPE_NAME.get(spec.workload.dtype, spec.workload.dtype)
+    prediction = predict_run_peak(parsed.model, parsed.zero, spec.stage, precision, int(world_size))
+    measured = summarize_run(parsed)
+    predicted_peak_mb = prediction.peak / MB if prediction else None
     elsewhere = parsed.rank.get("global_rank") not in (None, 0, 0.0)
     return {
         "world_size": int(world_size),
@@ -166,14 +173,16 @@ def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupte
         "stage": spec.stage,
         "impl": spec.impl,
         "status": status,
-        **summarize_run(parsed),
+        **measured,
+        "predicted_peak_mb": predicted_peak_mb,
+        "peak_error_pct": error_percent(predicted_peak_mb, measured["peak_alloc_max_mb"]),
         "exit_code": exit_code,
         **(failure if status in ("failed", "bad_input") else {"failed_rank": None, "rank_exit_code": None}),
         "interrupted_by": interrupted_by,
         "error": bad_input or stalled,
         "log_tail": "" if status in ("ok", "interrupted") else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
         "params": params if isinstance(params, int) and not isinstance(params, bool) else None,
-        "precision": PRECISION_OF_DTYPE_NAME.get(spec.workload.dtype, spec.workload.dtype),
+        "precision": precision,
         "duration_s": round(duration_s, 1),
         "run_dir": str(run_dir),
         "skipped_lines": parsed.skipped_lines,
@@ -181,5 +190,6 @@ def summarize(spec: launch.LaunchSpec, run_dir: Path, exit_code: int, interrupte
         "zero": parsed.zero,
         "model": parsed.model,
         "comm": parsed.comm,
+        "phases": last_step_phases(parsed.phases),
         "losses": {str(step): loss for step, loss in parsed.losses().items()},
     }

@@ -1,6 +1,7 @@
 """`zero-lab estimate`, `zero-lab doctor` and `zero-lab config official`.
 
     zero-lab estimate --model qwen3-0.6b --gpus 1,2,8 --stages 0,1,2,3 --dtype bfloat16
+    zero-lab estimate --model small --gpus 2 --stages 0,1,2,3 --dtype float32 --seq-len 128 --micro-batch 4
     zero-lab doctor
     zero-lab config official harness/configs/zero2.json --device cpu
 """
@@ -12,13 +13,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from zero_lab.analysis import launch
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
-from zero_lab.analysis.estimate import estimate_rows, parse_param_count
+from zero_lab.workload.presets import DEFAULT_SEQ_LEN
+from zero_lab.analysis.estimate import MIB, estimate_rows, parse_param_count
 from zero_lab.analysis.markdown import fmt
 from zero_lab.cli import output, plan
 from zero_lab.cli.environment import DEVICES, cpu_cores, cuda_devices, environment, resolve_device
@@ -54,35 +56,84 @@ def count_parameters(model: str) -> tuple[int, int]:
     return total, largest
 
 
+def activation_figures(model: str, precision: str, seq_len: int, micro_batch: int, attention: str,
+                       gradient_checkpointing: bool, rows: list[dict]) -> str | None:
+    """Add each row's activations and predicted peak (nano, one rank) in place; the reason when the
+    model has no architecture to count them from (a bare parameter count, an unknown model_type)."""
+    from zero_lab.analysis.activation_memory import decoder_shape
+    from zero_lab.analysis.peak_memory import predict_peak
+
+    try:
+        shape = decoder_shape(model) if parse_param_count(model) is None else None
+    except ValueError as error:
+        raise BadInput(str(error), "give a Hugging Face model directory with a readable config.json")
+    bucket = harness_config()["zero_optimization"]["reduce_bucket_size"]
+    for row in rows:
+        prediction = predict_peak(shape, row["stage"], precision, row["world_size"], seq_len, micro_batch,
+                                  attention, gradient_checkpointing, reduce_bucket_size=bucket) if shape else None
+        row["activations_mb"] = prediction.activations / MIB if prediction else None
+        row["predicted_peak_mb"] = prediction.peak / MIB if prediction else None
+        row["peak_moment"] = prediction.moment if prediction else None
+    if shape is None:
+        return "activations need an architecture: give a preset or a Qwen3/Llama model directory"
+    return None
+
+
+def harness_config() -> dict:
+    """The harness's default stage-2 config: its micro-batch and bucket size are the estimate's."""
+    return plan.load_config_file(plan.default_config_path(2))
+
+
 @one_line_errors
 def estimate(
     model: Annotated[str, typer.Option(help="Preset, local HF directory, or a parameter count (600M, 1.5B, 7e9).")] = "qwen3-0.6b",
     gpus: Annotated[str, typer.Option(help="World sizes, e.g. 1,2,8.")] = "1,2,8",
     stages: Annotated[str, typer.Option(help="ZeRO stages, e.g. 0,1,2,3.")] = "0,1,2",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "bfloat16",
+    seq_len: Annotated[int, typer.Option(help="Tokens per sample, for activations.")] = DEFAULT_SEQ_LEN,
+    micro_batch: Annotated[Optional[int], typer.Option(help="Samples per rank per micro-step, for activations (default: the harness config's).")] = None,
+    attn_impl: Annotated[str, typer.Option(help="Attention implementation: sdpa, eager or flash_attention_2.")] = "sdpa",
+    gradient_checkpointing: Annotated[bool, typer.Option(help="Activations with gradient checkpointing.")] = False,
     format: Annotated[str, typer.Option(help="table or json.")] = "table",
 ) -> None:
-    """Model-state MB per rank: ZeRO paper formula, nano's formula, official DeepSpeed's estimator.
+    """Model-state MB per rank (ZeRO paper formula, nano's formula, official DeepSpeed's estimator),
+    and nano's predicted peak: model states, activations and the loss's temporaries.
 
     Official DeepSpeed's estimators assume 16-bit training (stage 2 in code: 2P + 18P/N); it has
-    none for stages 0 and 1. Activations are not counted.
+    none for stages 0 and 1. Activations need the architecture (a preset or a model directory).
     """
+    from zero_lab.analysis.activation_memory import ATTENTION_IMPLEMENTATIONS
+
     check_choice(dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
     check_choice(format, "--format", ESTIMATE_FORMATS)
+    check_choice(attn_impl, "--attn-impl", ATTENTION_IMPLEMENTATIONS)
+    if seq_len < 2:
+        raise BadInput(f"--seq-len {seq_len} is below 2", "give --seq-len 2 or more")
+    if micro_batch is not None and micro_batch < 1:
+        raise BadInput(f"--micro-batch {micro_batch} is below 1", "give --micro-batch 1 or more")
+    micro_batch = micro_batch or int(harness_config()["train_micro_batch_size_per_gpu"])
     world_sizes = parse_int_list(gpus, "--gpus", range(1, 1 << 20))
     stage_list = parse_int_list(stages, "--stages", range(0, 4))
     numel, largest = parse_param_count(model), None
     if numel is None:
         numel, largest = count_parameters(model)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda_devices() else "cpu")
-    rows = estimate_rows(numel, world_sizes, stage_list, PRECISION_OF_DTYPE_NAME[dtype], largest)
+    precision = PRECISION_OF_DTYPE_NAME[dtype]
+    rows = estimate_rows(numel, world_sizes, stage_list, precision, largest)
+    note = activation_figures(model, precision, seq_len, micro_batch, attn_impl, gradient_checkpointing, rows)
     if format == "json":
-        output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "rows": rows})
+        output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "seq_len": seq_len,
+                           "micro_batch": micro_batch, "attn_impl": attn_impl,
+                           "gradient_checkpointing": gradient_checkpointing, "rows": rows})
         return
-    headers = ["world size", "stage", "ZeRO paper MB", "nano MB", "official estimator MB"]
-    body = [[str(r["world_size"]), str(r["stage"]), fmt(r["paper_mb"]), fmt(r["nano_mb"]), fmt(r["official_estimator_mb"])]
-            for r in rows]
-    output.print_table(headers, body, title=f"{model}: {numel:,} parameters, {dtype}, model states per rank")
+    headers = ["world size", "stage", "ZeRO paper MB", "nano MB", "official estimator MB", "activations MB",
+               "predicted peak MB"]
+    body = [[str(r["world_size"]), str(r["stage"]), fmt(r["paper_mb"]), fmt(r["nano_mb"]), fmt(r["official_estimator_mb"]),
+             fmt(r["activations_mb"]), fmt(r["predicted_peak_mb"])] for r in rows]
+    output.print_table(headers, body, title=f"{model}: {numel:,} parameters, {dtype}, micro-batch {micro_batch} x "
+                                            f"{seq_len} tokens, per rank")
+    if note:
+        output.stderr.print(f"note: {note}", markup=False)
 
 
 OFFICIAL_PROBE = """

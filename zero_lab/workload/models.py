@@ -1,11 +1,7 @@
 """The model a run trains: a built-in Qwen3 preset with random weights, or a local Hugging Face
 directory. Nothing is ever downloaded.
 
-Presets are Qwen3 architectures (`transformers.Qwen3ForCausalLM`) sized for their purpose, using
-the byte tokenizer's 260-token vocabulary except where the real architecture fixes it:
-- `tiny`: about 0.85M parameters, for tests;
-- `small`: about 24M parameters, for comparisons on CPU;
-- `qwen3-0.6b`: Qwen3-0.6B's real architecture (0.6B parameters, its 151,936-token vocabulary).
+Presets (`presets.py`: tiny, small, qwen3-0.6b) are built as `transformers.Qwen3ForCausalLM`.
 Weights come from `torch.manual_seed(seed)` before construction, so every rank and both impls
 start from the same weights; the model is built in fp32 and then cast, so the initial values do
 not depend on `--model-dtype` beyond rounding.
@@ -19,21 +15,9 @@ import torch
 
 from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.workload.errors import WorkloadError, first_line
+from zero_lab.workload.presets import PRESETS, SHARED_SETTINGS
 from zero_lab.workload.tokenizer import ByteTokenizer
 
-_SHARED = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "use_cache": False}
-PRESETS = {
-    "tiny": dict(vocab_size=ByteTokenizer.vocab_size, hidden_size=128, intermediate_size=384,
-                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                 max_position_embeddings=2048, tie_word_embeddings=False),
-    "small": dict(vocab_size=ByteTokenizer.vocab_size, hidden_size=512, intermediate_size=1376,
-                  num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                  max_position_embeddings=4096, tie_word_embeddings=False),
-    # Qwen3-0.6B's config.json, as published.
-    "qwen3-0.6b": dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
-                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=128, max_position_embeddings=40_960, tie_word_embeddings=True),
-}
 # What Hugging Face raises for a bad model directory or attention implementation: a missing or
 # unreadable file (OSError), a value it rejects (ValueError), an uninstalled kernel (ImportError).
 LOAD_ERRORS = (OSError, ValueError, ImportError)
@@ -79,7 +63,7 @@ def build_model(name: str, seed: int, dtype: str = "float32", attn_impl: str | N
     torch.manual_seed(seed)
     try:  # Hugging Face checks the attention implementation and the files while it builds
         if name in PRESETS:
-            config = Qwen3Config(**PRESETS[name], **_SHARED, **({"attn_implementation": attn_impl} if attn_impl else {}))
+            config = Qwen3Config(**PRESETS[name], **SHARED_SETTINGS, **({"attn_implementation": attn_impl} if attn_impl else {}))
             model = Qwen3ForCausalLM(config).to(torch_dtype(dtype))
         else:
             model = AutoModelForCausalLM.from_pretrained(

@@ -25,6 +25,7 @@ from zero_lab.nano.config import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
 from zero_lab.workload.models import PRESETS, check_model_name
+from zero_lab.workload.presets import DEFAULT_SEQ_LEN
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "harness" / "configs"
 
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=int, default=10, help="optimizer steps (each is gradient_accumulation_steps micro-steps)")
     add("--batch-size", type=int, default=None,
         help="micro batch per rank; overrides train_micro_batch_size_per_gpu")
-    add("--seq-len", type=int, default=128, help="tokens per sample")
+    add("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per sample")
     add("--seed", type=int, default=42, help="seed of the initial weights and of the batches")
     add("--model-name", default="tiny",
         help=f"a preset ({', '.join(PRESETS)}) or a local Hugging Face model directory")
