@@ -16,6 +16,7 @@ OUR_LOG = """\
 [default0]:[zero] impl=nano stage=2 world_size=2 reduce_scatter=True
 [default0]:[opt_step 1] loss=5.5 alloc_max_mb=20.0 peak_alloc_max_mb=30.0 step_ms=100.0
 [default0]:[opt_step 2] loss=5.4 alloc_max_mb=21.0 peak_alloc_max_mb=31.0 step_ms=90.0
+[default0]:[phase] step=2 phase=after_forward live_bytes=4096 peak_bytes=8192
 [default0]:[opt_step 3] loss=5.3 alloc_m
 """
 SEED_LOG = "[opt_step 1] loss=2.3 cuda_alloc_max_mb=7340.5 cuda_peak_alloc_max_mb=10260.2\n"
@@ -142,6 +143,7 @@ def test_parse_formats_map_seed_names_and_count_garbled_lines(tmp_path):
     assert "skipped 1 garbled line" in result.stderr
     payload = json.loads(runner.invoke(app, ["parse", str(ours), "--format", "json"]).stdout)
     assert payload["logs"][0]["skipped_lines"] == 1 and payload["logs"][0]["zero"]["impl"] == "nano"
+    assert payload["logs"][0]["phases"] == [{"step": 2, "phase": "after_forward", "live_bytes": 4096, "peak_bytes": 8192}]
     table = runner.invoke(app, ["parse", str(seed)])
     assert table.exit_code == 0 and "7340.5" in table.stdout
 
