@@ -51,9 +51,13 @@ def plot_step_phases(summaries: list[dict], path: Path) -> Path | None:
         axes.set_xticklabels([phase.replace("_", " ") for phase in PHASES], fontsize="small")
         axes.set_title(f"world size {world_size}, stage {stage}")
         axes.set_ylabel("MB on rank 0")
-    panels[0][-1].legend(fontsize="x-small", loc="upper right")
+    legend = {}  # one entry per label, whichever panel drew it first
+    for axes in panels[0]:
+        for handle, label in zip(*axes.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    figure.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(len(legend), 7), fontsize="small")
     figure.suptitle("Memory through one step (last step)")
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
