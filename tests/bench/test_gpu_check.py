@@ -60,6 +60,7 @@ def test_the_comparison_is_the_issues_workload(gpu_check, tmp_path):
     assert "--impls" not in flags  # both impls: compare's default, nano against official
 
 
+@pytest.mark.slow  # starts the CLI in a process of its own (about 10 s of imports)
 def test_the_cli_accepts_the_comparison_and_refuses_cuda_here(gpu_check, tmp_path):
     """Its flags parse (a wrong one would be 'No such option'); without a GPU, one error line, exit 2."""
     command = gpu_check.compare_command(sys.executable, tmp_path / "gpu-check-1", tmp_path / "r.md")
