@@ -140,8 +140,7 @@ def test_non_finite_loss_and_skipped_steps_are_warned(train_module, one_process,
     assert math.isnan(warnings[0]["loss"]) and warnings[1]["loss_scale"] == 1024
 
 
-PHASE_RUN = ("--model-name", "tiny", "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--device", "cpu",
-             "--zero-stage", "2")
+PHASE_RUN = ("--model-name", "tiny", "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--device", "cpu")
 
 
 def phase_lines(out: str) -> tuple[list[dict], list[dict], dict, dict]:
@@ -154,7 +153,8 @@ def phase_lines(out: str) -> tuple[list[dict], list[dict], dict, dict]:
     return steps, phases, model, zero
 
 
-def test_memory_through_a_step_nano(train_module, one_process, capsys):
+@pytest.mark.parametrize("stage", [1, 2])
+def test_memory_through_a_step_nano(train_module, one_process, capsys, stage):
     """Three [phase] samples per step; nano's categories are its formula's buffers, and what the live
     bytes hold beyond them after the forward is the activation model's count; the step's peak is
     the predicted one."""
@@ -164,7 +164,7 @@ def test_memory_through_a_step_nano(train_module, one_process, capsys):
     from zero_lab.workload.log_lines import MB
     from zero_lab.workload.phase_memory import PHASES
 
-    assert train_module.main(["--impl", "nano", *PHASE_RUN]) == 0
+    assert train_module.main(["--impl", "nano", *PHASE_RUN, "--zero-stage", str(stage)]) == 0
     steps, phases, model, zero = phase_lines(capsys.readouterr().out)
     assert [(row["step"], row["phase"]) for row in phases] == [(step, phase) for step in (1, 2) for phase in PHASES]
     last = {row["phase"]: row for row in phases if row["step"] == 2}
@@ -178,18 +178,18 @@ def test_memory_through_a_step_nano(train_module, one_process, capsys):
                 if key.endswith("_bytes") and key not in ("live_bytes", "peak_bytes")}
 
     numel = model["params"]
-    assert categories(last["after_step"]) == model_state_bytes(2, "fp32", numel, 1, "between_steps")
-    assert categories(last["after_backward"]) == model_state_bytes(2, "fp32", numel, 1, "backward")
+    assert categories(last["after_step"]) == model_state_bytes(stage, "fp32", numel, 1, "between_steps")
+    assert categories(last["after_backward"]) == model_state_bytes(stage, "fp32", numel, 1, "backward")
     rest = last["after_forward"]["live_bytes"] - sum(categories(last["after_forward"]).values())
     assert rest == pytest.approx(activation_bytes(decoder_shape("tiny"), 32, 2, "fp32").saved, rel=2e-3)
-    prediction = predict_run_peak(model, zero, 2, "fp32", 1)
+    prediction = predict_run_peak(model, zero, stage, "fp32", 1)
     assert abs(error_percent(prediction.peak / MB, steps[-1]["peak_alloc_max_mb"])) < 15
 
 
 @pytest.mark.official
 def test_memory_through_a_step_official(train_module, one_process, capsys):
     """Official DeepSpeed's samples: live and peak bytes, no categories (its memory_breakdown is a flag)."""
-    assert train_module.main(["--impl", "official", *PHASE_RUN]) == 0
+    assert train_module.main(["--impl", "official", *PHASE_RUN, "--zero-stage", "2"]) == 0
     steps, phases, _, _ = phase_lines(capsys.readouterr().out)
     assert len(phases) == 3 * len(steps) == 6
     assert all(set(row) == {"step", "phase", "live_bytes", "peak_bytes"} for row in phases)

@@ -11,6 +11,9 @@ A step's moments, each with what is alive on the rank (nano's moments, `memory_f
     recompute:       with gradient checkpointing, the first layer recomputed in the backward;
     end of backward: model states at the "backward" moment (full gradients at stages 0/1, the
                      gradient partition from stage 2), activations gone;
+    boundary:        nano at stages 0/1 packs `param.grad` into buckets after the backward: the
+                     full gradients, the fp32 gradient partition and the first bucket at once (with
+                     one partition, stage 0 or one rank, an fp32 bucket is a slice of the partition);
     optimizer step:  model states at the "step" moment.
 Phase 1: count each moment's bytes. Phase 2: the peak is the largest, and its moment says why.
 
@@ -81,6 +84,17 @@ def first_bucket_bytes(shape: DecoderShape, stage: int, reduce_bucket_size: int 
     return min(reduce_bucket_size, flat_numel) * BYTES_OF_PRECISION[precision]
 
 
+def boundary_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int, reduce_bucket_size: int | None,
+                   communication_precision: str) -> int:
+    """nano's stages 0/1 at the optimizer step's first bucket: full gradients, the gradient partition, a bucket."""
+    layer, root = unit_parameters(shape)
+    numel = shape.layers * layer + root
+    partition = model_state_bytes(stage, precision, numel, world_size, "step")["gradient_partition"]
+    in_place = (stage == 0 or world_size == 1) and communication_precision == "fp32"  # one partition
+    bucket = 0 if in_place else min(reduce_bucket_size or numel, numel) * BYTES_OF_PRECISION[communication_precision]
+    return model_states_at("backward", stage, precision, world_size, shape) + partition + bucket
+
+
 def official_turn_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int,
                         reduce_bucket_size: int | None) -> int:
     """What official DeepSpeed holds at the turn beyond nano's model states, stages 1-2 (module docstring)."""
@@ -107,9 +121,10 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
     def states(moment: str) -> int:
         return model_states_at(moment, stage, precision, world_size, shape)
 
+    communication = communication_precision or precision
     turn = states("forward" if accumulation == 1 else "backward") + activations.saved
     if impl == "nano":
-        turn += first_bucket_bytes(shape, stage, reduce_bucket_size, communication_precision or precision)
+        turn += first_bucket_bytes(shape, stage, reduce_bucket_size, communication)
     else:
         turn += official_turn_bytes(shape, stage, precision, world_size, reduce_bucket_size)
     moments = {"turn": turn + activations.loss_transient,
@@ -117,6 +132,8 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
                "optimizer_step": states("step")}
     if gradient_checkpointing:
         moments["recompute"] = turn + activations.recompute
+    if impl == "nano" and stage in (0, 1):
+        moments["boundary"] = boundary_bytes(shape, stage, precision, world_size, reduce_bucket_size, communication)
     return PeakPrediction(moments=moments, activations=activations.saved)
 
 
