@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 # Official DeepSpeed JIT-builds ops into this folder; one per checkout keeps builds out of $HOME.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: setup test test-fast demo bench clean
+.PHONY: setup test test-fast demo bench gpu-wheels gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,16 @@ demo: setup
 
 bench: setup
 	$(BIN)/python bench/memory_vs_official.py
+
+# A machine with one CUDA GPU and a python3 that has torch (no venv, no network): install what it
+# lacks from .whl/, then qwen3-0.6b bf16 on one GPU, stages 1-3, both impls (docs/cli.md).
+gpu-check:
+	$(PYTHON) bench/gpu_check.py
+
+# Here, where pip reaches PyPI: the wheels gpu-check carries (official DeepSpeed's pure-Python
+# wheel, pydantic, hjson, ...), at the versions this venv tests with.
+gpu-wheels: setup
+	$(BIN)/python bench/gpu_check.py --build-wheels
 
 clean:
 	rm -rf $(VENV) .torch_extensions .pytest_cache

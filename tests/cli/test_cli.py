@@ -16,6 +16,7 @@ OUR_LOG = """\
 [default0]:[zero] impl=nano stage=2 world_size=2 reduce_scatter=True
 [default0]:[opt_step 1] loss=5.5 alloc_max_mb=20.0 peak_alloc_max_mb=30.0 step_ms=100.0
 [default0]:[opt_step 2] loss=5.4 alloc_max_mb=21.0 peak_alloc_max_mb=31.0 step_ms=90.0
+[default0]:[phase] step=2 phase=after_forward live_bytes=4096 peak_bytes=8192
 [default0]:[opt_step 3] loss=5.3 alloc_m
 """
 SEED_LOG = "[opt_step 1] loss=2.3 cuda_alloc_max_mb=7340.5 cuda_peak_alloc_max_mb=10260.2\n"
@@ -142,16 +143,21 @@ def test_parse_formats_map_seed_names_and_count_garbled_lines(tmp_path):
     assert "skipped 1 garbled line" in result.stderr
     payload = json.loads(runner.invoke(app, ["parse", str(ours), "--format", "json"]).stdout)
     assert payload["logs"][0]["skipped_lines"] == 1 and payload["logs"][0]["zero"]["impl"] == "nano"
+    assert payload["logs"][0]["phases"] == [{"step": 2, "phase": "after_forward", "live_bytes": 4096, "peak_bytes": 8192}]
     table = runner.invoke(app, ["parse", str(seed)])
     assert table.exit_code == 0 and "7340.5" in table.stdout
 
 
 def fake_run(directory, impl, alloc):
     directory.mkdir(parents=True)
+    categories = {"parameters_bytes": 10 * 2**20, "optimizer_states_bytes": 20 * 2**20} if impl == "nano" else {}
+    phases = [{"step": 2, "phase": phase, "live_bytes": live * 2**20, "peak_bytes": alloc * 2**20, **categories}
+              for phase, live in (("after_forward", 90), ("after_backward", 60), ("after_step", 40))]
     write_json(directory / "summary.json", {
         "world_size": 2, "stage": 2, "impl": impl, "status": "ok", "steps": 2, "loss_last": 4.0,
         "alloc_max_mb": alloc, "peak_alloc_max_mb": alloc, "reserved_max_mb": 800.0, "peak_reserved_max_mb": 900.0,
         "step_ms": 10.0, "comm_mb": 6.0, "precision": "fp32", "params": 1000, "run_dir": str(directory),
+        "predicted_peak_mb": 99.0, "peak_error_pct": 100.0 * (99.0 - alloc) / alloc, "phases": phases,
         "losses": {"1": 5.0, "2": 4.0}, "env": {"torch": "2.13.0"}, "config": {}, "zero": {}})
 
 
@@ -167,6 +173,8 @@ def test_report_writes_markdown_plots_and_github_step_summary(tmp_path, monkeypa
     text = out.read_text()
     assert "| alloc MB | 110.0 | 100.0 | +10.0 | +10.00 |" in text and "999" not in text, "warm-ups are left out"
     assert (out.parent / "demo-loss.png").stat().st_size > 0 and (out.parent / "demo-memory.png").stat().st_size > 0
+    assert (out.parent / "demo-phases.png").stat().st_size > 0 and "![demo-phases.png](demo-phases.png)" in text
+    assert "| 2 | 2 | nano | 110.0 | 110.0 | " in text and "| 99.0 | -10.0 |" in text  # predicted peak, error %
     assert step_summary.read_text().startswith(text)
 
 
@@ -225,6 +233,36 @@ def test_estimate_with_offload_splits_device_and_host_bytes():
 def test_estimate_offload_at_a_stage_it_does_not_apply_to_is_one_line_and_exit_2():
     error = one_line_error(runner.invoke(app, ["estimate", "--model", "1B", "--offload", "param", "--stages", "2"]))
     assert "--offload param does not apply at stage 2" in error and "--stages 3" in error
+
+
+def test_estimate_adds_activations_and_the_predicted_peak_for_a_micro_batch():
+    from zero_lab.analysis.activation_memory import activation_bytes, decoder_shape
+    from zero_lab.analysis.estimate import MIB
+
+    def rows(*extra):
+        result = runner.invoke(app, ["estimate", "--model", "tiny", "--gpus", "2", "--stages", "0,3", "--dtype", "float32",
+                                     "--format", "json", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["rows"]
+
+    small, large = rows("--seq-len", "64", "--micro-batch", "2"), rows("--seq-len", "64", "--micro-batch", "8")
+    expected = activation_bytes(decoder_shape("tiny"), 64, 2, "fp32").saved / MIB
+    assert small[0]["activations_mb"] == pytest.approx(expected) and large[0]["activations_mb"] > 3 * expected
+    assert all(row["predicted_peak_mb"] > row["activations_mb"] for row in small)
+    assert small[0]["predicted_peak_mb"] > small[1]["predicted_peak_mb"]  # stage 3 shards the model states
+    eager = rows("--seq-len", "64", "--micro-batch", "2", "--attn-impl", "eager")
+    assert eager[0]["activations_mb"] > small[0]["activations_mb"]
+    counted = runner.invoke(app, ["estimate", "--model", "600M", "--gpus", "1", "--stages", "2", "--format", "json"])
+    assert json.loads(counted.stdout)["rows"][0]["predicted_peak_mb"] is None  # a bare count has no architecture
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (["--seq-len", "1"], "--seq-len 1 is below 2"),
+    (["--micro-batch", "0"], "--micro-batch 0 is below 1"),
+    (["--attn-impl", "flash"], "--attn-impl flash is not one of sdpa, eager, flash_attention_2"),
+])
+def test_estimate_refuses_a_micro_batch_it_cannot_size(arguments, words):
+    assert words in one_line_error(runner.invoke(app, ["estimate", "--model", "tiny", *arguments]))
 
 
 def test_config_official_prints_a_config_deepspeed_accepts(tmp_path):

@@ -155,3 +155,59 @@ def test_offload_shows_nanos_states_by_place_beside_the_formula(train_module, on
         assert fields["states_host_mb"] == pytest.approx(12 * megabytes, abs=1e-4)
     assert model["states_formula_mb"] == pytest.approx(4 * megabytes, abs=1e-4)
     assert model["states_formula_host_mb"] == pytest.approx(16 * megabytes, abs=1e-4)
+
+
+PHASE_RUN = ("--model-name", "tiny", "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--device", "cpu")
+
+
+def phase_lines(out: str) -> tuple[list[dict], list[dict], dict, dict]:
+    """([opt_step] fields, [phase] fields, [model] fields, [zero] fields) of a run's output."""
+    lines = contract_lines(out)
+    steps = [fields for tag, _, fields in lines if tag == "opt_step"]
+    phases = [fields for tag, _, fields in lines if tag == "phase"]
+    model = next(fields for tag, _, fields in lines if tag == "model")
+    zero = next(fields for tag, _, fields in lines if tag == "zero")
+    return steps, phases, model, zero
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_memory_through_a_step_nano(train_module, one_process, capsys, stage):
+    """Three [phase] samples per step; nano's categories are its formula's buffers, and what the live
+    bytes hold beyond them after the forward is the activation model's count; the step's peak is
+    the predicted one."""
+    from zero_lab.analysis.activation_memory import activation_bytes, decoder_shape
+    from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
+    from zero_lab.nano.memory_formula import model_state_bytes
+    from zero_lab.workload.log_lines import MB
+    from zero_lab.workload.phase_memory import PHASES
+
+    assert train_module.main(["--impl", "nano", *PHASE_RUN, "--zero-stage", str(stage)]) == 0
+    steps, phases, model, zero = phase_lines(capsys.readouterr().out)
+    assert [(row["step"], row["phase"]) for row in phases] == [(step, phase) for step in (1, 2) for phase in PHASES]
+    last = {row["phase"]: row for row in phases if row["step"] == 2}
+    assert last["after_backward"]["live_bytes"] == steps[-1]["pre_step_alloc_max_bytes"]  # one rank: its own max
+    assert last["after_step"]["live_bytes"] == steps[-1]["alloc_max_bytes"]
+    peaks = [last[phase]["peak_bytes"] for phase in PHASES]
+    assert peaks == sorted(peaks) and all(last[p]["peak_bytes"] >= last[p]["live_bytes"] for p in PHASES)
+
+    def categories(row: dict) -> dict:
+        return {key[:-len("_bytes")]: value for key, value in row.items()
+                if key.endswith("_bytes") and key not in ("live_bytes", "peak_bytes")}
+
+    numel = model["params"]
+    assert categories(last["after_step"]) == model_state_bytes(stage, "fp32", numel, 1, "between_steps")
+    assert categories(last["after_backward"]) == model_state_bytes(stage, "fp32", numel, 1, "backward")
+    rest = last["after_forward"]["live_bytes"] - sum(categories(last["after_forward"]).values())
+    assert rest == pytest.approx(activation_bytes(decoder_shape("tiny"), 32, 2, "fp32").saved, rel=2e-3)
+    prediction = predict_run_peak(model, zero, stage, "fp32", 1)
+    assert abs(error_percent(prediction.peak / MB, steps[-1]["peak_alloc_max_mb"])) < 15
+
+
+@pytest.mark.official
+def test_memory_through_a_step_official(train_module, one_process, capsys):
+    """Official DeepSpeed's samples: live and peak bytes, no categories (its memory_breakdown is a flag)."""
+    assert train_module.main(["--impl", "official", *PHASE_RUN, "--zero-stage", "2"]) == 0
+    steps, phases, _, _ = phase_lines(capsys.readouterr().out)
+    assert len(phases) == 3 * len(steps) == 6
+    assert all(set(row) == {"step", "phase", "live_bytes", "peak_bytes"} for row in phases)
+    assert phases[-1]["live_bytes"] == steps[-1]["alloc_max_bytes"]

@@ -67,11 +67,14 @@ def placed(row: dict) -> str:
 
 
 def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Measured live bytes beside the model-state formulas: nano's for the run's own model, units
-    and offload (logged by the harness; else the flat formula, none at stage 3) and the paper's."""
+    """Measured live bytes beside the model-state formulas (nano's for the run's own model, units
+    and offload, logged by the harness; else the flat formula, none at stage 3; and the paper's),
+    and the measured peak beside the predicted one (model states, activations and temporaries:
+    analysis.peak_memory)."""
     with_host = any(row.get("states_formula_host_mb") or row.get("states_host_mb") for row in rows)
     headers = ["world size", "stage", "impl", "alloc MB", "peak alloc MB", "nano formula MB",
-               *(["nano states MB (device / host)", "nano formula host MB"] if with_host else []), "ZeRO paper MB"]
+               *(["nano states MB (device / host)", "nano formula host MB"] if with_host else []), "ZeRO paper MB",
+               "predicted peak MB", "peak error %"]
     body = []
     for row in rows:
         params, precision = row.get("params"), row.get("precision")
@@ -84,7 +87,8 @@ def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             paper = paper_bytes(stage, precision, params, world_size) / MIB
         body.append([str(row["world_size"]), str(row["stage"]), row["impl"], fmt(row.get("alloc_max_mb")),
                      fmt(row.get("peak_alloc_max_mb")), fmt(nano), *(
-                         [placed(row), fmt(host)] if with_host else []), fmt(paper)])
+                         [placed(row), fmt(host)] if with_host else []), fmt(paper), fmt(row.get("predicted_peak_mb")),
+                     fmt(row.get("peak_error_pct"), signed=True)])
     return headers, body
 
 
@@ -164,7 +168,10 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
     out += ["## Measured memory against model-state estimates", "",
             "`alloc` is the live tensor bytes when the harness samples them and `peak alloc` the peak within a "
             "step (activations and temporary buffers included; see docs/log-format.md); the formulas count "
-            "model states only: parameters, gradients and optimizer states.", "",
+            "model states only: parameters, gradients and optimizer states. The predicted peak adds the "
+            "activations of one micro-batch, the loss's temporaries and the gradient buckets to nano's formula "
+            "(official DeepSpeed at stages 1-2: its staging buffer and fp32 copy; its stage 3 is not modelled; "
+            "`zero-lab estimate`, docs/cli.md); its error is (predicted - measured) / measured.", "",
             markdown_table(*estimate_table(rows)), ""]
     failures = failure_section(rows)
     if failures:

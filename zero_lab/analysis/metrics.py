@@ -32,8 +32,9 @@ ROW_KEYS = (
     "comm_wire_mb",
 )
 
-# summary.json keys too bulky for a row: per-step losses, headers, configs and the environment.
-SUMMARY_ONLY = {"losses", "zero", "model", "comm", "config", "env", "command"}
+# summary.json keys too bulky for a row: per-step losses, headers, configs, the environment, the last
+# step's phase samples.
+SUMMARY_ONLY = {"losses", "zero", "model", "comm", "config", "env", "command", "phases"}
 
 # Default loss tolerance per precision: fp32 engines agree to ~1e-6 here, half precision to ~1e-2.
 DEFAULT_LOSS_TOL = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 5e-2}

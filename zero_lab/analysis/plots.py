@@ -1,4 +1,5 @@
-"""PNG plots for a report: loss curves per impl, and memory bars per (world size, stage).
+"""PNG plots for a report: loss curves per impl, memory bars per (world size, stage), and memory
+through one step (`phase_plot`).
 
 matplotlib's Agg backend draws to files only, so this works on a headless CI machine.
 """
@@ -15,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from zero_lab.analysis.logparse import MEMORY_FIELDS  # noqa: E402
 from zero_lab.analysis.markdown import METRIC_LABELS  # noqa: E402
 from zero_lab.analysis.metrics import losses_of  # noqa: E402
+from zero_lab.analysis.phase_plot import plot_step_phases  # noqa: E402
 
 
 def run_label(summary: dict) -> str:
@@ -65,10 +67,11 @@ def plot_memory(rows: list[dict], path: Path) -> Path | None:
 
 
 def write_plots(summaries: list[dict], rows: list[dict], report_path: Path) -> list[str]:
-    """Draw both plots beside the report; return their names relative to it."""
+    """Draw the plots beside the report; return their names relative to it."""
     stem = report_path.with_suffix("")
     drawn = [
         plot_losses(summaries, stem.with_name(f"{stem.name}-loss.png")),
         plot_memory(rows, stem.with_name(f"{stem.name}-memory.png")),
+        plot_step_phases(summaries, stem.with_name(f"{stem.name}-phases.png")),
     ]
     return [path.name for path in drawn if path is not None]

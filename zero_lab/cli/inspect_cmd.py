@@ -73,7 +73,8 @@ def parse(
                            "pass training logs, e.g. runs/<run>/logs/rank0.stdout.log")
     if format == "json":
         output.print_json({"logs": [{"path": path, "zero": log.zero, "model": log.model, "steps": log.steps,
-                                     "comm": log.comm, "warnings": log.warnings, "skipped_lines": log.skipped_lines}
+                                     "phases": log.phases, "comm": log.comm, "warnings": log.warnings,
+                                     "skipped_lines": log.skipped_lines}
                                     for path, log in parsed.items()]})
         return
     rows = [{"log": path, **row} for path, log in parsed.items() for row in log.steps]

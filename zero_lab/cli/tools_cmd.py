@@ -2,6 +2,7 @@
 
     zero-lab estimate --model qwen3-0.6b --gpus 1,2,8 --stages 0,1,2,3 --dtype bfloat16
     zero-lab estimate --model qwen3-0.6b --gpus 1,4 --stages 2,3 --offload optimizer
+    zero-lab estimate --model small --gpus 2 --stages 0,1,2,3 --dtype float32 --seq-len 128 --micro-batch 4
     zero-lab doctor
     zero-lab config official harness/configs/zero2.json --device cpu
 """
@@ -19,7 +20,8 @@ import typer
 
 from zero_lab.launch import torchrun
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
-from zero_lab.analysis.estimate import OFFLOADS, estimate_rows, parse_param_count
+from zero_lab.analysis.estimate import MIB, OFFLOADS, estimate_rows, parse_param_count
+from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
 from zero_lab.analysis.markdown import fmt
 from zero_lab.cli import output, plan
 from zero_lab.cli.environment import DEVICES, cpu_cores, cuda_devices, environment, resolve_device
@@ -60,6 +62,34 @@ def count_parameters(model: str) -> tuple[int, int, list[tuple[int, str]]]:
     return total, largest, flat_buffers(network, stage3)
 
 
+def activation_figures(model: str, precision: str, seq_len: int, micro_batch: int, attention: str,
+                       gradient_checkpointing: bool, rows: list[dict]) -> str | None:
+    """Add each row's activations and predicted peak (nano, one rank) in place; the reason when the
+    model has no architecture to count them from (a bare parameter count, an unknown model_type)."""
+    from zero_lab.analysis.activation_memory import decoder_shape
+    from zero_lab.analysis.peak_memory import predict_peak
+
+    try:
+        shape = decoder_shape(model) if parse_param_count(model) is None else None
+    except ValueError as error:
+        raise BadInput(str(error), "give a Hugging Face model directory with a readable config.json")
+    bucket = harness_config()["zero_optimization"]["reduce_bucket_size"]
+    for row in rows:
+        prediction = predict_peak(shape, row["stage"], precision, row["world_size"], seq_len, micro_batch,
+                                  attention, gradient_checkpointing, reduce_bucket_size=bucket) if shape else None
+        row["activations_mb"] = prediction.activations / MIB if prediction else None
+        row["predicted_peak_mb"] = prediction.peak / MIB if prediction else None
+        row["peak_moment"] = prediction.moment if prediction else None
+    if shape is None:
+        return "activations need an architecture: give a preset or a Qwen3/Llama model directory"
+    return None
+
+
+def harness_config() -> dict:
+    """The harness's default stage-2 config: its micro-batch and bucket size are the estimate's."""
+    return plan.load_config_file(plan.default_config_path(2))
+
+
 @one_line_errors
 def estimate(
     model: Annotated[str, typer.Option(help="Preset, local HF directory, or a parameter count (600M, 1.5B, 7e9).")] = "qwen3-0.6b",
@@ -67,17 +97,32 @@ def estimate(
     stages: Annotated[Optional[str], typer.Option(help="ZeRO stages, e.g. 0,1,2,3. Default: every stage the offload applies to.")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "bfloat16",
     offload: Annotated[str, typer.Option(help="none, optimizer (stages 1-3) or param (stage 3: parameters and optimizer).")] = "none",
+    seq_len: Annotated[int, typer.Option(help="Tokens per sample, for activations.")] = DEFAULT_SEQ_LEN,
+    micro_batch: Annotated[Optional[int], typer.Option(help="Samples per rank per micro-step, for activations (default: the harness config's).")] = None,
+    attn_impl: Annotated[str, typer.Option(help="Attention implementation: sdpa, eager or flash_attention_2.")] = "sdpa",
+    gradient_checkpointing: Annotated[bool, typer.Option(help="Activations with gradient checkpointing.")] = False,
     format: Annotated[str, typer.Option(help="table or json.")] = "table",
 ) -> None:
-    """Model-state MB per rank: ZeRO paper formula, nano's formula, official DeepSpeed's estimator.
+    """Model-state MB per rank (ZeRO paper formula, nano's formula, official DeepSpeed's estimator),
+    and nano's predicted peak: model states, activations and the loss's temporaries.
 
-    nano's figures are per place (device, host) and, at stage 3, from its own units of the model
-    (a bare parameter count has none). Official DeepSpeed's estimators assume 16-bit training, have
-    none for stages 0 and 1, and give host bytes per node. Activations are not counted.
+    nano's model states are per place (device, host) and, at stage 3, from its own units of the
+    model (a bare parameter count has none). Official DeepSpeed's estimators assume 16-bit training
+    (stage 2 in code: 2P + 18P/N), have none for stages 0 and 1, and give host bytes per node.
+    Activations need the architecture (a preset or a model directory); the predicted peak counts
+    every model state as if in one memory, as on a CPU (with offload on a GPU, read nano MB).
     """
+    from zero_lab.analysis.activation_memory import ATTENTION_IMPLEMENTATIONS
+
     check_choice(dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
     check_choice(offload, "--offload", OFFLOADS)
     check_choice(format, "--format", ESTIMATE_FORMATS)
+    check_choice(attn_impl, "--attn-impl", ATTENTION_IMPLEMENTATIONS)
+    if seq_len < 2:
+        raise BadInput(f"--seq-len {seq_len} is below 2", "give --seq-len 2 or more")
+    if micro_batch is not None and micro_batch < 1:
+        raise BadInput(f"--micro-batch {micro_batch} is below 1", "give --micro-batch 1 or more")
+    micro_batch = micro_batch or int(harness_config()["train_micro_batch_size_per_gpu"])
     world_sizes = parse_int_list(gpus, "--gpus", range(1, 1 << 20))
     stage_list = parse_int_list(stages, "--stages", range(0, 4)) if stages else list(OFFLOAD_STAGES[offload])
     check_offload_stages(offload, stage_list)
@@ -85,21 +130,27 @@ def estimate(
     if numel is None:
         numel, largest, buffers = count_parameters(model)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda_devices() else "cpu")
-    rows = estimate_rows(numel, world_sizes, stage_list, PRECISION_OF_DTYPE_NAME[dtype], largest,
-                         stage3_buffers=buffers, offload=offload)
+    precision = PRECISION_OF_DTYPE_NAME[dtype]
+    rows = estimate_rows(numel, world_sizes, stage_list, precision, largest, stage3_buffers=buffers, offload=offload)
+    note = activation_figures(model, precision, seq_len, micro_batch, attn_impl, gradient_checkpointing, rows)
     if format == "json":
         output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "offload": offload,
-                           "rows": rows})
+                           "seq_len": seq_len, "micro_batch": micro_batch, "attn_impl": attn_impl,
+                           "gradient_checkpointing": gradient_checkpointing, "rows": rows})
         return
     with_host = offload != "none"
     headers = ["world size", "stage", "ZeRO paper MB", "nano MB", *(["nano host MB"] if with_host else []),
-               "official estimator MB", *(["official host MB / node"] if with_host else [])]
+               "official estimator MB", *(["official host MB / node"] if with_host else []), "activations MB",
+               "predicted peak MB"]
     body = [[str(r["world_size"]), str(r["stage"]), fmt(r["paper_mb"]), fmt(r["nano_mb"]),
              *([fmt(r["nano_host_mb"])] if with_host else []), fmt(r["official_estimator_mb"]),
-             *([fmt(r["official_estimator_host_mb_per_node"])] if with_host else [])] for r in rows]
-    title = f"{model}: {numel:,} parameters, {dtype}, model states per rank" + (
+             *([fmt(r["official_estimator_host_mb_per_node"])] if with_host else []), fmt(r["activations_mb"]),
+             fmt(r["predicted_peak_mb"])] for r in rows]
+    title = f"{model}: {numel:,} parameters, {dtype}, micro-batch {micro_batch} x {seq_len} tokens, per rank" + (
         f", {offload} offloaded to the host" if with_host else "")
     output.print_table(headers, body, title=title)
+    if note:
+        output.stderr.print(f"note: {note}", markup=False)
 
 
 def check_offload_stages(offload: str, stage_list: list[int]) -> None:

@@ -81,10 +81,9 @@ def parameter_count(module: torch.nn.Module) -> int:
     return sum(getattr(parameter, "ds_numel", parameter.numel()) for parameter in module.parameters())
 
 
-def states_by_place(engine) -> dict:
-    """nano's own count of its model states after the step, per place (`memory_breakdown`): what
-    offload moved to the host, beside what stayed on the device. Official has no such call."""
-    breakdown = getattr(engine, "memory_breakdown", None)
+def states_by_place(breakdown) -> dict:
+    """nano's own count of its model states after the step, per place (`engine.memory_breakdown`):
+    what offload moved to the host, beside what stayed on the device. None (official): nothing."""
     if breakdown is None:
         return {}
     places = breakdown(by_device=True)
@@ -157,6 +156,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         "param_dtype": parameter.dtype, "compute_dtype": parameter.dtype,
         "ds_precision": settings.precision, "device": device.type,
         "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"],
+        "attn_impl": getattr(model.config, "_attn_implementation", None) or "unknown",
+        "gradient_checkpointing": args.gradient_checkpointing,
         "states_formula_mb": formula["device"] / MB, "states_formula_host_mb": formula["host"] / MB})
 
     for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
@@ -165,17 +166,24 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     # Phase 4: the steps. Initialization's broadcasts are not part of any step.
     comm.reset()
     metrics = StepMetrics(memory, comm, device, world_size)
+    # nano names the buffers it holds; official DeepSpeed's `memory_breakdown` is a config flag.
+    breakdown = getattr(engine, "memory_breakdown", None) if args.impl == "nano" else None
     accumulation = engine.gradient_accumulation_steps()
     for step in range(1, args.steps + 1):
         metrics.begin()
         skipped_before = engine.skipped_steps
         for micro in range(accumulation):
+            last = micro == accumulation - 1  # memory through the step: the last micro-step's phases
             batch = batches.get((step - 1) * accumulation + micro, rank, device)
             loss = engine(**batch).loss
+            if last:
+                metrics.sample_phase("after_forward", breakdown)
             engine.backward(loss)
-            if micro == accumulation - 1:
-                metrics.before_optimizer_step()
+            if last:
+                metrics.sample_phase("after_backward", breakdown)
             engine.step()
+            if last:
+                metrics.sample_phase("after_step", breakdown)
             metrics.add_loss(loss)
         tokens = batch["input_ids"].numel() * accumulation * world_size
         fields = metrics.end(tokens)
@@ -183,8 +191,10 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         fields = {"loss": fields.pop("loss"),
                   "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
                   "lr": float(engine.get_lr()[0]), "loss_scale": loss_scale(engine), **fields,
-                  **states_by_place(engine)}
+                  **states_by_place(breakdown)}
         emit(rank, "opt_step", fields, step)
+        for sample in metrics.phases:
+            emit(rank, "phase", sample.fields(step))
         for warning in step_warnings(step, fields["loss"], fields["loss_scale"],
                                      skipped=engine.skipped_steps > skipped_before):
             emit(rank, "warn", warning)

@@ -29,9 +29,12 @@ from rich.progress import Progress
 from zero_lab.analysis import rundir
 from zero_lab.analysis.logparse import is_number, parse_file, step_and_loss
 from zero_lab.analysis.metrics import summarize_run
+from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
+from zero_lab.analysis.step_phases import last_step_phases
 from zero_lab.launch import ports, signals, torchrun
 from zero_lab.launch.stall import StallWatch
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
+from zero_lab.workload.log_lines import MB
 
 STOP_GRACE_S = 5.0
 
@@ -161,6 +164,10 @@ def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrup
     params = parsed.model.get("params")
     world_size = parsed.zero.get("world_size") or parsed.rank.get("world_size") \
         or spec.multi_node.world_size(spec.nproc) or spec.nproc
+    precision = PRECISION_OF_DTYPE_NAME.get(spec.workload.dtype, spec.workload.dtype)
+    prediction = predict_run_peak(parsed.model, parsed.zero, spec.stage, precision, int(world_size))
+    measured = summarize_run(parsed)
+    predicted_peak_mb = prediction.peak / MB if prediction else None
     elsewhere = parsed.rank.get("global_rank") not in (None, 0, 0.0)
     return {
         "world_size": int(world_size),
@@ -170,14 +177,16 @@ def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrup
         "stage": spec.stage,
         "impl": spec.impl,
         "status": status,
-        **summarize_run(parsed),
+        **measured,
+        "predicted_peak_mb": predicted_peak_mb,
+        "peak_error_pct": error_percent(predicted_peak_mb, measured["peak_alloc_max_mb"]),
         "exit_code": exit_code,
         **(failure if status in ("failed", "bad_input") else {"failed_rank": None, "rank_exit_code": None}),
         "interrupted_by": interrupted_by,
         "error": bad_input or stalled,
         "log_tail": "" if status in ("ok", "interrupted") else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
         "params": params if isinstance(params, int) and not isinstance(params, bool) else None,
-        "precision": PRECISION_OF_DTYPE_NAME.get(spec.workload.dtype, spec.workload.dtype),
+        "precision": precision,
         "offload": spec.workload.offload,
         # nano's model-state formula for this workload, per rank (the harness's [model] line)
         "states_formula_mb": number_or_none(parsed.model.get("states_formula_mb")),
@@ -189,5 +198,6 @@ def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrup
         "zero": parsed.zero,
         "model": parsed.model,
         "comm": parsed.comm,
+        "phases": last_step_phases(parsed.phases),
         "losses": {str(step): loss for step, loss in parsed.losses().items()},
     }

@@ -179,6 +179,12 @@ class MemoryMeter:
             return torch.cuda.memory_allocated(self.device)
         return self.tracker.live_bytes
 
+    def peak_bytes(self) -> int:
+        """The peak of live tensor bytes since the previous sample, without resetting it."""
+        if self.tracker is None:
+            return torch.cuda.max_memory_allocated(self.device)
+        return self.tracker.peak_bytes
+
     def sample(self) -> MemorySample:
         """The memory now and the peaks since the previous sample; then reset the peaks."""
         gc.collect()

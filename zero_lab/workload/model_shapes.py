@@ -20,6 +20,7 @@ from zero_lab.nano.unit_policy import ParameterEntry
 from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.tokenizer import ByteTokenizer
 
+DEFAULT_SEQ_LEN = 128  # tokens per sample when no --seq-len is given (harness and estimates)
 SHARED = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "use_cache": False}
 PRESETS = {
     "tiny": dict(vocab_size=ByteTokenizer.vocab_size, hidden_size=128, intermediate_size=384,

@@ -1,11 +1,7 @@
 """The model a run trains: a built-in Qwen3 preset with random weights, or a local Hugging Face
 directory. Nothing is ever downloaded.
 
-Presets are Qwen3 architectures (`transformers.Qwen3ForCausalLM`) sized for their purpose, using
-the byte tokenizer's 260-token vocabulary except where the real architecture fixes it:
-- `tiny`: about 0.85M parameters, for tests;
-- `small`: about 24M parameters, for comparisons on CPU;
-- `qwen3-0.6b`: Qwen3-0.6B's real architecture (0.6B parameters, its 151,936-token vocabulary).
+Presets (`presets.py`: tiny, small, qwen3-0.6b) are built as `transformers.Qwen3ForCausalLM`.
 Weights come from `torch.manual_seed(seed)` before construction, so every rank and both impls
 start from the same weights; the model is built in fp32 and then cast, so the initial values do
 not depend on `--model-dtype` beyond rounding.

@@ -22,7 +22,7 @@ from zero_lab.workload.errors import WorkloadError
 from zero_lab.nano.config_keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
-from zero_lab.workload.model_shapes import PRESETS, check_model_name
+from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN, PRESETS, check_model_name
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "harness" / "configs"  # shipped in the package
 
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=int, default=10, help="optimizer steps (each is gradient_accumulation_steps micro-steps)")
     add("--batch-size", type=int, default=None,
         help="micro batch per rank; overrides train_micro_batch_size_per_gpu")
-    add("--seq-len", type=int, default=128, help="tokens per sample")
+    add("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per sample")
     add("--seed", type=int, default=42, help="seed of the initial weights and of the batches")
     add("--model-name", default="tiny",
         help=f"a preset ({', '.join(PRESETS)}) or a local Hugging Face model directory")

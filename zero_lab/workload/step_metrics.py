@@ -2,10 +2,11 @@
 
 Phase 1: `begin()` notes the time and the communication counts.
 Phase 2: the caller runs the step's micro-steps, hands each micro-step's loss to `add_loss`, and
-         calls `before_optimizer_step()` between the last backward and `engine.step()`: live
-         bytes there are nano's formula at its "backward" moment (parameters, optimizer states,
-         and gradients: full param.grad at stages 0/1, the gradient partition at stage 2); at
-         the end of the step they are its "between_steps" moment (no gradient buffer).
+         in the last micro-step calls `sample_phase` after the forward, the backward and
+         `engine.step()` (`phase_memory.PHASES`). Live bytes after the backward are nano's formula
+         at its "backward" moment (parameters, optimizer states, and gradients: full param.grad
+         at stages 0/1, the gradient partition at stage 2); at the end of the step they are its
+         "between_steps" moment (no gradient buffer).
 Phase 3: `end()` samples this rank's memory, then (with the comm meter paused, so the harness's
          own collectives never count) averages the loss over micro-steps and ranks (SUM, then
          divide: gloo's AVG has had silent bugs) and takes the max over ranks of memory, step
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from zero_lab.workload.comm_meter import CommMeter, OpCount, difference
 from zero_lab.workload.log_lines import MB
 from zero_lab.workload.memory_meter import MemoryMeter
+from zero_lab.workload.phase_memory import PhaseSample, visible_categories
 
 MAX_OVER_RANKS = ("alloc", "reserved", "peak_alloc", "peak_reserved", "pre_step_alloc",
                   "comm_bytes", "comm_wire_bytes", "step_ns")
@@ -37,17 +39,24 @@ class StepMetrics:
 
     def begin(self) -> None:
         self._losses: list[torch.Tensor] = []
+        self.phases: list[PhaseSample] = []
         self._comm_before = self.comm.snapshot()
         self._started = time.perf_counter_ns()
 
     def add_loss(self, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach().float())
 
-    def before_optimizer_step(self) -> None:
-        """The live bytes before the optimizer step; the time this takes is not the step's."""
+    def sample_phase(self, phase: str, memory_breakdown=None) -> None:
+        """This rank's live bytes and the peak so far at a phase boundary, with nano's categories
+        when `memory_breakdown` (nano's engine method) is given; the time this takes is not the step's."""
         started = time.perf_counter_ns()
-        self._pre_step_alloc = self.memory.live_bytes()
+        categories = visible_categories(memory_breakdown(by_device=True), self.device.type) if memory_breakdown else {}
+        self.phases.append(PhaseSample(phase, self.memory.live_bytes(), self.memory.peak_bytes(), categories))
         self._started += time.perf_counter_ns() - started
+
+    def pre_step_alloc(self) -> int:
+        """Live bytes after the last backward, before `engine.step()`."""
+        return next(sample.live_bytes for sample in reversed(self.phases) if sample.phase == "after_backward")
 
     def end(self, tokens: int) -> dict:
         """Fields of the step's line (before loss_scale, lr and grad_norm, which the engine knows)."""
@@ -59,7 +68,7 @@ class StepMetrics:
         comm_bytes = sum(count.bytes for count in moved)
         comm_wire_bytes = sum(count.wire_bytes for count in moved)
         local_max = [memory.alloc, memory.reserved, memory.peak_alloc, memory.peak_reserved,
-                     self._pre_step_alloc, comm_bytes, comm_wire_bytes, step_ns]
+                     self.pre_step_alloc(), comm_bytes, comm_wire_bytes, step_ns]
         with self.comm.paused():
             loss_sum = torch.stack(self._losses).sum().to(torch.float64).reshape(1)
             maxima = torch.tensor(local_max, dtype=torch.int64, device=self.device)

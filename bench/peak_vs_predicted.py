@@ -1,0 +1,74 @@
+"""Benchmark: the predicted peak (model states + activations + temporaries) against the peak each
+impl really reaches, for the decoder presets at stages 0-3, measured side by side.
+
+    .venv/bin/python bench/peak_vs_predicted.py                       # tiny and small, 2 CPU ranks, ~15 min on 2 cores
+    .venv/bin/python bench/peak_vs_predicted.py --models tiny --steps 3
+    .venv/bin/python bench/peak_vs_predicted.py --models qwen3-0.6b --device cuda --gpus 1 --dtype bfloat16 --seq-len 512 --batch-size 1
+
+Phase 1: per model, one `zero-lab compare` runs nano and official DeepSpeed on stages 0, 1, 2 and 3
+         with the same data and seed; each row of its JSON carries the measured peak
+         (`peak_alloc_max_mb`: max over ranks and steps) and the prediction (`predicted_peak_mb`,
+         from the run's own `[model]` and `[zero]` lines; zero_lab/analysis/peak_memory.py).
+Phase 2: print model, stage, impl, measured, predicted and the error in percent.
+Target: nano's prediction within 15% of its measured peak (the prediction is nano's; official's
+error shows what its extra buffers cost). Exit code 1 when a nano row misses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_PCT = 15.0
+
+
+def compare(model: str, args: argparse.Namespace) -> dict:
+    """Phase 1 for one model."""
+    command = [str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", str(args.gpus), "--device",
+               args.device, "--stages", "0,1,2,3", "--model", model, "--steps", str(args.steps), "--dtype", args.dtype,
+               "--format", "json", "--out", str(REPO / "runs" / "bench")]
+    command += ["--seq-len", str(args.seq_len)] if args.seq_len else []
+    command += ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if not finished.stdout.strip():
+        sys.exit(f"error: zero-lab compare printed nothing (exit {finished.returncode}):\n{finished.stderr[-2000:]}")
+    return json.loads(finished.stdout)
+
+
+def cell(value, digits: int = 1, signed: bool = False) -> str:
+    return "-" if value is None else f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=None)
+    args = parser.parse_args()
+
+    missed = []
+    header = f"{'model':<12}{'stage':>6}  {'impl':<9}{'measured MB':>12}{'predicted MB':>14}{'error %':>9}"
+    print(header)
+    print("-" * len(header))
+    for model in args.models.split(","):
+        for row in compare(model, args)["rows"]:  # Phase 2
+            print(f"{model:<12}{row['stage']:>6}  {row['impl']:<9}{cell(row.get('peak_alloc_max_mb')):>12}"
+                  f"{cell(row.get('predicted_peak_mb')):>14}{cell(row.get('peak_error_pct'), signed=True):>9}")
+            error = row.get("peak_error_pct")
+            if row["impl"] == "nano" and (row["status"] != "ok" or error is None or abs(error) > TARGET_PCT):
+                missed.append(f"{model} stage {row['stage']}: {row['status']}, error {cell(error, signed=True)} %")
+    for line in missed:
+        print(f"MISSED: {line}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

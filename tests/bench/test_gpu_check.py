@@ -1,0 +1,76 @@
+"""`make gpu-check`'s script, on a machine without a GPU: what it finds missing, what it installs
+from the carried wheels and how, the comparison it runs (its flags accepted by the CLI), and the
+one-line refusals when the machine is not ready."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.scripts import REPO, load_script
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    return load_script("bench/gpu_check.py", "gpu_check")
+
+
+def test_missing_modules_are_those_python_cannot_find(gpu_check):
+    absent = {"deepspeed", "hjson"}
+    found = gpu_check.missing_modules(lambda name: None if name in absent else object())
+    assert found == ["deepspeed", "hjson"]
+
+
+def test_a_missing_module_needs_its_wheel(gpu_check):
+    wheels = [Path("deepspeed-0.19.8-py3-none-any.whl"), Path("hjson-3.1.0-py3-none-any.whl")]
+    assert gpu_check.check_wheels(["deepspeed", "hjson"], wheels) is None
+    problem = gpu_check.check_wheels(["deepspeed", "pydantic_core"], wheels)
+    assert "pydantic-core" in problem and "deepspeed" not in problem.split(" and ")[0] and "make gpu-wheels" in problem
+    core = Path("pydantic_core-2.50.5-cp312-cp312-manylinux_2_17_x86_64.whl")
+    assert gpu_check.check_wheels(["pydantic_core"], [core]) is None
+
+
+def test_install_is_offline_without_dependencies_into_the_checkout(gpu_check, tmp_path):
+    wheels = [tmp_path / "hjson-3.1.0-py3-none-any.whl"]
+    command = gpu_check.install_command("python3", wheels, tmp_path / "site")
+    assert command[:4] == ["python3", "-m", "pip", "install"]
+    assert {"--no-index", "--no-deps"} <= set(command)
+    assert command[command.index("--target") + 1] == str(tmp_path / "site") and command[-1] == str(wheels[0])
+
+
+def test_wheels_are_built_or_downloaded_at_the_tested_versions(gpu_check, tmp_path):
+    names = [*gpu_check.NEEDED.values(), *gpu_check.ALSO_CARRIED]
+    versions = {name: f"1.{index}" for index, name in enumerate(names)}
+    build, download = gpu_check.wheel_build_commands("py", "3.12", versions, tmp_path)
+    assert build[3] == "wheel" and [arg for arg in build if "==" in arg] == ["deepspeed==" + versions["deepspeed"]]
+    pins = {arg for arg in download if "==" in arg}
+    assert pins == {f"{name}=={versions[name]}" for name in names if name != "deepspeed"}
+    assert download[download.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in download
+
+
+def test_the_comparison_is_the_issues_workload(gpu_check, tmp_path):
+    command = gpu_check.compare_command("python3", tmp_path / "gpu-check-1", tmp_path / "r.md")
+    flags = dict(zip(command[4::2], command[5::2]))
+    assert command[1:4] == ["-m", "zero_lab.cli.app", "compare"]
+    assert flags["--model"] == "qwen3-0.6b" and flags["--dtype"] == "bfloat16" and flags["--gpus"] == "1"
+    assert flags["--stages"] == "1,2,3" and flags["--steps"] == "10" and flags["--device"] == "cuda"
+    assert "--impls" not in flags  # both impls: compare's default, nano against official
+
+
+@pytest.mark.slow  # starts the CLI in a process of its own (about 10 s of imports)
+def test_the_cli_accepts_the_comparison_and_refuses_cuda_here(gpu_check, tmp_path):
+    """Its flags parse (a wrong one would be 'No such option'); without a GPU, one error line, exit 2."""
+    command = gpu_check.compare_command(sys.executable, tmp_path / "gpu-check-1", tmp_path / "r.md")
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=gpu_check.environment(None),
+                          timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: ") and "cuda" in done.stderr.lower() and "Traceback" not in done.stderr
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(gpu_check, capsys):
+    assert gpu_check.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "compare:" in out and "qwen3-0.6b" in out and "ready:" in out

@@ -1,0 +1,39 @@
+"""README.md and README.zh-CN.md stay in step: each links the other, the same sections in the same
+order, the same two set-up commands and the same command block, the users' own terms kept."""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ENGLISH, CHINESE = ((REPO / name).read_text(encoding="utf-8") for name in ("README.md", "README.zh-CN.md"))
+
+
+def code_blocks(text: str) -> list[str]:
+    return re.findall(r"```(?:bash|python)\n(.*?)```", text, flags=re.S)
+
+
+def test_each_readme_links_the_other():
+    assert "(README.zh-CN.md)" in ENGLISH and "(README.md)" in CHINESE
+
+
+def test_same_sections_in_the_same_order():
+    def sections(text: str) -> list[str]:
+        return re.findall(r"^## ", text, flags=re.M)
+
+    assert len(sections(ENGLISH)) == len(sections(CHINESE)) >= 4
+    # Each Chinese section sits where its English one does: the same code blocks between headings.
+    def blocks_per_section(text: str) -> list[int]:
+        return [len(code_blocks(part)) for part in re.split(r"^## ", text, flags=re.M)]
+
+    assert blocks_per_section(ENGLISH) == blocks_per_section(CHINESE)
+
+
+def test_same_commands():
+    assert code_blocks(ENGLISH) == code_blocks(CHINESE)
+    setup = code_blocks(ENGLISH)[0]
+    assert [line.split("#")[0].strip() for line in setup.splitlines() if line.startswith("make")] == ["make demo", "make test"]
+
+
+def test_terms_stay_as_users_know_them():
+    for term in ("ZeRO", "all-gather", "offload", "stage 3"):
+        assert term in CHINESE

@@ -1,0 +1,164 @@
+"""The peak bytes one rank holds during a training step, predicted: model states from nano's formula,
+activations from `activation_memory`, and the temporaries between them.
+
+A step's moments, each with what is alive on the rank (nano's moments, `memory_formula.MOMENTS`):
+    turn:            the forward is done and the backward starts: model states at nano's "forward"
+                     moment (no gradients yet; at stage 3 the root unit, embeddings and head, is
+                     gathered), every saved activation, the loss's temporaries, and from stage 2
+                     the gradient bucket the head's gradient lands in (nano allocates a bucket at
+                     its first gradient: the last `reduce_bucket_size` elements of the flat buffer
+                     at stage 2, of the root unit at stage 3, in the communication dtype);
+    recompute:       with gradient checkpointing, the first layer recomputed in the backward;
+    end of backward: model states at the "backward" moment (full gradients at stages 0/1, the
+                     gradient partition from stage 2), activations gone;
+    boundary:        nano at stages 0/1 packs `param.grad` into buckets after the backward: the
+                     full gradients, the fp32 gradient partition and the first bucket at once (with
+                     one partition, stage 0 or one rank, an fp32 bucket is a slice of the partition);
+    optimizer step:  model states at the "step" moment.
+Phase 1: count each moment's bytes. Phase 2: the peak is the largest, and its moment says why.
+
+Parameters are counted per flat buffer as nano lays them out: at stages 0-2 the whole model; at
+stage 3 a unit per decoder layer and the root (the ZeRO-3 figures of `memory_formula` per unit).
+
+Official DeepSpeed (0.19, `stage_1_and_2.py`) holds more at stages 1 and 2, and the prediction for
+it adds that to the turn: an fp32 copy of its partition even in fp32 training (nano's fp32
+partition is its own master), and, with `contiguous_gradients` (its default), a staging buffer of
+`reduce_bucket_size` elements from the start of every backward (`setup_buckets`; fp32 at stage 1,
+which accumulates in fp32, the parameters' dtype at stage 2) instead of nano's first bucket. Its
+stage 3 (persistent buckets, prefetching) is not modelled: no prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zero_lab.analysis.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES, DecoderShape,
+                                                activation_bytes, decoder_shape)
+from zero_lab.nano.dtypes import BYTES_OF_PRECISION
+from zero_lab.nano.memory_formula import model_state_bytes
+
+
+@dataclass(frozen=True)
+class PeakPrediction:
+    """Predicted bytes per rank at each moment of a step, and the peak among them."""
+
+    moments: dict[str, int]
+    activations: int  # saved for the backward (what `turn` adds to the model states, with the loss's temporaries)
+
+    @property
+    def moment(self) -> str:
+        return max(self.moments, key=self.moments.get)
+
+    @property
+    def peak(self) -> int:
+        return self.moments[self.moment]
+
+
+def unit_parameters(shape: DecoderShape) -> tuple[int, int]:
+    """(parameters of one decoder layer, parameters of the root: embeddings, final norm, head)."""
+    h, i, a, k, d = shape.hidden_size, shape.intermediate_size, shape.heads, shape.kv_heads, shape.head_dim
+    attention = h * a * d + 2 * h * k * d + a * d * h + (2 * d if shape.family == "qwen3" else 0)
+    layer = attention + 3 * h * i + 2 * h
+    root = shape.vocab_size * h * (1 if shape.tied_embeddings else 2) + h
+    return layer, root
+
+
+def model_states_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape) -> int:
+    """Model-state bytes per rank at one of nano's moments (at stage 3 the root gathered in the forward)."""
+    layer, root = unit_parameters(shape)
+    if stage != 3:
+        figures = model_state_bytes(stage, precision, shape.layers * layer + root, world_size, moment)
+        return sum(figures.values())
+    root_gathered = moment == "forward"
+    figures = [model_state_bytes(3, precision, layer, world_size, moment, sharded=True)] * shape.layers
+    figures.append(model_state_bytes(3, precision, root, world_size, moment, sharded=True, gathered=root_gathered))
+    return sum(sum(figure.values()) for figure in figures)
+
+
+def first_bucket_bytes(shape: DecoderShape, stage: int, reduce_bucket_size: int | None, precision: str) -> int:
+    """The gradient bucket alive from the backward's first gradient (stages 2 and 3; 0 otherwise)."""
+    if stage < 2 or not reduce_bucket_size:
+        return 0
+    layer, root = unit_parameters(shape)
+    flat_numel = root if stage == 3 else shape.layers * layer + root
+    return min(reduce_bucket_size, flat_numel) * BYTES_OF_PRECISION[precision]
+
+
+def boundary_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int, reduce_bucket_size: int | None,
+                   communication_precision: str) -> int:
+    """nano's stages 0/1 at the optimizer step's first bucket: full gradients, the gradient partition, a bucket."""
+    layer, root = unit_parameters(shape)
+    numel = shape.layers * layer + root
+    partition = model_state_bytes(stage, precision, numel, world_size, "step")["gradient_partition"]
+    in_place = (stage == 0 or world_size == 1) and communication_precision == "fp32"  # one partition
+    bucket = 0 if in_place else min(reduce_bucket_size or numel, numel) * BYTES_OF_PRECISION[communication_precision]
+    return model_states_at("backward", stage, precision, world_size, shape) + partition + bucket
+
+
+def official_turn_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int,
+                        reduce_bucket_size: int | None) -> int:
+    """What official DeepSpeed holds at the turn beyond nano's model states, stages 1-2 (module docstring)."""
+    if stage not in (1, 2):
+        return 0
+    layer, root = unit_parameters(shape)
+    numel = shape.layers * layer + root
+    master_copy = model_state_bytes(stage, "bf16", numel, world_size)["fp32_master_partition"] if precision == "fp32" else 0
+    staging_width = FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision]
+    return master_copy + (reduce_bucket_size or 0) * staging_width
+
+
+def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: int, seq_len: int, micro_batch: int,
+                 attention: str = "sdpa", gradient_checkpointing: bool = False,
+                 accumulation: int = 1, reduce_bucket_size: int | None = None,
+                 communication_precision: str | None = None, impl: str = "nano") -> PeakPrediction | None:
+    """Phases 1-2 for one rank of a run. With gradient accumulation the last micro-step's forward
+    runs beside the gradients the earlier ones left (nano's "backward" moment). None for what is
+    not modelled: official DeepSpeed at stage 3, an impl other than nano and official."""
+    if impl not in ("nano", "official") or (impl == "official" and stage == 3):
+        return None
+    activations = activation_bytes(shape, seq_len, micro_batch, precision, attention, gradient_checkpointing)
+
+    def states(moment: str) -> int:
+        return model_states_at(moment, stage, precision, world_size, shape)
+
+    communication = communication_precision or precision
+    turn = states("forward" if accumulation == 1 else "backward") + activations.saved
+    if impl == "nano":
+        turn += first_bucket_bytes(shape, stage, reduce_bucket_size, communication)
+    else:
+        turn += official_turn_bytes(shape, stage, precision, world_size, reduce_bucket_size)
+    moments = {"turn": turn + activations.loss_transient,
+               "end_of_backward": states("backward"),
+               "optimizer_step": states("step")}
+    if gradient_checkpointing:
+        moments["recompute"] = turn + activations.recompute
+    if impl == "nano" and stage in (0, 1):
+        moments["boundary"] = boundary_bytes(shape, stage, precision, world_size, reduce_bucket_size, communication)
+    return PeakPrediction(moments=moments, activations=activations.saved)
+
+
+def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_size: int) -> PeakPrediction | None:
+    """The prediction for a run of the impl its `[zero]` line names, from its `[model]` and `[zero]`
+    lines (docs/log-format.md); None when the model's architecture cannot be read here, the lines
+    lack a figure, or the impl and stage are not modelled."""
+    try:
+        shape = decoder_shape(str(model.get("name")))
+    except ValueError:
+        return None
+    seq_len, micro_batch = model.get("seq_len"), model.get("micro_batch")
+    if shape is None or not isinstance(seq_len, int) or not isinstance(micro_batch, int):
+        return None
+    attention = model.get("attn_impl") if model.get("attn_impl") in ATTENTION_IMPLEMENTATIONS else "sdpa"
+    communication = zero.get("communication_data_type")  # "auto": the parameters' dtype
+    bucket = zero.get("reduce_bucket_size")
+    return predict_peak(shape, stage, precision, world_size, seq_len, micro_batch, attention,
+                        model.get("gradient_checkpointing") is True, int(zero.get("gradient_accumulation_steps") or 1),
+                        bucket if isinstance(bucket, int) else None,
+                        communication if communication in BYTES_OF_PRECISION else None, str(zero.get("impl", "nano")))
+
+
+def error_percent(predicted: float | None, measured: float | None) -> float | None:
+    """(predicted - measured) / measured, in percent; None when either is missing or measured is 0."""
+    if predicted is None or not measured:
+        return None
+    return 100.0 * (predicted - measured) / measured
