@@ -184,7 +184,10 @@ def zero_to_fp32_worker(rank: int, world_size: int, root: str) -> list[str]:
 
 def official_cross_load_worker(rank: int, world_size: int, root: str) -> list[str]:
     """Official DeepSpeed saves at step 3; official and nano both resume it and train two more
-    steps; their parameters agree within 1e-6 (stages 1-3 fp32, stage 2 bf16)."""
+    steps. Right after the load their parameters agree within 1e-6, and after two steps too in
+    fp32 (stages 1-3). In bf16 the two engines' own steps round differently (they differ by bf16
+    ulps from a common start without any checkpoint), so after two steps bf16 is held to bf16's
+    resolution instead."""
     from tests.nano.official_workers import import_official_deepspeed
     from zero_lab.nano.official_config import to_official_config
     deepspeed = import_official_deepspeed(world_size)
@@ -196,23 +199,29 @@ def official_cross_load_worker(rank: int, world_size: int, root: str) -> list[st
         model = build_trapnet(0)
         saver, *_ = deepspeed.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY),
                                          config=official_config)
-        train(saver, range(3), rank)
+        train(saver, range(SAVED_AT), rank)
         saver.save_checkpoint(directory)
         saver.destroy()
-        finals = {}
+        loaded, finals = {}, {}
         for name, module, options in (("official", deepspeed, official_config), ("nano", nano, config)):
             model = build_trapnet(1)
             engine, *_ = module.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY),
                                            config=options)
             engine.load_checkpoint(directory)
-            train(engine, range(3, 5), rank)
+            loaded[name] = snapshot_any(engine, module)
+            train(engine, range(SAVED_AT, SAVED_AT + 2), rank)
             finals[name] = snapshot_any(engine, module)
             engine.destroy()
-        worst = max_difference(finals["official"], finals["nano"])
-        print(f"[cross-load] rank {rank} stage {stage} {precision} max |official - nano| = {worst:.3g}", flush=True)
-        if not worst <= 1e-6:
-            failures.append(f"stage {stage} {precision}: after two steps from official's checkpoint, nano and "
-                            f"official differ by {worst:.3g}")
+        at_load, after = max_difference(loaded["official"], loaded["nano"]), max_difference(finals["official"],
+                                                                                             finals["nano"])
+        print(f"[cross-load] rank {rank} stage {stage} {precision} max |official - nano| at load {at_load:.3g}, "
+              f"after two steps {after:.3g}", flush=True)
+        close = after <= 1e-6 if precision == "fp32" else all(
+            torch.allclose(mine, theirs, rtol=2 ** -7, atol=1e-6)
+            for mine, theirs in zip(finals["nano"].parameters(), finals["official"].parameters()))
+        if not at_load <= 1e-6 or not close:
+            failures.append(f"stage {stage} {precision}: from official's checkpoint nano and official differ by "
+                            f"{at_load:.3g} at load and {after:.3g} after two steps")
     return failures
 
 
@@ -221,3 +230,38 @@ def snapshot_any(engine, module) -> torch.nn.Module:
     import copy
     with module.zero.GatheredParameters(list(engine.module.parameters())):
         return copy.deepcopy(engine.module).float()
+
+
+def killed_mid_save_worker(rank: int, world_size: int, root: str) -> list[str]:
+    """Save global_step1 whole; at global_step2 rank 1 dies (SIGKILL) halfway through writing its
+    optimizer file, while rank 0 has written all of its own."""
+    import signal
+    from zero_lab.nano import checkpoint_files
+    engine = start(checkpoint_config(2, scheduler=False))
+    train(engine, range(1), rank)
+    engine.save_checkpoint(root)
+    train(engine, range(1, 2), rank)
+    if rank == 1:
+        def die_halfway(state, path):
+            with open(f"{path}.tmp{os.getpid()}", "wb") as handle:
+                handle.write(b"PK\x03\x04 half of a zip archive")
+            os.kill(os.getpid(), signal.SIGKILL)
+        checkpoint_files.write_file = die_halfway
+    engine.save_checkpoint(root)
+    return ["rank 1 survived its own SIGKILL"] if rank == 1 else []
+
+
+def resume_after_kill_worker(rank: int, world_size: int, root: str) -> list[str]:
+    """After the killed save: `latest` still names global_step1, which loads; saving global_step2
+    again replaces the partial directory."""
+    from zero_lab.nano import checkpoint_files
+    failures = []
+    engine = start(checkpoint_config(2, scheduler=False), seed=1)
+    path, _ = engine.load_checkpoint(root)
+    if path is None or engine.global_steps != 1 or "global_step1" not in path:
+        failures.append(f"after the killed save, load_checkpoint gave {path} at step {engine.global_steps}")
+    train(engine, range(1, 2), rank)
+    engine.save_checkpoint(root)
+    if os.path.exists(checkpoint_files.partial_directory(root, "global_step2")):
+        failures.append("the partial directory of the killed save is still there after a complete save")
+    return failures

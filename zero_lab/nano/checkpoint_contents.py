@@ -132,8 +132,8 @@ def _numel(shape) -> int:
 def _group_tensors(groups: list[torch.Tensor], group_index: int, stage: int) -> torch.Tensor:
     """A rank's stored fp32 tensor of one group (stage 3: every sub-group end to end)."""
     if reshard.cut_of_stage(stage) == reshard.PER_PARAMETER:
-        return torch.cat([tensor.reshape(-1).float() for tensor in groups])
-    return groups[group_index].reshape(-1).float()
+        return torch.cat([tensor.detach().reshape(-1).float() for tensor in groups])
+    return groups[group_index].detach().reshape(-1).float()  # official saves stage 3's as nn.Parameters
 
 
 def _group_moments(state: dict, group_index: int, stage: int) -> dict:

@@ -117,6 +117,7 @@ def _module_states(engine, stage: int) -> dict:
             "ds_version": FORMAT_VERSION, "zero_lab_nano": True}
 
 
+@torch.no_grad()
 def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None = None,
                     save_latest: bool = True) -> dict:
     """Write one checkpoint; returns {"tag", "bytes" (this rank's files), "seconds"}."""
@@ -193,6 +194,7 @@ def _check_shapes(engine, saved: SavedTraining, shapes: dict[str, torch.Size], p
                                   f"{list(shapes[name])}; load a checkpoint of this model")
 
 
+@torch.no_grad()
 def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = True,
                     load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                     load_module_only: bool = False) -> tuple:
