@@ -233,22 +233,29 @@ def snapshot_any(engine, module) -> torch.nn.Module:
 
 
 def killed_mid_save_worker(rank: int, world_size: int, root: str) -> list[str]:
-    """Save global_step1 whole; at global_step2 rank 1 dies (SIGKILL) halfway through writing its
-    optimizer file, while rank 0 has written all of its own."""
+    """Save global_step1 whole; during global_step2 the job is killed as torchrun kills it when
+    one rank dies: rank 1 by SIGKILL halfway through writing its optimizer file, rank 0 by SIGKILL
+    once it has written all of its own files, before the rename."""
     import signal
     from zero_lab.nano import checkpoint_files
     engine = start(checkpoint_config(2, scheduler=False))
     train(engine, range(1), rank)
     engine.save_checkpoint(root)
     train(engine, range(1, 2), rank)
-    if rank == 1:
-        def die_halfway(state, path):
+    write_whole = checkpoint_files.write_file
+
+    def killed_while_writing(state, path):
+        if rank == 1:
             with open(f"{path}.tmp{os.getpid()}", "wb") as handle:
                 handle.write(b"PK\x03\x04 half of a zip archive")
-            os.kill(os.getpid(), signal.SIGKILL)
-        checkpoint_files.write_file = die_halfway
+        else:
+            write_whole(state, path)
+            if not path.endswith("_optim_states.pt"):
+                return 0
+        os.kill(os.getpid(), signal.SIGKILL)
+    checkpoint_files.write_file = killed_while_writing
     engine.save_checkpoint(root)
-    return ["rank 1 survived its own SIGKILL"] if rank == 1 else []
+    return [f"rank {rank} survived its SIGKILL"]
 
 
 def resume_after_kill_worker(rank: int, world_size: int, root: str) -> list[str]:

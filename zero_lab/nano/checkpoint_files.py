@@ -146,3 +146,22 @@ def read_file(path: str) -> dict:
         raise CheckpointError(f"checkpoint file {path} holds a {type(state).__name__}, not a DeepSpeed "
                               f"checkpoint dict; point at a directory DeepSpeed or nano saved")
     return state
+
+
+def read_tag(load_dir: str, tag: str) -> tuple[str, dict, list[dict], list[str]]:
+    """A tag's files, read: (model-states path, model states, every optimizer file, their paths)."""
+    directory = os.path.join(load_dir, tag)
+    names = sorted(os.listdir(directory))
+    optimizer_paths = [os.path.join(directory, name) for name in names if name.endswith("_optim_states.pt")
+                       and "zero_pp_rank_" in name]
+    if not optimizer_paths:
+        raise CheckpointError(f"{directory} has no *_optim_states.pt files (official stage 0 keeps its optimizer "
+                              f"elsewhere, which nano cannot convert); load a ZeRO stage 1-3 checkpoint")
+    optimizer_paths.sort(key=lambda path: int(os.path.basename(path).split("zero_pp_rank_")[1].split("_")[0]))
+    stage3 = os.path.join(directory, model_states_name(3, 0))
+    model_path = stage3 if os.path.exists(stage3) else os.path.join(directory, model_states_name(0, 0))
+    model_states = read_file(model_path)
+    for key in ("param_shapes", "module"):
+        if key not in model_states:
+            raise CheckpointError(f"{model_path} has no {key!r}; it is not a DeepSpeed model-states file")
+    return model_path, model_states, [read_file(path) for path in optimizer_paths], optimizer_paths

@@ -162,25 +162,6 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     return {"tag": tag, "bytes": written, "seconds": time.perf_counter() - started}
 
 
-def _read_tag(load_dir: str, tag: str) -> tuple[str, dict, list[dict], list[str]]:
-    """Phase 1: (model states path, model states, every optimizer file, their paths)."""
-    directory = os.path.join(load_dir, tag)
-    names = sorted(os.listdir(directory))
-    optimizer_paths = [os.path.join(directory, name) for name in names if name.endswith("_optim_states.pt")
-                       and "zero_pp_rank_" in name]
-    if not optimizer_paths:
-        raise CheckpointError(f"{directory} has no *_optim_states.pt files (official stage 0 keeps its optimizer "
-                              f"elsewhere, which nano cannot convert); load a ZeRO stage 1-3 checkpoint")
-    optimizer_paths.sort(key=lambda path: int(os.path.basename(path).split("zero_pp_rank_")[1].split("_")[0]))
-    stage3 = os.path.join(directory, files.model_states_name(3, 0))
-    model_path = stage3 if os.path.exists(stage3) else os.path.join(directory, files.model_states_name(0, 0))
-    model_states = files.read_file(model_path)
-    for key in ("param_shapes", "module"):
-        if key not in model_states:
-            raise CheckpointError(f"{model_path} has no {key!r}; it is not a DeepSpeed model-states file")
-    return model_path, model_states, [files.read_file(path) for path in optimizer_paths], optimizer_paths
-
-
 def _check_shapes(engine, saved: SavedTraining, shapes: dict[str, torch.Size], path: str) -> None:
     """Phase 2: every trainable parameter is in the checkpoint with its shape."""
     for parameter, name in engine.optimizer.parameter_names.items():
@@ -204,7 +185,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
     tag = files.resolve_tag(load_dir, tag)
     if tag is None:
         return None, None
-    model_path, model_states, optimizer_files, optimizer_paths = _read_tag(load_dir, tag)
+    model_path, model_states, optimizer_files, optimizer_paths = files.read_tag(load_dir, tag)
     saved = SavedTraining.read(optimizer_files, model_states["param_shapes"], optimizer_paths)
     shapes = {name: shape for group in model_states["param_shapes"] for name, shape in group.items()}
     # Phase 2
