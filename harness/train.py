@@ -11,6 +11,12 @@ Commands (from the repository root; on CPU each process is one rank):
     .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl official \
         --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
 
+    # checkpoints: save at steps 2 and 4, then resume from step 4 and train to step 8
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl nano \
+        --model-name tiny --steps 4 --save-dir runs/ckpt --save-every 2
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl nano \
+        --model-name tiny --steps 8 --save-dir runs/ckpt --resume
+
     # one process, no torchrun
     .venv/bin/python harness/train.py --impl nano --model-name tiny --steps 5
 
