@@ -121,10 +121,10 @@ class NanoEngine(torch.nn.Module):
         self.optimizer.destroy()
 
     # DeepSpeed's checkpoints (checkpointing.py): its calls, its files, any world size
-    def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: Optional[dict] = None,
+    def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict = {},  # noqa: B006 (DeepSpeed's; read only)
                         save_latest: bool = True) -> bool:
         """Every rank calls it; writes `<save_dir>/<tag>/` and then `latest`. True, as DeepSpeed returns."""
-        self.last_checkpoint = checkpointing.save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
+        self.last_checkpoint = checkpointing.save_checkpoint(self, save_dir, tag, dict(client_state), save_latest)
         return True
 
     def load_checkpoint(self, load_dir: str, tag: Any = None, load_module_strict: bool = True,
