@@ -13,6 +13,7 @@ W1129 torch/distributed/run.py:874] Setting OMP_NUM_THREADS
 [default0]:[opt_step 2] loss=5.4011 grad_norm=1.1 lr=0.001 loss_scale=1.0 step_ms=100.0 tokens_per_s=5000.0 alloc_max_mb=21.0 reserved_max_mb=811.0 peak_alloc_max_mb=31.0 peak_reserved_max_mb=816.0 comm_mb=6.48
 [default0]:[comm] op=reduce_scatter calls=4 mb=6.48
 [default0]:[comm] op=all_gather calls=2 mb=6.48
+[default0]:[ckpt] action=save step=2 tag=global_step2 bytes=13697136 files=3 seconds=0.066
 [default0]:[warn] non-finite loss at step 3
 """
 
@@ -35,6 +36,8 @@ def test_our_log_parses_every_line_of_the_contract():
     assert log.steps[0]["new_field"] == 7, "extra fields are kept"
     assert [c["op"] for c in log.comm] == ["reduce_scatter", "all_gather"]
     assert log.warnings == ["non-finite loss at step 3"]
+    assert log.checkpoints == [{"action": "save", "step": 2, "tag": "global_step2", "bytes": 13697136, "files": 3,
+                                "seconds": 0.066}]
     assert log.skipped_lines == 0
     assert log.losses() == {1: 5.5612, 2: 5.4011}
 

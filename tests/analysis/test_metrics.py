@@ -97,3 +97,17 @@ def test_build_comparison_orders_rows_and_pairs_cells():
     assert comparison["verdict"]["exit_code"] == 3 and comparison["verdict"]["loss_parity"] is True
     assert comparison["verdict"]["loss_tol"] == 1e-4, "fp32 default tolerance"
     assert build_comparison([summary("nano")], ["nano", "official"])["verdict"]["loss_parity"] is None
+
+
+def test_resume_check_passes_only_on_equal_losses_after_the_checkpoint():
+    from zero_lab.analysis.markdown import verdict_lines
+    straight = [summary("nano", losses=(5.0, 4.0, 3.0, 2.0)), summary("official", losses=(5.0, 4.0, 3.0, 2.0))]
+    resumed = [{**summary("nano", losses=(5.0, 4.0, 3.0, 2.0)), "losses": {"3": 3.0, "4": 2.0}},
+               {**summary("official"), "losses": {"3": 3.0, "4": 2.5}}]
+    comparison = build_comparison(straight, ["nano", "official"], resumed=resumed)
+    checks = {check["impl"]: check for check in comparison["resume_checks"]}
+    assert checks["nano"]["exact"] and checks["nano"]["steps_compared"] == [3, 4]
+    assert not checks["official"]["exact"] and checks["official"]["max_step_loss_delta"] == 0.5
+    assert comparison["verdict"]["exit_code"] == 1 and comparison["verdict"]["resume_exact"] is False
+    assert "exact resume: NO" in verdict_lines(comparison["verdict"])[0]
+    assert "resume_checks" not in build_comparison(straight, ["nano", "official"])

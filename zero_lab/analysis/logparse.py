@@ -56,6 +56,7 @@ class ParsedLog:
     phases: list[dict[str, object]] = field(default_factory=list)
     collectives: list[dict[str, object]] = field(default_factory=list)
     comm: list[dict[str, object]] = field(default_factory=list)
+    checkpoints: list[dict[str, object]] = field(default_factory=list)  # [ckpt] lines: saves and loads
     warnings: list[str] = field(default_factory=list)
     skipped_lines: int = 0
 
@@ -65,7 +66,7 @@ class ParsedLog:
     def found_nothing(self) -> bool:
         """Not one tagged line, not even a garbled one: not a training log at all."""
         return not (self.zero or self.model or self.steps or self.phases or self.collectives or self.comm
-                    or self.warnings or self.skipped_lines)
+                    or self.checkpoints or self.warnings or self.skipped_lines)
 
 
 def is_number(value: object) -> bool:
@@ -120,7 +121,8 @@ def parse_lines(lines) -> ParsedLog:
         elif tag in ("rank", "zero", "model"):
             getattr(parsed, tag).update(row)
         else:
-            {"phase": parsed.phases, "collective": parsed.collectives, "comm": parsed.comm}[tag].append(row)
+            {"phase": parsed.phases, "collective": parsed.collectives, "comm": parsed.comm,
+             "ckpt": parsed.checkpoints}[tag].append(row)
     return parsed
 
 

@@ -107,7 +107,10 @@ def verdict_lines(verdict: dict) -> list[str]:
     lines = [f"**Verdict: {status}** - loss parity: {parity} (tolerance {verdict['loss_tol']:g})"]
     if verdict.get("fail_on_regression_pct") is not None:
         lines[0] += f"; memory gate: +{verdict['fail_on_regression_pct']:g}%"
-    problems = verdict["failed_runs"] + verdict["loss_parity_failures"] + verdict["memory_regressions"]
+    if verdict.get("resume_exact") is not None:
+        lines[0] += f"; exact resume: {'yes' if verdict['resume_exact'] else 'NO'}"
+    problems = (verdict["failed_runs"] + verdict["loss_parity_failures"] + verdict["memory_regressions"]
+                + verdict.get("resume_failures", []))
     return lines + [f"- {problem}" for problem in problems]
 
 

@@ -147,6 +147,7 @@ def verdict(
     loss_tol: float,
     fail_on_regression: float | None,
     interrupted_by: str | None = None,
+    resumes: list[dict] | None = None,
 ) -> dict[str, object]:
     """The gates, and the exit code they imply: 3 a run failed, 1 a gate failed, 0 fine; an
     interruption (interrupted_by, else a row's) overrides them all with 128 + the signal number."""
@@ -171,11 +172,14 @@ def verdict(
                     f"world_size={d['world_size']} stage={d['stage']}: {name} "
                     f"{d[f'{name}_delta_pct']:+.2f}% > {fail_on_regression}%"
                 )
+    resume_failures = [f"world_size={check['world_size']} stage={check['stage']} impl={check['impl']}: resumed "
+                       f"losses differ from the uninterrupted run's by {check['max_step_loss_delta']} over steps "
+                       f"{check['steps_compared']}" for check in resumes or [] if not check["exact"]]
     if interrupted_by:
         exit_code = interrupted_exit_code(interrupted_by)
     elif failed_runs:
         exit_code = 3
-    elif parity_failures or regressions:
+    elif parity_failures or regressions or resume_failures:
         exit_code = 1
     else:
         exit_code = 0
@@ -189,7 +193,25 @@ def verdict(
         "failed_runs": failed_runs,
         "loss_parity_failures": parity_failures,
         "memory_regressions": regressions,
+        "resume_exact": None if resumes is None else not resume_failures,
+        "resume_failures": resume_failures,
     }
+
+
+def resume_checks(straight: list[dict], resumed: list[dict]) -> list[dict]:
+    """`compare --resume-check`: per cell, the resumed run's losses against the uninterrupted
+    run's over the steps after the checkpoint; exact means equal as logged (9 significant digits)."""
+    checks = []
+    by_cell = {(s["world_size"], s["stage"], s["impl"]): s for s in straight}
+    for run in resumed:
+        reference = by_cell.get((run["world_size"], run["stage"], run["impl"]))
+        after, before = losses_of(run), losses_of(reference) if reference else {}
+        common = sorted(set(after) & set(before))
+        delta = max((abs(after[step] - before[step]) for step in common), default=None)
+        checks.append({"world_size": run["world_size"], "stage": run["stage"], "impl": run["impl"],
+                       "steps_compared": common, "max_step_loss_delta": delta,
+                       "exact": bool(common) and run["status"] == "ok" and delta == 0.0})
+    return checks
 
 
 def resolve_loss_tol(loss_tol: float | None, precisions: list[str]) -> float:
@@ -205,6 +227,7 @@ def build_comparison(
     loss_tol: float | None = None,
     fail_on_regression: float | None = None,
     interrupted_by: str | None = None,
+    resumed: list[dict] | None = None,
 ) -> dict[str, object]:
     """rows, deltas and verdict from run summaries (each a row plus its per-step `losses`).
 
@@ -228,11 +251,15 @@ def build_comparison(
             deltas.append(
                 cell_delta(candidate, baseline, losses_of(candidate), losses_of(baseline), tolerance)
             )
-    return {
+    resumes = None if resumed is None else resume_checks(ordered, resumed)
+    comparison = {
         "rows": rows,
         "deltas": deltas,
-        "verdict": verdict(rows, deltas, tolerance, fail_on_regression, interrupted_by),
+        "verdict": verdict(rows, deltas, tolerance, fail_on_regression, interrupted_by, resumes),
     }
+    if resumes is not None:
+        comparison["resume_checks"] = resumes
+    return comparison
 
 
 def losses_of(summary: dict) -> dict[int, float]:

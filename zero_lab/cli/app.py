@@ -15,6 +15,7 @@ import typer
 
 from zero_lab.analysis.metrics import interrupted_exit_code
 from zero_lab.launch import signals
+from zero_lab.cli.checkpoint_cmd import checkpoint_app
 from zero_lab.cli.compare_cmd import compare
 from zero_lab.cli.explain_cmd import explain
 from zero_lab.cli.inspect_cmd import parse, report
@@ -36,6 +37,7 @@ app.command()(estimate)
 app.command()(explain)
 app.command()(doctor)
 app.add_typer(config_app, name="config")
+app.add_typer(checkpoint_app, name="checkpoint")
 
 
 def main() -> None:

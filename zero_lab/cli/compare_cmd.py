@@ -2,10 +2,11 @@
 
     zero-lab compare --gpus 2 --device cpu --stages 1,2 --report reports/cpu-demo.md
     zero-lab compare --gpus 2,8 --stages 2 --dtype bfloat16 --warmup-steps 2 --fail-on-regression 5
+    zero-lab compare --gpus 2 --device cpu --stages 1,2,3 --steps 6 --resume-check
 
 Phase 1: check every input and prepare every run before the first launch.
 Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed one not stopping
-         the others.
+         the others; with --resume-check, per cell a run that saves halfway and one that resumes.
 Phase 3: rows, deltas and verdict (analysis.metrics), printed as tables, JSON or markdown, saved
          as compare.json, and rendered as a report when asked.
 """
@@ -40,6 +41,9 @@ def compare(
     loss_tol: Annotated[Optional[float], typer.Option(help="Max per-step loss difference for parity (default 1e-4 fp32, 5e-2 bf16/fp16).")] = None,
     fail_on_regression: Annotated[Optional[float], typer.Option(help="Exit 1 when a memory figure of the first impl exceeds the second's by more than PCT %.", metavar="PCT")] = None,
     format: Annotated[str, typer.Option(help="table, json (one object; docs/compare-json.md) or markdown.")] = "table",
+    resume_check: Annotated[bool, typer.Option(help="Also prove exact resume per cell: train half the steps, save, "
+                                                    "resume to the end; the losses after the checkpoint must equal "
+                                                    "the uninterrupted run's (a gate).")] = False,
     *,
     common: options.Common,
 ) -> None:
@@ -68,12 +72,18 @@ def compare(
             jobs.prepare(shared, impl, stage, world_size, compare_dir / "cells" / rundir.cell_name(impl, stage, world_size))
             for world_size in world_sizes for stage in stage_list for impl in impl_list
         ]
+        resumes = [job for world_size in world_sizes for stage in stage_list for impl in impl_list if resume_check
+                   for job in jobs.resume_pair(shared, impl, stage, world_size, compare_dir / "resume"
+                                               / rundir.cell_name(impl, stage, world_size))]
     # Phase 2
     env = environment(shared.device)
     _, interrupted_by = jobs.run_jobs(warmups, env) if warmups else ([], None)
     summaries, interrupted_by = ([], interrupted_by) if interrupted_by else jobs.run_jobs(cells, env)
+    resumed, interrupted_by = ([], interrupted_by) if interrupted_by or not resumes else jobs.run_jobs(resumes, env)
     # Phase 3
-    comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression, interrupted_by)
+    comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression, interrupted_by,
+                                  resumed=[run for run in resumed if run["run_dir"].endswith("resumed")]
+                                  if resume_check else None)
     comparison.update(interrupted=interrupted_by is not None, compare_dir=str(compare_dir), environment=env)
     rundir.write_json(compare_dir / rundir.COMPARE, output.json_safe(comparison))
     if report is not None:

@@ -8,7 +8,7 @@ import sys
 import typer
 
 EXIT_OK, EXIT_GATE, EXIT_BAD_INPUT, EXIT_RUN_FAILED = 0, 1, 2, 3  # interrupted: 128 + the signal's number
-FOREIGN_BAD_INPUT = {"NanoConfigError", "WorkloadError"}
+FOREIGN_BAD_INPUT = {"NanoConfigError", "WorkloadError", "CheckpointError"}
 
 
 class BadInput(Exception):

@@ -8,7 +8,7 @@ Phase 2: `run_jobs` runs them one after another under one progress display; a fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zero_lab.analysis import rundir
@@ -48,8 +48,10 @@ def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> N
     plan.check_workload(shared.workload, shared.device, impls)
 
 
-def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None) -> Job:
-    """Phase 1 for one run: the config as the harness will build it, validated, and its launch."""
+def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None,
+            note: str | None = None) -> Job:
+    """Phase 1 for one run: the config as the harness will build it, validated, and its launch
+    (`steps` overrides the workload's; `note` labels it, "warm-up" when `steps` is given)."""
     source = shared.config_path or plan.default_config_path(stage)
     staged = plan.config_for_stage(plan.load_config_file(source), stage)
     spec = plan.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
@@ -57,8 +59,19 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     config = plan.received_config(staged, spec, source)
     official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     world_size = shared.multi_node.world_size(nproc) or nproc
-    label = f"{impl} w{world_size} s{stage}" + (" (warm-up)" if steps is not None else "")
+    note = note or ("warm-up" if steps is not None else None)
+    label = f"{impl} w{world_size} s{stage}" + (f" ({note})" if note else "")
     return Job(spec, run_dir, config, official, label)
+
+
+def resume_pair(shared: Launch, impl: str, stage: int, nproc: int, directory: Path) -> list[Job]:
+    """`compare --resume-check` for one cell: train half the steps and save, then resume to the end."""
+    saved_at = max(1, shared.workload.steps // 2)
+    checkpoints = str((directory / "checkpoints").resolve())
+    first = replace(shared, workload=replace(shared.workload, save_dir=checkpoints))
+    second = replace(shared, workload=replace(shared.workload, save_dir=checkpoints, resume="latest"))
+    return [prepare(first, impl, stage, nproc, directory / "first", steps=saved_at, note=f"saves at {saved_at}"),
+            prepare(second, impl, stage, nproc, directory / "resumed", note=f"resumes at {saved_at}")]
 
 
 def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], str | None]:

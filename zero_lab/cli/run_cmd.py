@@ -2,10 +2,14 @@
 
     zero-lab run --impl nano --gpus 2 --device cpu --model tiny --steps 10
     zero-lab run --impl official --gpus 8 --stage 2 --dtype bfloat16 -- --max-restarts 0
+    zero-lab run --impl nano --gpus 2 --device cpu --steps 4 --save-dir runs/ckpt --save-every 2
+    zero-lab run --impl nano --gpus 2 --device cpu --steps 8 --save-dir runs/ckpt --resume
 """
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,7 +19,8 @@ from zero_lab.analysis.markdown import run_table
 from zero_lab.analysis.metrics import interrupted_exit_code
 from zero_lab.cli import jobs, options, output, plan
 from zero_lab.cli.environment import environment
-from zero_lab.cli.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED, check_choice, one_line_errors
+from zero_lab.cli.errors import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, BadInput, check_choice, check_not_negative,
+                                 one_line_errors)
 
 EXTRA_ARGS = {"allow_extra_args": True}
 FORMATS = ("table", "json")
@@ -65,6 +70,13 @@ def run(
     gpus: Annotated[int, typer.Option(help="Processes per node: GPUs on CUDA, processes on CPU.")] = 1,
     stage: Annotated[int | None, typer.Option(help="ZeRO stage; overrides the config's.")] = None,
     format: Annotated[str, typer.Option(help="table or json.")] = "table",
+    save_dir: Annotated[Path | None, typer.Option(help="Save DeepSpeed checkpoints here: after the last step, and "
+                                                       "every --save-every steps.")] = None,
+    save_every: Annotated[int, typer.Option(help="Also save every K optimizer steps (needs --save-dir).")] = 0,
+    resume: Annotated[bool, typer.Option(help="Load the checkpoint in --save-dir first and continue from its "
+                                              "step up to --steps.")] = False,
+    resume_tag: Annotated[str | None, typer.Option(help="With --resume: the tag to load (default: the one "
+                                                        "`latest` names).")] = None,
     *,
     common: options.Common,
 ) -> None:
@@ -74,6 +86,15 @@ def run(
     """
     check_choice(format, "--format", FORMATS)
     shared = common.shared
+    if (resume or save_every or resume_tag) and save_dir is None:
+        raise BadInput("--resume, --resume-tag and --save-every need --save-dir", "add --save-dir DIR")
+    check_not_negative(save_every, "--save-every")
+    if resume and not (save_dir / "latest").is_file() and resume_tag is None:
+        raise BadInput(f"--resume found no checkpoint in {save_dir} (no `latest` file)",
+                       "save one first with --save-dir, or pass --resume-tag")
+    shared.workload = dataclasses.replace(
+        shared.workload, save_dir=str(save_dir.resolve()) if save_dir else None, save_every=save_every,
+        resume=(resume_tag or "latest") if resume or resume_tag else None)
     jobs.check(shared, [impl], [gpus])
     config = shared.config_path
     if stage is None:

@@ -11,6 +11,12 @@ Commands (from the repository root; on CPU each process is one rank):
     .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl official \
         --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
 
+    # checkpoints: save at steps 2 and 4, then resume from step 4 and train to step 8
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl nano \
+        --model-name tiny --steps 4 --save-dir runs/ckpt --save-every 2
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl nano \
+        --model-name tiny --steps 8 --save-dir runs/ckpt --resume
+
     # one process, no torchrun (or, from an installed zero-lab: python -m zero_lab.harness ...)
     .venv/bin/python harness/train.py --impl nano --model-name tiny --steps 5
 
@@ -32,6 +38,7 @@ import datetime
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -74,6 +81,38 @@ def zero_header(impl: str, stage: int, world_size: int, settings, accumulation: 
             "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
             "stage3_max_reuse_distance")})
     return fields
+
+
+def checkpoint_fields(action: str, step: int, save_dir: str, tag: str, seconds: float) -> dict:
+    """The `[ckpt]` line: the step, the tag, the bytes of all its files (every rank's), the seconds."""
+    directory = os.path.join(save_dir, tag)
+    files = [os.path.join(directory, name) for name in os.listdir(directory)] if os.path.isdir(directory) else []
+    return {"action": action, "step": step, "tag": tag, "bytes": sum(os.path.getsize(path) for path in files if os.path.isfile(path)),
+            "files": len(files), "seconds": seconds}
+
+
+def resume(engine, args, rank: int, comm: CommMeter) -> int:
+    """--resume: load the checkpoint (every rank), say so, and return the step it was saved at."""
+    started = time.perf_counter()
+    with comm.paused():
+        path, _ = engine.load_checkpoint(args.save_dir, tag=None if args.resume == "latest" else args.resume)
+    if path is None:
+        raise WorkloadError(f"--resume found no checkpoint in {args.save_dir} (no `latest` file)",
+                            "Save one first with --save-dir, or pass a TAG")
+    tag = os.path.basename(os.path.dirname(path))
+    emit(rank, "ckpt", checkpoint_fields("load", engine.global_steps, args.save_dir, tag,
+                                         time.perf_counter() - started))
+    return engine.global_steps
+
+
+def save(engine, args, rank: int, comm: CommMeter, step: int) -> None:
+    """--save-dir: every rank saves (DeepSpeed's default tag global_step<N>); rank 0 says so."""
+    started = time.perf_counter()
+    with comm.paused():
+        engine.save_checkpoint(args.save_dir)
+        dist.barrier()
+    emit(rank, "ckpt", checkpoint_fields("save", step, args.save_dir, f"global_step{engine.global_steps}",
+                                         time.perf_counter() - started))
 
 
 def parameter_count(module: torch.nn.Module) -> int:
@@ -163,13 +202,15 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
         emit(rank, "warn", {"kind": "engine", "message": message})
 
-    # Phase 4: the steps. Initialization's broadcasts are not part of any step.
+    # Phase 4: the steps (after --resume's, from the checkpoint's). Initialization's broadcasts
+    # and checkpoints' collectives are not part of any step.
+    first = resume(engine, args, rank, comm) + 1 if args.resume is not None else 1
     comm.reset()
     metrics = StepMetrics(memory, comm, device, world_size)
     # nano names the buffers it holds; official DeepSpeed's `memory_breakdown` is a config flag.
     breakdown = getattr(engine, "memory_breakdown", None) if args.impl == "nano" else None
     accumulation = engine.gradient_accumulation_steps()
-    for step in range(1, args.steps + 1):
+    for step in range(first, args.steps + 1):
         metrics.begin()
         skipped_before = engine.skipped_steps
         for micro in range(accumulation):
@@ -198,10 +239,12 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         for warning in step_warnings(step, fields["loss"], fields["loss_scale"],
                                      skipped=engine.skipped_steps > skipped_before):
             emit(rank, "warn", warning)
+        if args.save_dir and (step == args.steps or (args.save_every and step % args.save_every == 0)):
+            save(engine, args, rank, comm, step)
 
     # Phase 5: totals per collective type over the training steps; no rank tears its process
     # group down while another still works.
-    for fields in comm_totals(comm.snapshot(), args.steps):
+    for fields in comm_totals(comm.snapshot(), max(1, args.steps - first + 1)):
         emit(rank, "comm", fields)
     with comm.paused():
         dist.barrier()

@@ -31,6 +31,9 @@ class Workload:
     seed: int = 42
     dataset_path: str | None = None
     offload: str = "none"  # none, optimizer or param: the harness's --offload
+    save_dir: str | None = None  # the harness's --save-dir (checkpoints)
+    save_every: int = 0
+    resume: str | None = None  # the harness's --resume TAG ("latest": the tag `latest` names)
 
 
 @dataclass
@@ -135,7 +138,8 @@ def workload_arguments(work: Workload) -> list[str]:
         "--seed", str(work.seed),
     ]
     optional = (("--batch-size", work.batch_size), ("--seq-len", work.seq_len), ("--dataset-path", work.dataset_path),
-                ("--offload", None if work.offload == "none" else work.offload))
+                ("--offload", None if work.offload == "none" else work.offload), ("--save-dir", work.save_dir),
+                ("--save-every", work.save_every or None), ("--resume", work.resume))
     for flag, value in optional:
         if value is not None:
             arguments += [flag, str(value)]

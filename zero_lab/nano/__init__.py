@@ -27,7 +27,11 @@ Layers, each importing only those listed before it:
     errors, stages, dtypes, layout, unit_policy, config_keys -> config -> config_loading -> official_config,
     memory_formula -> collectives, distributed -> init_partitions -> placement, units -> flat_buffer ->
     gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
-    stage0 -> stage1 -> stage2 -> stage3 -> engine -> initialize, zero (the API re-exported here).
+    stage0 -> stage1 -> stage2 -> stage3 -> reshard, checkpoint_files -> checkpoint_contents ->
+    checkpointing, checkpoint_offline -> engine -> initialize, zero (the API re-exported here).
+Checkpoints (docs/checkpoints.md): `engine.save_checkpoint`/`load_checkpoint` write and read
+official DeepSpeed's files, and load them at any world size (partition -> whole parameter ->
+partition, `reshard.py`).
 """
 
 import importlib

@@ -124,6 +124,11 @@ class Collectives:
         gather = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
         return gather(output, local, group=self.group, async_op=async_op)
 
+    def barrier(self) -> None:
+        """Wait until every rank arrives (a checkpoint's files are all written before it is named)."""
+        if self.world_size > 1:
+            torch.distributed.barrier(group=self.group)
+
     def broadcast(self, tensor: torch.Tensor, source_rank: int = 0) -> None:
         """Overwrite `tensor` on every rank with source_rank's copy."""
         if self.world_size == 1:

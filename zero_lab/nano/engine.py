@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import torch
 
+from zero_lab.nano import checkpointing
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.errors import EngineUsageError
@@ -44,6 +45,7 @@ class NanoEngine(torch.nn.Module):
         self._boundary_override: Optional[bool] = None  # set_gradient_accumulation_boundary
         self._inside_no_sync = False
         self.warnings: list[str] = []  # said once at start-up; the harness prints each as a [warn] line
+        self.last_checkpoint: Optional[dict] = None  # {"tag", "bytes" (this rank's files), "seconds"} of the last save
 
     # Phase 1
     def forward(self, *args, **kwargs):
@@ -117,6 +119,20 @@ class NanoEngine(torch.nn.Module):
     def destroy(self) -> None:
         """Release the engine's hold on the model (hooks, gradient buffers), as DeepSpeed's destroy()."""
         self.optimizer.destroy()
+
+    # DeepSpeed's checkpoints (checkpointing.py): its calls, its files, any world size
+    def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict = {},  # noqa: B006 (DeepSpeed's; read only)
+                        save_latest: bool = True) -> bool:
+        """Every rank calls it; writes `<save_dir>/<tag>/` and then `latest`. True, as DeepSpeed returns."""
+        self.last_checkpoint = checkpointing.save_checkpoint(self, save_dir, tag, dict(client_state), save_latest)
+        return True
+
+    def load_checkpoint(self, load_dir: str, tag: Any = None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False) -> tuple[Optional[str], Optional[dict]]:
+        """(path of the model-states file, client_state); (None, None) when `load_dir` has no `latest`."""
+        return checkpointing.load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
+                                             load_lr_scheduler_states, load_module_only)
 
     def was_step_applied(self) -> bool:
         """False when the last boundary step was skipped (non-finite gradients) or step() was not at a boundary."""

@@ -73,7 +73,7 @@ class Stage3Optimizer(Stage2Optimizer):
         """The model becomes a plain module again: every unit whole, no hook left."""
         self.gathering.remove()
         for buffer in self.buffers:
-            buffer.unshard(self.collectives)
-            if isinstance(buffer, ShardedFlatBuffer):
+            if isinstance(buffer, ShardedFlatBuffer):  # the persistent buffers are always whole
+                buffer.unshard(self.collectives)
                 buffer.wait()
         super().destroy()

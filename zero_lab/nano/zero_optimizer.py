@@ -230,6 +230,13 @@ class ZeroOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._release_gradients()
 
+    @torch.no_grad()
+    def adopt_masters(self) -> None:
+        """After a checkpoint load replaced the masters: drop the window's gradients and publish the
+        masters as the parameters, as a step's Phases 5 and 6 do."""
+        self._release_gradients()
+        self._publish_parameters()
+
     def destroy(self) -> None:
         """Let go of the model: no hook of this optimizer stays on a parameter, no gradient buffer
         stays allocated, and the parameters may join a new engine (which copies them in)."""

@@ -20,7 +20,7 @@ import re
 
 MB = 2**20  # the contract's MB: mebibytes
 
-TAGS = ("rank", "zero", "model", "opt_step", "phase", "collective", "comm", "warn")
+TAGS = ("rank", "zero", "model", "opt_step", "phase", "collective", "comm", "warn", "ckpt")
 
 # Per-field number formats; loss and grad_norm carry enough digits for 1e-6 comparisons.
 FLOAT_FORMATS = {
@@ -30,6 +30,7 @@ FLOAT_FORMATS = {
     "loss_scale": "{:g}",
     "step_ms": "{:.1f}",
     "tokens_per_s": "{:.1f}",
+    "seconds": "{:.3f}",
 }
 MB_FORMAT = "{:.4f}"
 

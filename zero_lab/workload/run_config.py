@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dist-timeout", type=float, default=1800.0,
         help="seconds a collective may wait for the other ranks before this rank gives up "
              "(the process group's timeout; default torch's 30 min)")
+    add("--save-dir", default=None,
+        help="save DeepSpeed checkpoints here (<dir>/global_step<N>/, <dir>/latest): after the last step, "
+             "and every --save-every steps")
+    add("--save-every", type=int, default=0, help="also save every K optimizer steps (needs --save-dir)")
+    add("--resume", nargs="?", const="latest", default=None, metavar="TAG",
+        help="load the checkpoint in --save-dir first (TAG, default the one `latest` names) and continue "
+             "from its step up to --steps")
     # DeepSpeed's launcher passes these; accepted and ignored (torchrun's env is what counts).
     add("--deepspeed", action="store_true", help=argparse.SUPPRESS)
     add("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -170,6 +177,10 @@ def check_launch(args: argparse.Namespace, world_size: int, local_world_size: in
     """Phases 2-4: (device, nano config) of a run, or a WorkloadError naming the bad input."""
     if args.steps < 1 or args.seq_len < 2:
         raise WorkloadError("--steps must be >= 1 and --seq-len >= 2", "Raise them")
+    if (args.save_every or args.resume is not None) and not args.save_dir:
+        raise WorkloadError("--save-every and --resume need --save-dir", "Add --save-dir DIR")
+    if args.save_every < 0:
+        raise WorkloadError(f"--save-every {args.save_every} is not a number of steps", "Give 0 (off) or more")
     if not args.dist_timeout > 0:
         raise WorkloadError(f"--dist-timeout {args.dist_timeout:g} is not a time to wait", "Give seconds, more than 0")
     check_model_name(args.model_name)

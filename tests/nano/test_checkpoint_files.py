@@ -1,0 +1,107 @@
+"""Checkpoints on one process: resharding arithmetic, and every bad checkpoint as one line that
+names the problem and the fix, with the engine left as it was."""
+
+import os
+
+import pytest
+import torch
+
+from tests.nano.checkpoint_workers import checkpoint_config, snapshot, start, train
+from tests.nano.test_engine_api import single_process  # noqa: F401 (the fixture)
+from zero_lab.nano import checkpoint_files, reshard
+from zero_lab.nano.errors import CheckpointError
+from zero_lab.nano.layout import FlatLayout
+
+NUMELS = [91, 13, 1, 65, 7]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("cut", [reshard.FLAT, reshard.PER_PARAMETER])
+def test_partition_to_whole_to_partition_gives_every_element_back(world_size, cut):
+    wholes = [torch.randn(numel) for numel in NUMELS]
+    layout = FlatLayout.for_stage(tuple(NUMELS), 2, "fp32", world_size)
+    if cut == reshard.FLAT:
+        stored = [reshard.stored_flat(reshard.flat_partition(wholes, layout, rank), layout, rank)
+                  for rank in range(world_size)]
+        assert sum(tensor.numel() for tensor in stored) == sum(NUMELS)  # padding is not stored
+    else:
+        stored = [reshard.per_parameter_partition(wholes, world_size, rank) for rank in range(world_size)]
+    back = reshard.whole_parameters(stored, NUMELS, cut)
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(back, wholes))
+    other = FlatLayout.for_stage(tuple(NUMELS), 1, "fp32", 3)
+    joined = torch.cat([reshard.flat_partition(back, other, rank) for rank in range(3)])
+    assert torch.equal(joined[:sum(NUMELS)], torch.cat(wholes)) and not joined[sum(NUMELS):].any()
+
+
+def _saved(tmp_path) -> tuple[str, str]:
+    engine = start(checkpoint_config(2))
+    train(engine, range(2), 0)
+    engine.save_checkpoint(str(tmp_path), client_state={"epoch": 3})
+    engine.destroy()
+    return str(tmp_path), os.path.join(str(tmp_path), "global_step2")
+
+
+def _refused(directory: str, expected: str, tag=None) -> None:
+    engine = start(checkpoint_config(2), seed=1)
+    before = snapshot(engine)
+    with pytest.raises(CheckpointError) as refusal:
+        engine.load_checkpoint(directory, tag=tag)
+    message = str(refusal.value)
+    assert expected in message and "\n" not in message
+    after = snapshot(engine)
+    assert all(torch.equal(before[name], after[name]) for name in before), "a refused load changed the model"
+    engine.destroy()
+
+
+def test_round_trip_and_nothing_to_load(single_process, tmp_path):
+    directory, _ = _saved(tmp_path)
+    engine = start(checkpoint_config(2), seed=1)
+    assert engine.load_checkpoint(str(tmp_path / "empty")) == (None, None)
+    path, client_state = engine.load_checkpoint(directory)
+    assert path.endswith("global_step2/mp_rank_00_model_states.pt") and client_state == {"epoch": 3}
+    assert engine.global_steps == 2 and engine.global_samples == 8
+
+
+def test_missing_truncated_and_corrupt_files_are_refused_in_one_line(single_process, tmp_path):
+    directory, tag_directory = _saved(tmp_path)
+    optimizer_file = os.path.join(tag_directory, checkpoint_files.optim_states_name("fp32", 0))
+    whole = open(optimizer_file, "rb").read()
+    with open(optimizer_file, "wb") as handle:
+        handle.write(whole[:len(whole) // 2])
+    _refused(directory, "truncated or corrupt")
+    with open(optimizer_file, "wb") as handle:
+        handle.write(b"\x00garbage" * 100)
+    _refused(directory, "truncated or corrupt")
+    with open(optimizer_file, "wb") as handle:
+        handle.write(whole)
+    os.remove(os.path.join(tag_directory, checkpoint_files.model_states_name(2, 0)))
+    _refused(directory, "is missing")
+    os.remove(optimizer_file)
+    _refused(directory, "has no *_optim_states.pt files")
+
+
+def test_missing_tags_and_other_shapes_are_refused_in_one_line(single_process, tmp_path):
+    directory, _ = _saved(tmp_path)
+    _refused(directory, "tag 'global_step9' does not exist", tag="global_step9")
+    import tests.nano.stage3_reference as trap
+    wider = trap.WIDTH
+    trap.WIDTH = wider + 1
+    try:
+        _refused(directory, "has shape")
+    finally:
+        trap.WIDTH = wider
+    with open(os.path.join(directory, checkpoint_files.LATEST), "w") as handle:
+        handle.write("global_step7")
+    _refused(directory, "names tag 'global_step7', which does not exist")
+
+
+def test_a_checkpoint_loads_into_another_stage_and_precision(single_process, tmp_path):
+    directory, _ = _saved(tmp_path)
+    stage2 = start(checkpoint_config(2), seed=1)
+    stage2.load_checkpoint(directory)
+    expected = snapshot(stage2)
+    engine = start(checkpoint_config(3, "bf16"), seed=1)
+    engine.load_checkpoint(directory)
+    loaded = snapshot(engine)
+    assert engine.global_steps == 2
+    assert all(torch.equal(loaded[name], expected[name].to(torch.bfloat16)) for name in expected)

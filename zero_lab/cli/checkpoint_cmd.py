@@ -1,0 +1,104 @@
+"""`zero-lab checkpoint inspect|consolidate|reshard`: DeepSpeed checkpoints (nano's or official's)
+read offline, on one process, by `zero_lab.nano.checkpoint_offline`.
+
+    zero-lab checkpoint inspect runs/ckpt
+    zero-lab checkpoint consolidate runs/ckpt --model-name tiny --out weights/model.safetensors
+    zero-lab checkpoint reshard runs/ckpt --world-size 3 --out runs/ckpt-w3 --format json
+
+A bad checkpoint or argument is one `error:` line and exit 2; nothing existing is overwritten.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from zero_lab.cli import output
+from zero_lab.cli.errors import BadInput, check_choice, one_line_errors
+
+FORMATS = ("table", "json")
+checkpoint_app = typer.Typer(help="Inspect, consolidate or reshard a DeepSpeed checkpoint (nano's or official's).",
+                             no_args_is_help=True)
+
+Directory = Annotated[Path, typer.Argument(help="The checkpoint directory (holding `latest` and the tags).")]
+Tag = Annotated[Optional[str], typer.Option(help="Tag to read (default: the one `latest` names).")]
+Format = Annotated[str, typer.Option(help="table or json.")]
+
+
+def _show(facts: dict, format: str) -> None:
+    if format == "json":
+        output.print_json(facts)
+        return
+    rows = [[key, str(value)] for key, value in facts.items() if key not in ("file_bytes", "config")]
+    rows += [[f"bytes {name}", f"{size:,}"] for name, size in facts.get("file_bytes", {}).items()]
+    output.print_table(["field", "value"], rows, numeric=False)
+    if facts.get("config") is not None:
+        output.print_json({"config": facts["config"]})
+
+
+@checkpoint_app.command()
+@one_line_errors
+def inspect(directory: Directory, tag: Tag = None, format: Format = "table") -> None:
+    """Stage, world size, precision, steps, parameter count, bytes per rank file, and the config."""
+    check_choice(format, "--format", FORMATS)
+    from zero_lab.nano.checkpoint_offline import OpenCheckpoint, describe
+    _show(describe(OpenCheckpoint.open(str(directory), tag)), format)
+
+
+@checkpoint_app.command()
+@one_line_errors
+def consolidate(directory: Directory,
+                out: Annotated[Path, typer.Option(help="The .safetensors file to write (must not exist).")],
+                model_name: Annotated[Optional[str], typer.Option(
+                    help="The preset or Hugging Face directory the run trained: its config.json is written "
+                         "beside --out, so from_pretrained(out's directory) loads it.")] = None,
+                tag: Tag = None, format: Format = "table") -> None:
+    """Whole fp32 weights in one safetensors file (tied aliases kept once, as Hugging Face saves them)."""
+    check_choice(format, "--format", FORMATS)
+    if out.suffix != ".safetensors":
+        raise BadInput(f"--out {out} is not a .safetensors file", "name it like weights/model.safetensors")
+    if out.exists():
+        raise BadInput(f"--out {out} exists", "choose another path (nothing was overwritten)")
+    from safetensors.torch import save_file
+
+    from zero_lab.nano.checkpoint_offline import OpenCheckpoint, consolidate as whole_weights
+    checkpoint = OpenCheckpoint.open(str(directory), tag)
+    weights = whole_weights(checkpoint)
+    aliases = set((checkpoint.model_states.get("shared_params") or {}))
+    tensors = {name: values.contiguous() for name, values in weights.items() if name not in aliases}
+    config_written = None
+    if model_name is not None:
+        config_written = _write_model_config(model_name, out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out), metadata={"format": "pt"})
+    _show({"out": str(out), "tag": checkpoint.tag, "tensors": len(tensors),
+           "parameters": sum(values.numel() for values in tensors.values()), "config_json": config_written}, format)
+
+
+def _write_model_config(model_name: str, directory: Path) -> str:
+    """The trained model's config.json beside the weights, as from_pretrained expects."""
+    from zero_lab.workload.models import build_model, check_model_name
+    check_model_name(model_name)
+    target = directory / "config.json"
+    if target.exists():
+        raise BadInput(f"{target} exists", "choose another --out directory (nothing was overwritten)")
+    model = build_model(model_name, seed=0)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.to_json_file(str(target))
+    return str(target)
+
+
+@checkpoint_app.command(name="reshard")
+@one_line_errors
+def reshard_command(directory: Directory,
+                    world_size: Annotated[int, typer.Option(help="The world size to cut the checkpoint for.")],
+                    out: Annotated[Path, typer.Option(help="The new checkpoint directory.")],
+                    tag: Tag = None, format: Format = "table") -> None:
+    """Cut a checkpoint for another world size (partition -> whole parameter -> partition)."""
+    check_choice(format, "--format", FORMATS)
+    if world_size < 1:
+        raise BadInput(f"--world-size {world_size} is not a number of ranks", "pass 1 or more")
+    from zero_lab.nano.checkpoint_offline import OpenCheckpoint, reshard_checkpoint
+    _show(reshard_checkpoint(OpenCheckpoint.open(str(directory), tag), world_size, str(out)), format)

@@ -1,0 +1,152 @@
+"""What a checkpoint's files hold, in official DeepSpeed's keys, and the whole parameters read back.
+
+Model states (`mp_rank_00_model_states.pt`; at stage 3 one per rank):
+    module              the module's state_dict in its dtype (stage 3: parameters as empty tensors,
+                        as official writes them; buffers whole)
+    buffer_names, param_shapes (per group, name -> shape, in the order the partitions hold them),
+    shared_params (alias -> name of a tied parameter), frozen_param_shapes, frozen_param_fragments
+                        (whole below stage 3; this rank's per-parameter chunk at stage 3)
+    lr_scheduler, global_steps, global_samples, skipped_steps, dp_world_size, ds_config, ds_version,
+    and the caller's client_state keys beside them
+Optimizer states (`[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`), under optimizer_state_dict:
+    zero_stage, partition_count, loss_scaler (a dict of the scaler's fields), dynamic_loss_scale,
+    single_partition_of_fp32_groups (stages 0-2: flat cut, padding dropped) or fp32_flat_groups
+    (stage 3: per-parameter cut), and base_optimizer_state (stages 0-2) / optimizer_state_dict
+    (stage 3): torch.optim's {"state": {group: {step, exp_avg, exp_avg_sq}}, "param_groups": [...]},
+    the moments cut as the masters are.
+`SavedTraining.read` turns the N optimizer files of any stage, nano's or official's, into whole
+parameters by name (`reshard.whole_parameters`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from zero_lab.nano import reshard
+from zero_lab.nano.errors import CheckpointError
+
+FORMAT_VERSION = "0.19.8"  # the official DeepSpeed release whose file format nano writes
+MOMENTS = ("exp_avg", "exp_avg_sq")
+ENGINE_KEYS = frozenset({"module", "buffer_names", "param_shapes", "shared_params", "frozen_param_shapes",
+                         "frozen_param_fragments", "lr_scheduler", "optimizer", "global_steps", "global_samples",
+                         "skipped_steps", "dp_world_size", "mp_world_size", "ds_config", "ds_version",
+                         "data_sampler", "random_ltd", "checkpoint_parallel_dimensions", "zero_lab_nano"})
+
+
+def fp32_key(stage: int) -> str:
+    return "fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"
+
+
+def moments_key(stage: int) -> str:
+    return "optimizer_state_dict" if stage == 3 else "base_optimizer_state"
+
+
+def optimizer_states(stage: int, world_size: int, groups: list[dict], masters: list[torch.Tensor],
+                     moments: list[dict[str, torch.Tensor]], steps: list[int], loss_scaler: dict) -> dict:
+    """One rank's optimizer file: `masters[g]` and `moments[g]` are its stored tensors of group g."""
+    partition_count = 1 if stage == 0 else world_size
+    state = {index: {"step": torch.tensor(float(step)), **group_moments}
+             for index, (step, group_moments) in enumerate(zip(steps, moments))}
+    param_groups = [{**{key: value for key, value in group.items() if key != "params"}, "params": [index]}
+                    for index, group in enumerate(groups)]
+    return {"optimizer_state_dict": {
+        "zero_stage": stage,
+        "partition_count": partition_count if stage == 3 else [partition_count] * len(groups),
+        "loss_scaler": loss_scaler,
+        "dynamic_loss_scale": bool(loss_scaler.get("dynamic", False)),
+        "overflow": False,
+        fp32_key(stage): masters,
+        moments_key(stage): {"state": state, "param_groups": param_groups},
+        "ds_version": FORMAT_VERSION,
+    }, "ds_version": FORMAT_VERSION}
+
+
+def scaler_fields(scaler: object) -> dict:
+    """A loss scaler's fields as plain values (nano's, or official's pickled one read as a stand-in)."""
+    return {key: value for key, value in vars(scaler).items() if isinstance(value, (bool, int, float, str))}
+
+
+@dataclass
+class SavedTraining:
+    """Everything the optimizer files of one tag say, with the partitions put back together."""
+
+    stage: int
+    world_size: int
+    whole: dict[str, torch.Tensor] = field(default_factory=dict)  # fp32 master values, flat
+    moments: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # name -> exp_avg, exp_avg_sq
+    step_of: dict[str, int] = field(default_factory=dict)
+    param_groups: list[dict] = field(default_factory=list)
+    loss_scaler: dict = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, optimizer_files: list[dict], param_shapes: list[dict], paths: list[str]) -> "SavedTraining":
+        """Phase 1 of resharding for every group: N ranks' stored tensors -> whole parameters."""
+        first = optimizer_files[0]["optimizer_state_dict"]
+        stage = int(first["zero_stage"])
+        count = first["partition_count"]
+        world_size = max(count) if isinstance(count, list) else int(count)
+        if len(optimizer_files) != world_size:
+            raise CheckpointError(f"the checkpoint was saved by {world_size} ranks but {len(optimizer_files)} "
+                                  f"optimizer files are there; load another tag")
+        states = [files["optimizer_state_dict"] for files in optimizer_files]
+        loss_scaler = first.get("loss_scaler")
+        saved = cls(stage, world_size, loss_scaler=loss_scaler if isinstance(loss_scaler, dict)
+                    else scaler_fields(loss_scaler) if loss_scaler is not None else {})
+        saved.param_groups = list(states[0][moments_key(stage)].get("param_groups", []))
+        names = [[name for name in shapes] for shapes in param_shapes]
+        numels = [[_numel(shapes[name]) for name in shapes] for shapes in param_shapes]
+        # Stage 3 cuts per parameter across every group (official may split a group into several
+        # sub-groups), so its groups are read as one; the flat cut is per group.
+        if reshard.cut_of_stage(stage) == reshard.PER_PARAMETER:
+            names, numels = [[n for group in names for n in group]], [[n for group in numels for n in group]]
+        for group_index, (group_names, group_numels) in enumerate(zip(names, numels)):
+            masters = [_group_tensors(state[fp32_key(stage)], group_index, stage) for state in states]
+            try:
+                wholes = reshard.whole_parameters(masters, group_numels, reshard.cut_of_stage(stage))
+            except ValueError as error:
+                raise CheckpointError(f"{paths[0]}: {error}; the files do not belong together, load another tag") \
+                    from None
+            saved.whole.update(zip(group_names, wholes))
+            moment_states = [_group_moments(state[moments_key(stage)]["state"], group_index, stage) for state in states]
+            step = max(int(float(moment_state.get("step", 0))) for moment_state in moment_states)
+            saved.step_of.update(dict.fromkeys(group_names, step))
+            if step == 0 or any(key not in moment_state for moment_state in moment_states for key in MOMENTS):
+                continue
+            per_name = {}
+            for key in MOMENTS:
+                cut = [moment_state[key].reshape(-1)[:master.numel()] for moment_state, master in
+                       zip(moment_states, masters)]
+                per_name[key] = reshard.whole_parameters(cut, group_numels, reshard.cut_of_stage(stage))
+            for position, name in enumerate(group_names):
+                saved.moments[name] = {key: per_name[key][position] for key in MOMENTS}
+        return saved
+
+
+def _numel(shape) -> int:
+    return int(torch.Size(shape).numel())
+
+
+def _group_tensors(groups: list[torch.Tensor], group_index: int, stage: int) -> torch.Tensor:
+    """A rank's stored fp32 tensor of one group (stage 3: every sub-group end to end)."""
+    if reshard.cut_of_stage(stage) == reshard.PER_PARAMETER:
+        return torch.cat([tensor.detach().reshape(-1).float() for tensor in groups])
+    return groups[group_index].detach().reshape(-1).float()  # official saves stage 3's as nn.Parameters
+
+
+def _group_moments(state: dict, group_index: int, stage: int) -> dict:
+    """A rank's Adam state of one group (stage 3: every sub-group's moments end to end)."""
+    if reshard.cut_of_stage(stage) != reshard.PER_PARAMETER:
+        return state.get(group_index, {})
+    ordered = [state[index] for index in sorted(state)]
+    if not ordered or any(key not in entry for entry in ordered for key in MOMENTS):
+        return {"step": max((float(entry.get("step", 0)) for entry in ordered), default=0)}
+    return {"step": max(float(entry["step"]) for entry in ordered),
+            **{key: torch.cat([entry[key].reshape(-1).float() for entry in ordered]) for key in MOMENTS}}
+
+
+def model_shapes(names_in_order: list[list[str]], shapes: dict[str, torch.Size]) -> list[OrderedDict]:
+    """param_shapes: per group, name -> shape in the order its partitions hold the parameters."""
+    return [OrderedDict((name, torch.Size(shapes[name])) for name in group) for group in names_in_order]

@@ -1,0 +1,257 @@
+"""`engine.save_checkpoint` and `engine.load_checkpoint`: DeepSpeed's calls, DeepSpeed's files.
+
+Save, on every rank (`checkpoint_files.py` tells the safe-write phases):
+    Phase 1: the tag (default `global_step<N>`) and an empty partial directory.
+    Phase 2: the model states: rank 0's file below stage 3 (the module is whole on every rank),
+             every rank's at stage 3 (parameters are partitions there).
+    Phase 3: the optimizer states: each partition's fp32 master and Adam moments. Stages 0-2 cut
+             them as official does (nano's own layout), so each rank writes its slices as they
+             are; at stage 3 official cuts per parameter while nano cuts per unit, so each unit
+             is gathered whole, one at a time, and recut (`reshard.per_parameter_partition`).
+    Phase 4: a barrier, the rename to `<dir>/<tag>`, then `latest`.
+Load (any stage, any world size, nano's or official's files):
+    Phase 1: resolve the tag; read the model states and all N optimizer files.
+    Phase 2: check every trainable parameter is there with its shape (one line if not).
+    Phase 3: partition -> whole parameter -> partition (`reshard.py`) into this rank's fp32
+             masters and Adam moments; restore the steps, the LR schedule, the loss scaler.
+    Phase 4: publish the masters as the parameters (cast to the model's dtype, gathered below
+             stage 3), exactly as after an optimizer step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from zero_lab.nano import checkpoint_files as files
+from zero_lab.nano import reshard
+from zero_lab.nano.checkpoint_contents import (ENGINE_KEYS, FORMAT_VERSION, MOMENTS, SavedTraining, model_shapes,
+                                               optimizer_states, scaler_fields)
+from zero_lab.nano.errors import CheckpointError
+
+
+def _groups(optimizer) -> list[list[int]]:
+    """Buffer indices of each parameter group, in buffer order (the order the files hold them)."""
+    return [[index for index, buffer in enumerate(optimizer.buffers) if buffer.group_index == group]
+            for group in range(len(optimizer.adam.param_groups))]
+
+
+def _names(optimizer, buffer_indices: list[int]) -> list[str]:
+    return [optimizer.parameter_names[parameter] for index in buffer_indices
+            for parameter in optimizer.buffers[index].parameters]
+
+
+def _moments_of(optimizer, index: int) -> tuple[int, dict[str, torch.Tensor]]:
+    """(Adam step, exp_avg and exp_avg_sq) of buffer `index`'s master, zeros before the first step."""
+    master = optimizer.master_partitions[index]
+    state = optimizer.adam.state.get(master, {})
+    moments = {key: state[key] if key in state else torch.zeros_like(master) for key in MOMENTS}
+    return int(state.get("step", 0)), moments
+
+
+def _whole_buffer(optimizer, index: int, values: torch.Tensor) -> list[torch.Tensor]:
+    """Stage 3 Phase 3: every rank's partition of buffer `index` (a master or a moment), gathered
+    into the buffer's whole parameters (fp32, on the host)."""
+    layout = optimizer.buffers[index].layout
+    local = values.to(optimizer.placement.device, torch.float32)
+    full = torch.empty(layout.padded_numel, dtype=torch.float32, device=local.device)
+    optimizer.collectives.all_gather_into_tensor(full, local)
+    full = full.cpu()
+    return [full[offset:offset + numel] for offset, numel in zip(layout.offsets, layout.parameter_numels)]
+
+
+def _stored_group(optimizer, buffer_indices: list[int]) -> tuple[torch.Tensor, dict, int]:
+    """This rank's stored master, moments and step of one group (Phase 3)."""
+    rank, world_size = optimizer.collectives.rank, optimizer.collectives.world_size
+    steps, pieces = [], {"master": [], **{key: [] for key in MOMENTS}}
+    for index in buffer_indices:
+        step, moments = _moments_of(optimizer, index)
+        steps.append(step)
+        layout = optimizer.buffers[index].layout
+        for key, values in (("master", optimizer.master_partitions[index]), *moments.items()):
+            if optimizer.stage == 3:
+                wholes = _whole_buffer(optimizer, index, values)
+                pieces[key].append(reshard.per_parameter_partition(wholes, world_size, rank))
+            else:
+                pieces[key].append(reshard.stored_flat(values.detach().float().cpu(), layout, rank))
+    joined = {key: torch.cat(parts) if parts else torch.zeros(0) for key, parts in pieces.items()}
+    return joined.pop("master"), joined, max(steps, default=0)
+
+
+def _module_states(engine, stage: int) -> dict:
+    """Phase 2: the module's state_dict and the names and shapes zero_to_fp32 reads."""
+    optimizer, module = engine.optimizer, engine.module
+    named = module.state_dict(keep_vars=True)
+    parameter_names = optimizer.parameter_names
+    trainable = {name for group in _groups(optimizer) for name in _names(optimizer, group)}
+    state, buffer_names, shared, frozen_shapes, frozen = {}, [], {}, {}, {}
+    rank, world_size = engine.collectives.rank, engine.collectives.world_size
+    for name, value in named.items():
+        if not isinstance(value, torch.nn.Parameter):
+            buffer_names.append(name)
+            state[name] = value.detach().cpu().clone()
+            continue
+        canonical = parameter_names.get(value, name)
+        if canonical != name:
+            shared[name] = canonical
+        if stage == 3 and canonical in trainable:
+            state[name] = torch.empty(0, dtype=value.dtype)
+        else:
+            state[name] = value.detach().cpu().clone()
+        if canonical == name and name not in trainable:
+            frozen_shapes[name] = value.shape
+            whole = value.detach().float().cpu().reshape(-1)
+            frozen[name] = (reshard.per_parameter_partition([whole], world_size, rank) if stage == 3
+                            else value.detach().cpu().clone())
+    shapes = {name: parameter.zero_lab_shape if hasattr(parameter, "zero_lab_shape") else parameter.shape
+              for parameter, name in parameter_names.items()}
+    return {"module": state, "buffer_names": buffer_names,
+            "param_shapes": model_shapes([_names(optimizer, group) for group in _groups(optimizer)], shapes),
+            "shared_params": shared, "frozen_param_shapes": frozen_shapes, "frozen_param_fragments": frozen,
+            "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
+            "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+            "skipped_steps": engine.skipped_steps, "dp_world_size": world_size, "mp_world_size": 1,
+            "ds_config": engine.config.model_dump(mode="json", by_alias=True, exclude_unset=True),
+            "ds_version": FORMAT_VERSION, "zero_lab_nano": True}
+
+
+@torch.no_grad()
+def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None = None,
+                    save_latest: bool = True) -> dict:
+    """Write one checkpoint; returns {"tag", "bytes" (this rank's files), "seconds"}."""
+    started = time.perf_counter()
+    optimizer, collectives = engine.optimizer, engine.collectives
+    rank, stage, precision = collectives.rank, engine.zero_optimization_stage(), engine.config.precision
+    # Phase 1
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    reserved = ENGINE_KEYS & set(client_state or {})
+    if reserved:
+        raise CheckpointError(f"client_state key {sorted(reserved)[0]!r} is one the checkpoint itself uses; rename it")
+    if rank == 0:
+        os.makedirs(save_dir, exist_ok=True)
+        files.start_directory(save_dir, tag)
+    collectives.barrier()
+    directory = files.partial_directory(save_dir, tag)
+    written = 0
+    # Phase 2
+    if stage == 3 or rank == 0:
+        states = {**_module_states(engine, stage), **(client_state or {})}
+        written += files.write_file(states, os.path.join(directory, files.model_states_name(stage, rank)))
+    # Phase 3
+    masters, moments, steps = [], [], []
+    for group in _groups(optimizer):
+        master, group_moments, step = _stored_group(optimizer, group)
+        masters.append(master)
+        moments.append(group_moments)
+        steps.append(step)
+    if stage > 0 or rank == 0:
+        hyper = [{key: value for key, value in group.items() if key != "params"}
+                 for group in optimizer.adam.param_groups]
+        states = optimizer_states(stage, collectives.world_size, hyper, masters, moments, steps,
+                                  scaler_fields(optimizer.loss_scaler))
+        written += files.write_file(states, os.path.join(directory, files.optim_states_name(precision, rank)))
+    # Phase 4
+    collectives.barrier()
+    if rank == 0:
+        files.finish_directory(save_dir, tag)
+        if save_latest:
+            files.write_latest(save_dir, tag)
+    collectives.barrier()
+    return {"tag": tag, "bytes": written, "seconds": time.perf_counter() - started}
+
+
+def _check_shapes(engine, saved: SavedTraining, shapes: dict[str, torch.Size], path: str) -> None:
+    """Phase 2: every trainable parameter is in the checkpoint with its shape."""
+    for parameter, name in engine.optimizer.parameter_names.items():
+        if not parameter.requires_grad:
+            continue
+        if name not in saved.whole:
+            raise CheckpointError(f"parameter {name} is not in {path}; load a checkpoint of this model")
+        ours = tuple(getattr(parameter, "zero_lab_shape", parameter.shape))
+        if tuple(shapes[name]) != ours:
+            raise CheckpointError(f"parameter {name} has shape {list(ours)} but the checkpoint's is "
+                                  f"{list(shapes[name])}; load a checkpoint of this model")
+
+
+@torch.no_grad()
+def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = True,
+                    load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                    load_module_only: bool = False) -> tuple:
+    """(path of the model-states file, client_state), or (None, None) with nothing to load."""
+    optimizer, rank = engine.optimizer, engine.collectives.rank
+    # Phase 1
+    tag = files.resolve_tag(load_dir, tag)
+    if tag is None:
+        return None, None
+    model_path, model_states, optimizer_files, optimizer_paths = files.read_tag(load_dir, tag)
+    saved = SavedTraining.read(optimizer_files, model_states["param_shapes"], optimizer_paths)
+    shapes = {name: shape for group in model_states["param_shapes"] for name, shape in group.items()}
+    # Phase 2
+    _check_shapes(engine, saved, shapes, model_path)
+    if load_module_strict:
+        ours = set(optimizer.parameter_names.values())
+        extra = [name for name in saved.whole if name not in ours]
+        if extra:
+            raise CheckpointError(f"the checkpoint has parameter {extra[0]}, which this model lacks; load a "
+                                  f"checkpoint of this model or pass load_module_strict=False")
+    # Phase 3
+    with_optimizer = load_optimizer_states and not load_module_only
+    for index, buffer in enumerate(optimizer.buffers):
+        names = [optimizer.parameter_names[parameter] for parameter in buffer.parameters]
+        master = optimizer.master_partitions[index]
+        master.copy_(reshard.flat_partition([saved.whole[name] for name in names], buffer.layout, rank))
+        optimizer.adam.state.pop(master, None)
+        if with_optimizer and all(name in saved.moments for name in names) and saved.step_of[names[0]] > 0:
+            optimizer.adam.state[master] = {"step": saved.step_of[names[0]], **{
+                key: reshard.flat_partition([saved.moments[name][key] for name in names], buffer.layout,
+                                            rank).to(master.device) for key in MOMENTS}}
+    if with_optimizer:
+        for group, saved_group in zip(optimizer.adam.param_groups, saved.param_groups):
+            if "lr" in saved_group:
+                group["lr"] = saved_group["lr"]
+        for key, value in saved.loss_scaler.items():
+            if hasattr(optimizer.loss_scaler, key):
+                setattr(optimizer.loss_scaler, key, value)
+    _restore_module_extras(engine, model_states, load_dir, tag)
+    if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None \
+            and model_states.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
+    if not load_module_only:
+        engine.global_steps = int(model_states.get("global_steps", 0))
+        engine.global_samples = int(model_states.get("global_samples",
+                                                     engine.global_steps * engine.train_batch_size()))
+        engine.skipped_steps = int(model_states.get("skipped_steps", 0))
+        engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
+    # Phase 4
+    optimizer.adopt_masters()
+    client_state = {key: value for key, value in model_states.items() if key not in ENGINE_KEYS}
+    return model_path, client_state
+
+
+@torch.no_grad()
+def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str) -> None:
+    """Buffers and frozen parameters, which live outside the optimizer's partitions."""
+    module = engine.module
+    buffers = dict(module.named_buffers())
+    for name in model_states.get("buffer_names", []):
+        if name in buffers and name in model_states["module"]:
+            buffers[name].copy_(model_states["module"][name])
+    frozen = model_states.get("frozen_param_fragments") or {}
+    if not frozen:
+        return
+    parameters = dict(module.named_parameters())
+    count = int(model_states.get("dp_world_size", 1))
+    per_rank = None
+    if files.model_states_name(3, 0) in os.listdir(os.path.join(load_dir, tag)):
+        per_rank = [files.read_file(os.path.join(load_dir, tag, files.model_states_name(3, rank)))
+                    ["frozen_param_fragments"] for rank in range(count)]
+    for name, shape in (model_states.get("frozen_param_shapes") or {}).items():
+        if name not in parameters:
+            continue
+        if per_rank is None:
+            values = frozen[name]
+        else:
+            values = torch.cat([fragments[name].reshape(-1) for fragments in per_rank])[:torch.Size(shape).numel()]
+        parameters[name].copy_(values.reshape(parameters[name].shape))

@@ -1,0 +1,88 @@
+"""Resharding: partition -> whole parameter -> partition. Pure tensor arithmetic, no collectives.
+
+A checkpoint stores, per parameter group, one fp32 tensor per rank (the master partition, and
+Adam's exp_avg and exp_avg_sq cut the same way). Two cuts exist on disk:
+    flat          (stages 0-2, as official DeepSpeed writes them): the group's parameters end to
+                  end, padded (`layout.py`) and cut into N equal partitions; each rank stores its
+                  partition without the padding, so the N stored tensors end to end are the
+                  parameters end to end.
+    per parameter (official stage 3's files, which nano writes at stage 3 too): every parameter is
+                  padded to a multiple of N and cut into N equal chunks; rank r stores its chunk of
+                  each parameter, in order.
+Loading at any world size M, from any cut, is then:
+    Phase 1 (partition -> whole parameter): `whole_parameters` puts the N stored tensors back
+            together into each parameter's whole flat values.
+    Phase 2 (whole parameter -> partition): `flat_partition` lays the whole parameters out in the
+            loading engine's own `FlatLayout` and keeps its rank's range (`per_parameter_partition`
+            cuts per parameter, for writing stage 3's files).
+Both phases only copy elements, so a resume at the same world size is bitwise exact, and one at
+another world size holds exactly the values an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zero_lab.nano.layout import FlatLayout
+
+FLAT, PER_PARAMETER = "flat", "per_parameter"
+
+
+def cut_of_stage(stage: int) -> str:
+    """How a checkpoint of `stage` stores its partitions."""
+    return PER_PARAMETER if stage == 3 else FLAT
+
+
+def chunk_numel(numel: int, world_size: int) -> int:
+    """One rank's chunk of a parameter cut per parameter (the parameter padded to a multiple of N)."""
+    return -(-numel // world_size)
+
+
+# Phase 1
+def whole_parameters(stored: list[torch.Tensor], numels: list[int], cut: str) -> list[torch.Tensor]:
+    """The whole flat values of each parameter of one group from the N ranks' stored tensors."""
+    if cut == FLAT:
+        joined = torch.cat([tensor.reshape(-1) for tensor in stored])
+        if joined.numel() < sum(numels):
+            raise ValueError(f"the stored partitions hold {joined.numel()} elements, the parameters {sum(numels)}")
+        return list(torch.split(joined[:sum(numels)], numels))
+    world_size = len(stored)
+    expected = sum(chunk_numel(numel, world_size) for numel in numels)
+    if any(tensor.numel() < expected for tensor in stored):
+        raise ValueError(f"a stored partition holds fewer than the {expected} elements its parameters need")
+    wholes, offset = [], 0
+    for numel in numels:
+        chunk = chunk_numel(numel, world_size)
+        wholes.append(torch.cat([tensor.reshape(-1)[offset:offset + chunk] for tensor in stored])[:numel])
+        offset += chunk
+    return wholes
+
+
+# Phase 2
+def flat_partition(wholes: list[torch.Tensor], layout: FlatLayout, rank: int) -> torch.Tensor:
+    """Rank `rank`'s partition of `layout` (padding as zeros), filled from whole parameters."""
+    start, end = layout.partition_range(rank)
+    partition = torch.zeros(end - start, dtype=torch.float32)
+    for piece in layout.pieces(start, end):
+        values = wholes[piece.parameter_index].reshape(-1)
+        partition[piece.flat_start - start:piece.flat_start - start + piece.numel] = \
+            values[piece.parameter_offset:piece.parameter_offset + piece.numel]
+    return partition
+
+
+def per_parameter_partition(wholes: list[torch.Tensor], world_size: int, rank: int) -> torch.Tensor:
+    """Rank `rank`'s chunk of every parameter, end to end (each parameter zero-padded to N chunks)."""
+    chunks = []
+    for whole in wholes:
+        chunk = chunk_numel(whole.numel(), world_size)
+        padded = torch.zeros(chunk * world_size, dtype=torch.float32)
+        padded[:whole.numel()] = whole.reshape(-1)
+        chunks.append(padded[rank * chunk:(rank + 1) * chunk])
+    return torch.cat(chunks) if chunks else torch.zeros(0)
+
+
+def stored_flat(partition: torch.Tensor, layout: FlatLayout, rank: int) -> torch.Tensor:
+    """A flat partition as a checkpoint stores it: without the padding at the buffer's end."""
+    start, end = layout.partition_range(rank)
+    kept = max(0, min(end, layout.numel) - start)
+    return partition[:kept]
