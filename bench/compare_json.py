@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -18,6 +19,16 @@ def run_compare(*flags: str) -> dict:
     if not finished.stdout.strip():
         sys.exit(f"error: zero-lab compare printed nothing (exit {finished.returncode}):\n{finished.stderr[-2000:]}")
     return json.loads(finished.stdout)
+
+
+def workload_parser(description: str, steps: int) -> argparse.ArgumentParser:
+    """The options every bench script shares: what to run and where (one model, CPU ranks by default)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    return parser
 
 
 def ratio(numerator, denominator) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from compare_json import ratio, run_compare  # bench/compare_json.py
+from compare_json import ratio, run_compare, workload_parser  # bench/compare_json.py
 
 MB = 2 ** 20
 
@@ -31,11 +31,7 @@ def compare(precision: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--device", default="cpu")
+    parser = workload_parser(__doc__.splitlines()[0], steps=6)
     parser.add_argument("--precisions", default="float32,bfloat16")
     args = parser.parse_args()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from compare_json import run_compare  # bench/compare_json.py
+from compare_json import run_compare, workload_parser  # bench/compare_json.py
 
 MB = 2 ** 20
 CASES = (("none", "2,3"), ("optimizer", "2,3"), ("param", "3"))
@@ -29,11 +29,7 @@ def compare(offload: str, stages: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--device", default="cpu")
+    parser = workload_parser(__doc__.splitlines()[0], steps=6)
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
 

@@ -17,26 +17,20 @@ error shows what its extra buffers cost). Exit code 1 when a nano row misses it.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from compare_json import run_compare  # bench/compare_json.py
+
 TARGET_PCT = 15.0
 
 
 def compare(model: str, args: argparse.Namespace) -> dict:
     """Phase 1 for one model."""
-    command = [str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", str(args.gpus), "--device",
-               args.device, "--stages", "0,1,2,3", "--model", model, "--steps", str(args.steps), "--dtype", args.dtype,
-               "--format", "json", "--out", str(REPO / "runs" / "bench")]
-    command += ["--seq-len", str(args.seq_len)] if args.seq_len else []
-    command += ["--batch-size", str(args.batch_size)] if args.batch_size else []
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if not finished.stdout.strip():
-        sys.exit(f"error: zero-lab compare printed nothing (exit {finished.returncode}):\n{finished.stderr[-2000:]}")
-    return json.loads(finished.stdout)
+    flags = ["--gpus", str(args.gpus), "--device", args.device, "--stages", "0,1,2,3", "--model", model,
+             "--steps", str(args.steps), "--dtype", args.dtype]
+    flags += ["--seq-len", str(args.seq_len)] if args.seq_len else []
+    flags += ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    return run_compare(*flags)
 
 
 def cell(value, digits: int = 1, signed: bool = False) -> str:
