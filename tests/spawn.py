@@ -1,6 +1,8 @@
 """Run a test function on N gloo ranks spawned from pytest, and gather every rank's verdict.
 
-Phase 1: pick a free port on 127.0.0.1 and spawn N processes (one thread each: 2 cores here).
+Phase 1: start the rendezvous store here, on a port of 127.0.0.1 that the OS gives it while it
+         binds (a port probed free and bound later can be taken in between by a test run beside
+         this one), and spawn N processes (one thread each: 2 cores here).
 Phase 2: each joins a gloo group, runs `worker(rank, world_size, *args)` -> list of failure strings.
 Phase 3: failures are all-gathered so every rank reports the union (all ranks fail together); the
          process group is destroyed in `finally`, after a barrier, and the process leaves without
@@ -22,14 +24,14 @@ from typing import Any, Callable
 import torch
 import torch.distributed
 
-from zero_lab.launch.ports import free_port
 
 
 def _entry(worker: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    store = torch.distributed.TCPStore("127.0.0.1", port, world_size, is_master=False)
+    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     try:
         try:
             failures = list(worker(rank, world_size, *args))
@@ -52,7 +54,8 @@ def run_distributed(worker: Callable, world_size: int, *args: Any, timeout: floa
     """The union of all ranks' failure messages (empty: every rank passed)."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    port = store.port
     processes = [context.Process(target=_entry, args=(worker, rank, world_size, port, results, args))
                  for rank in range(world_size)]
     for process in processes:

@@ -110,7 +110,7 @@ def test_more_processes_than_cuda_devices(monkeypatch):
 
 def test_the_script_itself_exits_2_without_a_traceback():
     done = subprocess.run([sys.executable, str(TRAIN), "--model-name", "huge"], capture_output=True,
-                          text=True, timeout=120, cwd=REPO)
+                          text=True, timeout=600, cwd=REPO)  # a bound against a hang, not a speed test
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: --model-name 'huge' is neither a preset")
     assert done.stderr.count("\n") == 1

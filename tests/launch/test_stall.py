@@ -21,7 +21,7 @@ def test_the_watch_stops_a_silent_process_and_leaves_a_progressing_one():
     with StallWatch(silent, 1.0, 5, stop_process_tree) as watch:
         silent.wait(timeout=30)
     assert watch.message.startswith("stalled: no [opt_step] progress for 1 s before step 1 of 5")
-    assert time.monotonic() - started < 15 and silent.returncode is not None
+    assert time.monotonic() - started < 45 and silent.returncode is not None, "stopped long before its 60 s sleep ended"
 
     busy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"], start_new_session=True)
     with StallWatch(busy, 5.0, 5, stop_process_tree) as watch:

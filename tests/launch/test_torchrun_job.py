@@ -45,3 +45,4 @@ def test_a_stop_signal_before_torchrun_starts_ends_the_run_with_its_exit_code(tm
     monkeypatch.setattr(torchrun_job.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("torchrun started"))
     result = CliRunner().invoke(app, ["run", "--device", "cpu", "--model", "tiny", "--out", str(tmp_path)])
     assert result.exit_code == 143 and "Traceback" not in result.output, result.output
+    assert not any(tmp_path.iterdir()), "nothing launched, nothing left: the claimed run directory is gone"

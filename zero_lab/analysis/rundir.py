@@ -64,6 +64,12 @@ def claim(parent: Path, name: str, numbered: bool = False) -> Path:
                 raise
 
 
+def holds_a_run(directory: Path) -> bool:
+    """Whether a run started under directory: every launched run writes its summary.json, also
+    when it failed or was interrupted."""
+    return any(directory.rglob(SUMMARY))
+
+
 def collect_rank_logs(torchrun_log_dir: Path, destination: Path) -> list[Path]:
     """Move torchrun's `<job>/attempt_<a>/<rank>/std{out,err}.log` to `logs/rank<k>.<stream>.log`."""
     destination.mkdir(parents=True, exist_ok=True)

@@ -75,11 +75,13 @@ def compare(
         resumes = [job for world_size in world_sizes for stage in stage_list for impl in impl_list if resume_check
                    for job in jobs.resume_pair(shared, impl, stage, world_size, compare_dir / "resume"
                                                / rundir.cell_name(impl, stage, world_size))]
-    # Phase 2
-    env = environment(shared.device)
-    _, interrupted_by = jobs.run_jobs(warmups, env) if warmups else ([], None)
-    summaries, interrupted_by = ([], interrupted_by) if interrupted_by else jobs.run_jobs(cells, env)
-    resumed, interrupted_by = ([], interrupted_by) if interrupted_by or not resumes else jobs.run_jobs(resumes, env)
+        # Phase 2
+        env = environment(shared.device)
+        _, interrupted_by = jobs.run_jobs(warmups, env) if warmups else ([], None)
+        summaries, interrupted_by = ([], interrupted_by) if interrupted_by else jobs.run_jobs(cells, env)
+        resumed, interrupted_by = ([], interrupted_by) if interrupted_by or not resumes else jobs.run_jobs(resumes, env)
+        if interrupted_by and not rundir.holds_a_run(compare_dir):  # stopped before the first launch
+            raise typer.Exit(exit_code_of(summaries, interrupted_by))
     # Phase 3
     comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression, interrupted_by,
                                   resumed=[run for run in resumed if run["run_dir"].endswith("resumed")]

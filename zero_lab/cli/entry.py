@@ -12,6 +12,9 @@ import sys
 
 def main() -> None:
     try:
+        from zero_lab.launch import moments  # imports nothing else
+
+        moments.reached("cli-started")
         from zero_lab.cli.app import main as run_command
     except KeyboardInterrupt:
         sys.exit(130)

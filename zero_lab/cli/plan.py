@@ -12,12 +12,13 @@ import contextlib
 import copy
 import dataclasses
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from zero_lab.analysis import rundir
-from zero_lab.launch import torchrun
+from zero_lab.launch import moments, torchrun
 from zero_lab.cli.environment import cpu_cores, cuda_devices
 from zero_lab.cli.errors import BadInput, check_choice
 from zero_lab.nano import stages
@@ -181,7 +182,9 @@ def make_spec(
 def claimed_directory(out: Path, name: str | None, default_name: str):
     """A new directory of the command's own under --out: out/name, which must not exist yet, or
     out/default_name (numbered -2, -3, ... when another command took it). BadInput when it exists
-    or cannot be created; removed again when preparing the runs fails, so bad input leaves nothing."""
+    or cannot be created. The command runs inside the block; when it leaves by an exception (bad
+    input, Ctrl-C, SIGTERM, an exit) before any run started, the directory is removed again:
+    nothing launched, nothing left, and `report runs/*` never meets an empty run."""
     try:
         directory = rundir.claim(out, name or default_name, numbered=name is None)
     except FileExistsError:
@@ -191,8 +194,9 @@ def claimed_directory(out: Path, name: str | None, default_name: str):
         raise BadInput(f"cannot create a directory in --out {out} ({error.strerror}: {error.filename})",
                        "pass a writable --out") from None
     try:
+        moments.reached("directory-claimed")
         yield directory
     except BaseException:
-        with contextlib.suppress(OSError):
-            directory.rmdir()  # empty: nothing has been written yet
+        if not rundir.holds_a_run(directory):  # what is there is ours: configs written before a launch
+            shutil.rmtree(directory, ignore_errors=True)
         raise

@@ -103,9 +103,9 @@ def run(
     default_name = f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}"
     with plan.claimed_directory(common.out, common.name, default_name) as run_dir:
         job = jobs.prepare(shared, impl, stage, gpus, run_dir)
-    summaries, interrupted_by = jobs.run_jobs([job], environment(shared.device))
-    if not summaries:  # interrupted before torchrun started
-        raise typer.Exit(exit_code_of(summaries, interrupted_by))
+        summaries, interrupted_by = jobs.run_jobs([job], environment(shared.device))
+        if not summaries:  # interrupted before torchrun started: the directory goes again
+            raise typer.Exit(exit_code_of(summaries, interrupted_by))
     summary = summaries[0]
     if summary["status"] == "bad_input":
         pass  # the harness's one line below says it all

@@ -3,7 +3,9 @@
     torchrun.py       what one launch is (LaunchSpec) and its exact argv and environment: pure
     torchrun_job.py   run one LaunchSpec to completion in a run directory, with progress and a clean stop
     stall.py          stop a run whose steps stopped arriving (--stall-timeout)
-    signals.py        Ctrl-C, SIGTERM and SIGHUP turned into one exception, and held off while cleaning up
+    signals.py        Ctrl-C, SIGTERM and SIGHUP turned into one exception, deferred while a child starts,
+                      and held off while cleaning up
+    moments.py        named moments where a fault test can pause a command and interrupt it
     ports.py          a free port, asked for just before each launch
 
 It sits above `analysis` (a finished run is parsed and summarised) and below `cli`.

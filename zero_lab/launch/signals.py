@@ -33,27 +33,41 @@ def signal_name(interrupt: BaseException) -> str:
 
 
 @contextlib.contextmanager
+def handled_by(handler, numbers):
+    """`handler` for each of the signals `numbers` while the block runs; their previous handlers after."""
+    previous = {number: signal.signal(number, handler) for number in numbers}
+    try:
+        yield
+    finally:
+        for number, earlier in previous.items():
+            signal.signal(number, earlier)
+
+
 def stop_signals_raise():
     """While the command runs, SIGTERM and SIGHUP raise Stopped in the main thread."""
 
     def raise_stopped(signal_number, frame):
         raise Stopped(signal_number)
 
-    previous = {number: signal.signal(number, raise_stopped) for number in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+    return handled_by(raise_stopped, STOP_SIGNALS)
 
 
 @contextlib.contextmanager
+def deferred():
+    """Ctrl-C, SIGTERM and SIGHUP noted while the block runs, and raised as they would have been
+    once it is done. Starting a child goes inside one: a stop that lands half-way through would
+    otherwise leave a process running that nothing knows of, and so nothing stops. (A child's
+    handlers reset to the default when it executes its program, so it inherits none of this.)
+    A signal that was ignored before stays ignored."""
+    noted: list[int] = []
+    watched = [number for number in (signal.SIGINT, *STOP_SIGNALS) if signal.getsignal(number) != signal.SIG_IGN]
+    with handled_by(lambda signal_number, frame: noted.append(signal_number), watched):
+        yield
+    if noted:
+        raise KeyboardInterrupt() if noted[0] == signal.SIGINT else Stopped(noted[0])
+
+
 def held():
     """Ctrl-C, SIGTERM and SIGHUP ignored: a second one must not cut a clean-up short and leave
     workers running or a summary half written."""
-    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, *STOP_SIGNALS)}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+    return handled_by(signal.SIG_IGN, (signal.SIGINT, *STOP_SIGNALS))

@@ -2,8 +2,9 @@
 
 Phase 1: write what the run is given (command, configs, environment) before it starts.
 Phase 2: pick a free port, then at once start torchrun in its own session (a port picked earlier
-         could have been taken by a concurrent comparison), and stream rank 0's output: to console.log, and each
-         `[opt_step k]` line to the progress bar with its loss, and to the stall watch
+         could have been taken by a concurrent comparison), with stop signals deferred until its
+         process is known (zero_lab.launch.signals.deferred). Stream rank 0's output: to
+         console.log, and each `[opt_step k]` line to the progress bar with its loss, and to the stall watch
          (zero_lab.launch.stall), which stops the run when no step comes for --stall-timeout seconds.
 Phase 3: on Ctrl-C, SIGTERM or SIGHUP (zero_lab.launch.signals), stop torchrun's process group and
          every worker's (torchrun starts each worker in a session of its own), SIGTERM then
@@ -31,7 +32,7 @@ from zero_lab.analysis.logparse import is_number, parse_file, step_and_loss
 from zero_lab.analysis.metrics import summarize_run
 from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
 from zero_lab.analysis.step_phases import last_step_phases
-from zero_lab.launch import ports, signals, torchrun
+from zero_lab.launch import moments, ports, signals, torchrun
 from zero_lab.launch.stall import StallWatch
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.log_lines import MB
@@ -118,17 +119,23 @@ def execute(
         spec = dataclasses.replace(spec, port=ports.free_port())
     command = torchrun.torchrun_command(spec)
     (run_dir / "command.txt").write_text(torchrun.shell_quote(command) + "\n")
+    (run_dir / "console.log").touch()  # a stop before the first line still finds it
     started = time.monotonic()
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-        start_new_session=True, env=child_env,
-    )
-    watch = StallWatch(process, torchrun.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
-    interrupt = None
+    process = watch = interrupt = None
     try:
+        moments.reached("launching")
+        with signals.deferred():  # a stop that lands while torchrun starts acts once it is known
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                start_new_session=True, env=child_env,
+            )
+        watch = StallWatch(process, torchrun.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
         with watch:
+            moments.reached("launched")
             stream(process, run_dir / "console.log", progress, task, watch.progressed)
     except signals.INTERRUPTS as caught:
+        if process is None:
+            raise  # nothing started: no summary, and the command removes what it claimed
         interrupt = caught
     with signals.held():
         if interrupt is not None:  # Phase 3
@@ -136,7 +143,7 @@ def execute(
         # Phase 4
         interrupted_by = signals.signal_name(interrupt) if interrupt is not None else None
         summary = summarize(spec, run_dir, process.returncode, interrupted_by, time.monotonic() - started,
-                            stalled=watch.message)
+                            stalled=watch.message if watch is not None else None)
         summary.update(config=official_config or config, env=environment, command=torchrun.shell_quote(command))
         rundir.write_json(run_dir / rundir.SUMMARY, summary)
     if interrupt is not None:
