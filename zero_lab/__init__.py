@@ -8,6 +8,30 @@ Layers, each importing only the ones below it:
     zero_lab.analysis   pure functions on finished runs: log parsing, metrics, verdicts, reports, estimates
     zero_lab.launch     starting, watching and stopping one torchrun job (command, port, stall, signals)
     zero_lab.cli        the `zero-lab` command: run, compare, parse, report, estimate, explain, doctor
+
+For notebooks, logs and comparisons as pandas DataFrames (docs/analysis.md):
+    zero_lab.load_steps(paths_or_globs)   one row per (run, rank-0 optimizer step)
+    zero_lab.load_phases(paths_or_globs)  one row per [phase] memory sample
+    zero_lab.load_runs(paths_or_globs)    one row per run: the summary `compare` reports
+    zero_lab.load_comparison(compare_dir) (runs, deltas) as `compare` saved them
+They load pandas when first used, not on `import zero_lab`: the CLI starts without it.
 """
 
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+__all__ = ["load_steps", "load_phases", "load_runs", "load_comparison"]
+
+
+def __getattr__(name: str):
+    """The DataFrame API, imported (with pandas) the first time one of its names is read."""
+    if name in __all__:
+        return getattr(importlib.import_module("zero_lab.analysis.frames"), name)
+    raise AttributeError(f"module 'zero_lab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

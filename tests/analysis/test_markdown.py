@@ -1,7 +1,7 @@
 """Markdown rendering of a comparison: tables, verdict, failures, config differences."""
 
 from zero_lab.analysis.markdown import dict_differences, markdown_table, render_report
-from zero_lab.analysis.metrics import build_comparison
+from zero_lab.analysis.comparison import build_comparison
 
 
 def summary(impl, status="ok", alloc=100.0, reduce_scatter="True", **extra):

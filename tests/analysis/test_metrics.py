@@ -1,11 +1,14 @@
-"""Run summaries, deltas and verdicts: the numbers `compare` reports and gates on."""
+"""Run summaries, deltas and verdicts: the numbers `compare` reports and gates on (summaries in
+analysis.tables, deltas in analysis.comparison, the verdict's rules in analysis.metrics)."""
 
 import math
 
 import pytest
 
 from zero_lab.analysis.logparse import parse_text
-from zero_lab.analysis.metrics import build_comparison, cell_delta, max_step_loss_delta, summarize_run, verdict
+from zero_lab.analysis.comparison import build_comparison
+from zero_lab.analysis.metrics import verdict
+from zero_lab.analysis.tables import summarize_run
 
 
 def summary(impl, stage=2, world_size=2, status="ok", losses=(5.0, 4.0), alloc=100.0, step_ms=10.0, **extra):
@@ -13,6 +16,21 @@ def summary(impl, stage=2, world_size=2, status="ok", losses=(5.0, 4.0), alloc=1
             "loss_last": losses[-1] if losses else None, "alloc_max_mb": alloc, "peak_alloc_max_mb": alloc * 2,
             "reserved_max_mb": 800.0, "peak_reserved_max_mb": 900.0, "step_ms": step_ms, "comm_mb": 6.0,
             "precision": "fp32", "losses": {str(i + 1): loss for i, loss in enumerate(losses)}, **extra}
+
+
+def cell_delta(candidate, baseline, candidate_losses, baseline_losses, loss_tol):
+    """The one delta of a cell with these two runs and these per-step losses."""
+    def with_losses(summary, losses):
+        return {**summary, "losses": {str(step): loss for step, loss in losses.items()}}
+
+    comparison = build_comparison([with_losses(candidate, candidate_losses), with_losses(baseline, baseline_losses)],
+                                  [candidate["impl"], baseline["impl"]], loss_tol)
+    (delta,) = comparison["deltas"]
+    return delta
+
+
+def max_step_loss_delta(candidate_losses, baseline_losses):
+    return cell_delta(summary("nano"), summary("official"), candidate_losses, baseline_losses, 1e-4)["max_step_loss_delta"]
 
 
 def test_summarize_takes_memory_maxima_and_steady_step_time():
@@ -111,3 +129,20 @@ def test_resume_check_passes_only_on_equal_losses_after_the_checkpoint():
     assert comparison["verdict"]["exit_code"] == 1 and comparison["verdict"]["resume_exact"] is False
     assert "exact resume: NO" in verdict_lines(comparison["verdict"])[0]
     assert "resume_checks" not in build_comparison(straight, ["nano", "official"])
+
+
+def test_a_nan_loss_in_the_uninterrupted_run_is_no_exact_resume():
+    # Before pandas, max() over the gaps skipped a NaN that came after a 0.0 and called this exact.
+    straight = [summary("nano", losses=(5.0, 4.0, float("nan")))]
+    resumed = [{**summary("nano"), "losses": {"2": 4.0, "3": 3.0}}]
+    (check,) = build_comparison(straight, ["nano", "official"], resumed=resumed)["resume_checks"]
+    assert check["steps_compared"] == [2, 3] and check["max_step_loss_delta"] == math.inf and not check["exact"]
+
+
+def test_percentages_and_ratios_need_a_baseline_other_than_zero():
+    nano, official = summary("nano", step_ms=15.0, comm_wire_mb=2.0), summary("official", alloc=0.0, step_ms=0.0,
+                                                                               comm_wire_mb=0.0)
+    delta = cell_delta(nano, official, {1: 5.0}, {1: 5.0}, 1e-4)
+    assert delta["alloc_max_mb_delta"] == 100.0 and delta["alloc_max_mb_delta_pct"] is None
+    assert delta["step_time_ratio"] is None and delta["comm_wire_ratio"] is None
+    assert delta["reserved_max_mb_delta_pct"] == 0.0

@@ -1,5 +1,6 @@
 """CLI behaviour that needs no launch: bad input, parse, report, estimate, config official."""
 
+import io
 import json
 from pathlib import Path
 
@@ -146,6 +147,43 @@ def test_parse_formats_map_seed_names_and_count_garbled_lines(tmp_path):
     assert payload["logs"][0]["phases"] == [{"step": 2, "phase": "after_forward", "live_bytes": 4096, "peak_bytes": 8192}]
     table = runner.invoke(app, ["parse", str(seed)])
     assert table.exit_code == 0 and "7340.5" in table.stdout
+
+
+def test_parse_csv_is_the_step_table_with_each_log_s_cell(tmp_path):
+    ours = tmp_path / "ours.log"
+    ours.write_text(OUR_LOG)
+    result = runner.invoke(app, ["parse", str(ours), "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    import pandas as pd
+
+    steps = pd.read_csv(io.StringIO(result.stdout))
+    assert steps.columns[-5:].tolist() == ["impl", "world_size", "stage", "precision", "offload"]
+    assert steps[["step", "loss", "impl", "stage", "world_size"]].values.tolist() == [[1, 5.5, "nano", 2, 2],
+                                                                                      [2, 5.4, "nano", 2, 2]]
+
+
+def test_parse_parquet_round_trips_the_step_table(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pandas as pd
+
+    ours = tmp_path / "ours.log"
+    ours.write_text(OUR_LOG)
+    result = runner.invoke(app, ["parse", str(ours), "--format", "parquet"])
+    assert result.exit_code == 0, result.output
+    steps = pd.read_parquet(io.BytesIO(result.stdout_bytes))
+    assert steps["loss"].tolist() == [5.5, 5.4] and steps["impl"].dtype == "category"
+    assert steps["step"].dtype == "int64" and steps["stage"].dtype == "Int64"
+
+
+def test_parse_parquet_without_pyarrow_names_the_package(tmp_path, monkeypatch):
+    import importlib.util
+
+    ours = tmp_path / "ours.log"
+    ours.write_text(OUR_LOG)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "pyarrow" else find_spec(name, *rest))
+    line = one_line_error(runner.invoke(app, ["parse", str(ours), "--format", "parquet"]))
+    assert "--format parquet needs the pyarrow package" in line and "pip install pyarrow" in line
 
 
 def fake_run(directory, impl, alloc):

@@ -28,12 +28,10 @@ def plot_step_phases(summaries: list[dict], path: Path) -> Path | None:
     cells = cells_with_phases(summaries)
     if not cells:
         return None
-    import matplotlib
+    from matplotlib.figure import Figure  # without pyplot, as analysis.plots draws
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, panels = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 4), squeeze=False)
+    figure = Figure(figsize=(4.2 * len(cells), 4))
+    panels = figure.subplots(1, len(cells), squeeze=False)
     positions = range(len(PHASES))
     for axes, ((world_size, stage), cell) in zip(panels[0], cells.items()):
         for summary in cell:
@@ -57,7 +55,7 @@ def plot_step_phases(summaries: list[dict], path: Path) -> Path | None:
             legend.setdefault(label, handle)
     figure.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(len(legend), 7), fontsize="small")
     figure.suptitle("Memory through one step (last step)")
-    figure.tight_layout(rect=(0, 0.1, 1, 1))
+    figure.subplots_adjust(left=0.6 / (4.2 * len(cells)), right=1 - 0.15 / (4.2 * len(cells)), bottom=0.25,
+                           top=0.85, wspace=0.3)
     figure.savefig(path, dpi=100)
-    plt.close(figure)
     return path

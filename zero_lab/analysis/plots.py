@@ -1,33 +1,32 @@
 """PNG plots for a report: loss curves per impl, memory bars per (world size, stage), and memory
 through one step (`phase_plot`).
 
-matplotlib's Agg backend draws to files only, so this works on a headless CI machine.
+Figures are drawn as `matplotlib.figure.Figure` objects, without pyplot: no GUI backend, no global
+figure registry, nothing to close, and a start-up that skips pyplot's import; `savefig` renders
+PNGs with Agg, so this works on a headless CI machine. Margins are set, not measured
+(`tight_layout` would draw each figure once more to measure its text): the report's start-up
+is mostly drawing.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-
-from zero_lab.analysis.logparse import MEMORY_FIELDS  # noqa: E402
-from zero_lab.analysis.markdown import METRIC_LABELS  # noqa: E402
-from zero_lab.analysis.metrics import losses_of  # noqa: E402
-from zero_lab.analysis.phase_plot import plot_step_phases  # noqa: E402
+from zero_lab.analysis.logparse import MEMORY_FIELDS
+from zero_lab.analysis.markdown import METRIC_LABELS
+from zero_lab.analysis.phase_plot import plot_step_phases
+from zero_lab.analysis.rundir import losses_of
 
 
 def run_label(summary: dict) -> str:
     return f"{summary['impl']} w{summary['world_size']} s{summary['stage']}"
 
 
-def save(figure, axes, path: Path) -> Path:
+def save(figure: Figure, axes, path: Path) -> Path:
     axes.legend(fontsize="small")
-    figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
     return path
 
 
@@ -36,7 +35,9 @@ def plot_losses(summaries: list[dict], path: Path) -> Path | None:
     curves = [(run_label(s), losses_of(s)) for s in summaries if s.get("losses")]
     if not curves:
         return None
-    figure, axes = plt.subplots(figsize=(7, 4))
+    figure = Figure(figsize=(7, 4))
+    figure.subplots_adjust(left=0.1, right=0.97, bottom=0.13, top=0.91)
+    axes = figure.subplots()
     # Matching impls draw on top of each other: alternate solid and dashed so both stay visible.
     for index, (label, losses) in enumerate(curves):
         steps = sorted(losses)
@@ -54,7 +55,10 @@ def plot_memory(rows: list[dict], path: Path) -> Path | None:
     measured = [row for row in rows if row.get("alloc_max_mb") is not None]
     if not measured:
         return None
-    figure, axes = plt.subplots(figsize=(max(6, 1.3 * len(measured)), 4))
+    width_inches = max(6, 1.3 * len(measured))
+    figure = Figure(figsize=(width_inches, 4))
+    figure.subplots_adjust(left=0.7 / width_inches, right=1 - 0.2 / width_inches, bottom=0.2, top=0.91)
+    axes = figure.subplots()
     width = 0.8 / len(MEMORY_FIELDS)
     for index, name in enumerate(MEMORY_FIELDS):
         positions = [run + index * width for run in range(len(measured))]

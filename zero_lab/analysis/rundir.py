@@ -129,3 +129,15 @@ def find_summaries(paths: list[Path]) -> list[Path]:
         else:
             found.extend(sorted(path.rglob(SUMMARY)))
     return found
+
+
+def losses_of(summary: dict) -> dict[int, float]:
+    """Per-step losses as saved in summary.json (JSON keys are strings)."""
+    return {int(step): float(loss) for step, loss in summary.get("losses", {}).items()}
+
+
+def rank0_log(run_dir: Path) -> Path:
+    """Where a run's `[opt_step]` lines are: rank 0's stdout, else torchrun's console (a run cut
+    off before its rank logs were gathered)."""
+    rank0 = run_dir / "logs" / "rank0.stdout.log"
+    return rank0 if rank0.is_file() else run_dir / "console.log"

@@ -7,7 +7,7 @@
 Phase 1: check every input and prepare every run before the first launch.
 Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed one not stopping
          the others; with --resume-check, per cell a run that saves halfway and one that resumes.
-Phase 3: rows, deltas and verdict (analysis.metrics), printed as tables, JSON or markdown, saved
+Phase 3: rows, deltas and verdict (analysis.comparison), printed as tables, JSON or markdown, saved
          as compare.json, and rendered as a report when asked.
 """
 
@@ -20,7 +20,6 @@ import typer
 
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import cell_table, render_report, run_table, verdict_lines
-from zero_lab.analysis.metrics import build_comparison
 from zero_lab.cli import jobs, options, output, plan
 from zero_lab.cli.environment import environment
 from zero_lab.cli.errors import check_choice, check_not_negative, one_line_errors, parse_int_list
@@ -83,6 +82,8 @@ def compare(
         if interrupted_by and not rundir.holds_a_run(compare_dir):  # stopped before the first launch
             raise typer.Exit(exit_code_of(summaries, interrupted_by))
     # Phase 3
+    from zero_lab.analysis.comparison import build_comparison  # pandas: once the runs have ended
+
     comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression, interrupted_by,
                                   resumed=[run for run in resumed if run["run_dir"].endswith("resumed")]
                                   if resume_check else None)

@@ -1,13 +1,15 @@
 """`zero-lab parse` (logs to one table) and `zero-lab report` (run directories to markdown).
 
     zero-lab parse runs/*/logs/rank0.stdout.log log/nano-node2.log --format csv
+    zero-lab parse runs/*/logs/rank0.stdout.log --format parquet > steps.parquet
     zero-lab report runs/compare-20260101-120000 --out reports/cpu-demo.md
 """
 
 from __future__ import annotations
 
-import csv
+import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, List
@@ -15,13 +17,12 @@ from typing import Annotated, List
 import typer
 
 from zero_lab.analysis import rundir
-from zero_lab.analysis.logparse import STEP_FIELDS, parse_file
-from zero_lab.analysis.metrics import build_comparison
+from zero_lab.analysis.logparse import STEP_FIELDS, ParsedLog, parse_file
 from zero_lab.cli import output
 from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors
 from zero_lab.cli.reporting import write_report
 
-PARSE_FORMATS = ("table", "csv", "json")
+PARSE_FORMATS = ("table", "csv", "json", "parquet")
 SUMMARY_KEYS = ("world_size", "stage", "impl", "status")  # what a report needs of every summary
 
 
@@ -56,16 +57,20 @@ def read_summary(path: Path) -> dict:
 
 
 def cell(value: object) -> str:
-    return "" if value is None else str(value)
+    """A table cell: empty where a log has no such figure."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
 @one_line_errors
 def parse(
     logs: Annotated[List[Path], typer.Argument(help="Rank-0 logs: zero-lab's or the seed's.")],
-    format: Annotated[str, typer.Option(help="table, csv or json.")] = "table",
+    format: Annotated[str, typer.Option(help="table, csv, json or parquet (binary, to a redirected stdout; "
+                                             "needs pyarrow).")] = "table",
 ) -> None:
     """Parse training logs into one row per optimizer step (garbled lines are skipped and counted)."""
     check_choice(format, "--format", PARSE_FORMATS)
+    if format == "parquet":
+        check_parquet_writable()
     parsed = {str(path): parse_file(path) for path in existing(logs, "log", directories=False)}
     for path, log in parsed.items():
         if log.found_nothing():
@@ -77,19 +82,38 @@ def parse(
                                      "skipped_lines": log.skipped_lines}
                                     for path, log in parsed.items()]})
         return
-    rows = [{"log": path, **row} for path, log in parsed.items() for row in log.steps]
-    known = ["log", "step", *STEP_FIELDS]
-    columns = [*known, *sorted({key for row in rows for key in row} - set(known))]
+    steps = parsed_steps(parsed)
     if format == "csv":
-        writer = csv.DictWriter(sys.stdout, fieldnames=columns, restval="", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+        steps.to_csv(sys.stdout, index=False, lineterminator="\n")
+    elif format == "parquet":
+        steps.to_parquet(sys.stdout.buffer, index=False)
     else:
-        shown = [column for column in known if any(row.get(column) is not None for row in rows)]
-        output.print_table(shown, [[cell(row.get(column)) for column in shown] for row in rows])
+        shown = [column for column in ("log", "step", *STEP_FIELDS) if steps[column].notna().any()]
+        output.print_table(shown, [[cell(value) for value in row] for row in steps[shown].itertuples(index=False)])
     for path, log in parsed.items():
         if log.skipped_lines:
             output.stderr.print(f"{path}: skipped {log.skipped_lines} garbled line(s)", markup=False)
+
+
+def parsed_steps(parsed: dict[str, ParsedLog]):
+    """The step table of the logs (analysis.tables), `log` first, then the step and its figures,
+    the cell (from each log's own headers) last."""
+    from zero_lab.analysis.frames import cell_from_headers  # pandas: only for a table
+    from zero_lab.analysis.tables import CELL_COLUMNS, Run, step_table
+
+    steps = step_table([Run(path, log, cell_from_headers(log)) for path, log in parsed.items()])
+    steps = steps.rename(columns={"run": "log"})
+    return steps[["log", *(column for column in steps.columns if column not in ("log", *CELL_COLUMNS)), *CELL_COLUMNS]]
+
+
+def check_parquet_writable() -> None:
+    """Parquet needs pyarrow, and a binary stream: not a terminal."""
+    if importlib.util.find_spec("pyarrow") is None:
+        raise BadInput("--format parquet needs the pyarrow package, which is not installed",
+                       "pip install pyarrow, or use --format csv")
+    if sys.stdout.isatty():
+        raise BadInput("--format parquet writes binary data, not for a terminal",
+                       "redirect it to a file: zero-lab parse LOG... --format parquet > steps.parquet")
 
 
 @one_line_errors
@@ -105,6 +129,8 @@ def report(
     summaries = [summary for summary in summaries if "warmup" not in Path(summary.get("run_dir", "")).parts]
     if not summaries:
         raise BadInput("no summary.json under the given directories", "pass directories written by run or compare")
+    from zero_lab.analysis.comparison import build_comparison  # pandas: only when a report is written
+
     comparison = build_comparison(summaries, impls.split(","), loss_tol)
     write_report(comparison, summaries, out)
     output.stderr.print(f"wrote {out}", markup=False)

@@ -29,7 +29,6 @@ from rich.progress import Progress
 
 from zero_lab.analysis import rundir
 from zero_lab.analysis.logparse import is_number, parse_file, step_and_loss
-from zero_lab.analysis.metrics import summarize_run
 from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
 from zero_lab.analysis.step_phases import last_step_phases
 from zero_lab.launch import moments, ports, signals, torchrun
@@ -159,9 +158,10 @@ def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrup
               duration_s: float, stalled: str | None = None) -> dict:
     """The run's summary.json; interrupted_by: the signal that stopped it (SIGINT, SIGTERM, SIGHUP);
     stalled: the stall watch's message when it stopped the run."""
+    from zero_lab.analysis.tables import summarize_run  # pandas: once the run has ended
+
     rank_logs = rundir.collect_rank_logs(spec.log_dir, run_dir / "logs")
-    rank0 = run_dir / "logs" / "rank0.stdout.log"
-    parsed = parse_file(rank0 if rank0.is_file() else run_dir / "console.log")
+    parsed = parse_file(rundir.rank0_log(run_dir))
     rundir.write_metrics_csv(run_dir / "metrics.csv", parsed)
     failure = rundir.failure_from_console((run_dir / "console.log").read_text(errors="replace"))
     status = "interrupted" if interrupted_by else "stalled" if stalled else "ok" if exit_code == 0 else "failed"
