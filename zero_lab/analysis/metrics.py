@@ -69,6 +69,8 @@ def summarize_run(parsed: ParsedLog) -> dict[str, object]:
         "states_device_mb": max_or_none(column(steps, "states_device_mb")),
         "states_host_mb": max_or_none(column(steps, "states_host_mb")),
         "tokens_per_s": steady_median(column(steps, "tokens_per_s")),
+        # the torch optimizer the impl stepped with (the harness's [model] line): FusedAdam, torch.optim.AdamW, ...
+        "optimizer": parsed.model.get("optimizer"),
     }
     return summary
 

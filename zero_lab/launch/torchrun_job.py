@@ -121,7 +121,7 @@ def execute(
     started = time.monotonic()
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-        start_new_session=True, env=child_env,
+        start_new_session=True, env=child_env, preexec_fn=torchrun.child_dies_with_parent,
     )
     watch = StallWatch(process, torchrun.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
     interrupt = None
