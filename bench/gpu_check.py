@@ -2,7 +2,7 @@
 what it lacks from wheels carried with the tree, run the GPU tests, then compare nano and official
 DeepSpeed on qwen3-0.6b (bf16, one GPU) and print one compact table to paste.
 
-    make gpu-wheels                  # here, where pip reaches PyPI: fill .whl/ (git-ignored, ~8 MB)
+    make gpu-wheels                  # here, where pip reaches PyPI: fill .whl/ (git-ignored, ~6 MB)
     make gpu-check                   # there: python3 bench/gpu_check.py
     python3 bench/gpu_check.py --dry-run    # the plan: what is missing, the commands; runs nothing
 

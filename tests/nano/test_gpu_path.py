@@ -133,3 +133,37 @@ def test_host_adam_gets_the_ranks_share_of_the_cores():
     assert host_threads({"LOCAL_WORLD_SIZE": "8"}, cores=16) == 2
     assert host_threads({}, cores=16) == 16
     assert host_threads({"LOCAL_WORLD_SIZE": "32"}, cores=16) == 1
+
+
+class QueuedLandings(Placement):
+    """A placement whose device-to-host copies are queued (as with pinned memory on CUDA): each
+    landing's moment is a name, and waiting for it is noted."""
+
+    waited: list = []
+
+    def start_landing(self, source, destination):
+        return source.clone(), "queued"
+
+    def finish_landing(self, ready):
+        self.waited.append(ready)
+
+
+def test_reduced_shares_land_on_the_host_only_once_their_copy_is_waited_for():
+    """Finding 10: with overlap the bucket's hook returns with the copy queued; the host partition
+    is written when more than `max_in_flight` copies are queued, or at the end of backward."""
+    from types import SimpleNamespace
+
+    from zero_lab.nano.gradient_reduction import BucketReducer
+
+    QueuedLandings.waited = []
+    reducer = BucketReducer(Collectives(), use_reduce_scatter=False, max_in_flight=2,
+                            placement=QueuedLandings(torch.device("cpu")))
+    buffer = SimpleNamespace(own_range=lambda start, end: (start, end), partition_start=0)
+    partition = torch.zeros(5)
+    for index in range(5):  # five one-element buckets, values 1..5
+        reducer.launch(buffer, torch.full((1,), float(index + 1)), index, index + 1, partition)
+    # two reductions in flight, two copies queued, and only the first one landed
+    assert len(reducer.pending) == 2 and len(reducer.landings) == 2
+    assert partition.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0] and len(QueuedLandings.waited) == 1
+    reducer.finish_all()
+    assert partition.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0] and len(QueuedLandings.waited) == 5
