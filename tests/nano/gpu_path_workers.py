@@ -122,3 +122,32 @@ def fp16_order_worker(rank: int, world_size: int) -> list[str]:
                 failures.append(f"{label}: weight differs from the reference step by {gap}")
         engine.destroy()
     return failures
+
+
+def publish_worker(rank: int, world_size: int) -> list[str]:
+    """Stages 1/2 publish each flat buffer with one all_gather_into_tensor into the buffer itself,
+    even with allgather_bucket_size far under the partition (the list form of all_gather would
+    gather through a flat temporary per piece)."""
+    failures = []
+    for stage in (1, 2):
+        model = build_model()
+        engine, optimizer, _, _ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
+                                                  config=nano_config(stage, gather_bucket=4))
+        fulls = {buffer.full.untyped_storage().data_ptr() for buffer in optimizer.buffers}
+        calls = []
+        collectives = optimizer.collectives
+        for name in ("all_gather", "all_gather_into_tensor"):
+            original = getattr(collectives, name)
+
+            def recording(output, local, *args, _name=name, _original=original, **kwargs):
+                into_buffer = isinstance(output, torch.Tensor) and output.untyped_storage().data_ptr() in fulls
+                calls.append((_name, into_buffer))
+                return _original(output, local, *args, **kwargs)
+
+            setattr(collectives, name, recording)
+        engine.backward(engine(torch.randn(MICRO_SIZE, 7)).pow(2).mean())
+        engine.step()
+        if calls != [("all_gather_into_tensor", True)] * len(optimizer.buffers):
+            failures.append(f"stage {stage}: publish gathered with {calls}, {len(optimizer.buffers)} buffers")
+        engine.destroy()
+    return failures

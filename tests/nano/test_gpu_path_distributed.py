@@ -19,3 +19,7 @@ def test_a_world_of_one_runs_every_collective_when_asked(run_them):
 
 def test_fp16_gradients_are_divided_before_the_sum_as_official_stage_1_and_2_do():
     assert run_distributed(workers.fp16_order_worker, 2) == []
+
+
+def test_stage_1_and_2_publish_gathers_into_the_flat_buffer_in_one_call():
+    assert run_distributed(workers.publish_worker, 2) == []
