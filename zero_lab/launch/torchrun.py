@@ -9,7 +9,6 @@ ran, may have been taken since by another comparison on the same host); multi-no
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import shlex
 import signal
@@ -165,9 +164,9 @@ def launch_environment(base: dict[str, str], device: str, nproc: int, cores: int
 
 # Linux's prctl(2) option that sends this process a signal when the thread that forked it ends.
 PR_SET_PDEATHSIG = 1
-# Looked up in the parent, once: a child between fork and exec should not load libraries.
-_PRCTL = getattr(ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True), "prctl", None) \
-    if sys.platform.startswith("linux") else None
+# Looked up in the parent, once (a child between fork and exec should not load libraries), among
+# the symbols the running Python already has: libc's prctl.
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform.startswith("linux") else None
 
 
 def child_dies_with_parent() -> None:
