@@ -141,8 +141,11 @@ def step_time_s(step: Step, left_s: float) -> float:
 
 def run_step(command: list[str], env: dict[str, str], timeout_s: float, grace_s: float = GRACE_S) -> tuple[int, bool]:
     """Run one step; past `timeout_s` stop it with SIGTERM, and SIGKILL only if it is still there
-    after `grace_s`. Returns (exit code, whether it ran past its time)."""
-    process = subprocess.Popen(command, env=env, cwd=REPO)
+    after `grace_s`. Returns (exit code, whether it ran past its time). The step dies with this
+    script too (a parent-death signal), should a CI runner kill the script itself."""
+    from zero_lab.launch.torchrun import child_dies_with_parent
+
+    process = subprocess.Popen(command, env=env, cwd=REPO, preexec_fn=child_dies_with_parent)
     try:
         return process.wait(timeout=max(1.0, timeout_s)), False
     except subprocess.TimeoutExpired:
