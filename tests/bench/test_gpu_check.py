@@ -4,6 +4,8 @@ one-line refusals when the machine is not ready."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -73,4 +75,52 @@ def test_the_cli_accepts_the_comparison_and_refuses_cuda_here(gpu_check, tmp_pat
 def test_dry_run_prints_the_plan_and_runs_nothing(gpu_check, capsys):
     assert gpu_check.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "compare:" in out and "qwen3-0.6b" in out and "ready:" in out
+    assert "gpu tests (" in out and "compare (" in out and "qwen3-0.6b" in out and "ready:" in out
+
+
+def test_the_plan_tests_the_gpu_then_compares_then_offloads(gpu_check):
+    steps = gpu_check.plan("python3", "1")
+    assert [step.label for step in steps] == ["gpu tests", "compare", "compare offload"]
+    tests, compare, offload = steps
+    assert tests.command[1:4] == ["-m", "pytest", "-q"] and tests.command[tests.command.index("-m", 3) + 1] == "gpu"
+    for step in (compare, offload):  # nano's collectives run through NCCL on the one GPU
+        assert step.env == {"ZERO_LAB_COLLECTIVES_AT_WORLD_ONE": "1"} and step.compare_dir is not None
+    flags = dict(zip(offload.command[4::2], offload.command[5::2]))
+    assert flags["--offload"] == "optimizer" and flags["--stages"] == "2,3" and flags["--model"] == "qwen3-0.6b"
+    assert compare.compare_dir != offload.compare_dir
+    assert sum(step.share_s for step in steps if step.share_s) < gpu_check.BUDGET_S < 8 * 60
+
+
+def test_no_step_may_run_so_long_that_it_could_not_be_stopped_in_budget(gpu_check):
+    step = gpu_check.Step("compare", ["x"], share_s=220.0)
+    assert gpu_check.step_time_s(step, 470.0) == 220.0
+    assert gpu_check.step_time_s(step, 100.0) == 100.0 - gpu_check.GRACE_S
+    assert gpu_check.step_time_s(gpu_check.Step("last", ["x"]), 200.0) == 200.0 - gpu_check.GRACE_S
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def test_a_step_past_its_time_is_stopped_with_sigterm_first(gpu_check):
+    code, late = gpu_check.run_step(SLEEPER, dict(os.environ), timeout_s=1.0, grace_s=60.0)
+    assert late and code == -signal.SIGTERM
+
+
+def test_a_step_that_ignores_sigterm_is_killed_after_the_grace(gpu_check):
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the step inherits it from its start
+    try:
+        code, late = gpu_check.run_step(SLEEPER, dict(os.environ), timeout_s=1.0, grace_s=1.0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert late and code == -signal.SIGKILL
+
+
+def test_the_compact_table_has_a_line_per_run_with_its_optimizer(gpu_check):
+    rows = [{"world_size": 1, "stage": 2, "impl": impl, "status": "ok", "offload": "optimizer", "optimizer": name,
+             "alloc_max_mb": 1200.0, "peak_alloc_max_mb": 3400.0, "step_ms": 812.0, "predicted_peak_mb": 3300.0,
+             "peak_error_pct": -2.9} for impl, name in (("nano", "PartitionedAdam"), ("official", "torch.optim.AdamW"))]
+    table = gpu_check.compact_table([{"rows": rows, "deltas": [{"world_size": 1, "stage": 2, "max_step_loss_delta": 0.0125}]}])
+    lines = table.splitlines()
+    assert "optimizer" in lines[0] and "max loss delta" in lines[0] and "predicted peak MB" in lines[0]
+    assert len(lines) == 4 and "PartitionedAdam" in lines[2] and "torch.optim.AdamW" in lines[3]
+    assert all("0.0125" in line and "3400.0" in line and "-2.9" in line for line in lines[2:])

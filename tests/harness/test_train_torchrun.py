@@ -29,7 +29,8 @@ WORLD_SIZE, STEPS = 2, 3
 FP32 = 4
 ZERO_KEYS = {"impl", "stage", "world_size", "reduce_scatter", "reduce_bucket_size",
              "allgather_bucket_size", "overlap_comm", "communication_data_type"}
-MODEL_KEYS = {"name", "params", "param_dtype", "compute_dtype", "ds_precision", "device"}
+MODEL_KEYS = {"name", "params", "param_dtype", "compute_dtype", "ds_precision", "device", "optimizer"}
+OPTIMIZER = {"nano": "PartitionedAdam", "official": "torch.optim.AdamW"}  # official on CPU: torch_adam
 STEP_KEYS = {"loss", "grad_norm", "lr", "loss_scale", "step_ms", "tokens_per_s", "alloc_max_mb",
              "reserved_max_mb", "peak_alloc_max_mb", "peak_reserved_max_mb", "comm_mb", "comm_wire_mb"}
 
@@ -39,7 +40,10 @@ def torchrun_command(config: Path, impl: str) -> list[str]:
             f"--nproc-per-node={WORLD_SIZE}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(REPO / "harness" / "train.py"),
             "--impl", impl, "--deepspeed_config", str(config), "--model-name", "tiny",
-            "--steps", str(STEPS), "--batch-size", "2", "--seq-len", "32", "--seed", "0"]
+            "--steps", str(STEPS), "--batch-size", "2", "--seq-len", "32", "--seed", "0",
+            # gloo ranks on any machine: two ranks would need two GPUs, and a GPU machine must pass
+            # too (where `--device auto` would pick cuda), which also runs `--device cpu` beside CUDA
+            "--device", "cpu"]
 
 
 def read_log(text: str) -> dict:
@@ -90,6 +94,7 @@ def test_every_contract_line_is_present_and_parses(run, impl):
     assert ZERO_KEYS <= log["zero"].keys() and MODEL_KEYS <= log["model"].keys()
     assert (log["zero"]["impl"], log["zero"]["stage"], log["zero"]["world_size"]) == (impl, 2, 2)
     assert log["model"]["ds_precision"] == "fp32" and log["model"]["device"] == "cpu"
+    assert log["model"]["optimizer"] == OPTIMIZER[impl]
     assert [step for step, _ in log["opt_step"]] == list(range(1, STEPS + 1))
     for _, fields in log["opt_step"]:
         assert STEP_KEYS <= fields.keys()

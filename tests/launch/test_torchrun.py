@@ -66,6 +66,14 @@ def test_cpu_environment_splits_cores_and_selects_deepspeeds_cpu_accelerator():
     assert "OMP_NUM_THREADS" not in launch_environment({}, "cuda", nproc=2, cores=16)
 
 
+def test_ds_accelerator_is_set_per_device_over_a_leftover():
+    """Issue 17, finding 9: a DS_ACCELERATOR=cpu left in the CLI's environment reaches every rank
+    of a CUDA run through torchrun; the launch names the run's own device instead."""
+    assert launch_environment({"DS_ACCELERATOR": "cpu"}, "cuda", nproc=2, cores=16)["DS_ACCELERATOR"] == "cuda"
+    assert launch_environment({"DS_ACCELERATOR": "cuda"}, "cpu", nproc=2, cores=16)["DS_ACCELERATOR"] == "cpu"
+    assert launch_environment({}, "cuda", nproc=1, cores=16)["DS_ACCELERATOR"] == "cuda"
+
+
 def test_free_ports_differ_between_launches():
     ports = {free_port() for _ in range(5)}
     assert len(ports) >= 2 and all(1024 <= port < 65536 for port in ports)

@@ -19,7 +19,7 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
     unscale_clip      stages 1-3: the squared gradient norm is summed over ranks (4 bytes);
     adam              nothing moves;
     all_gather        stages 1 and 2, and stage 3's persistent buffers: each buffer is gathered
-                      whole again, in `allgather_bucket_size` pieces.
+                      whole again, in one call per buffer.
 It describes a steady step (stage 3 records the order of uses during the first one). Ops are
 collective families (`all_gather` for `all_gather_into_tensor` too); with one rank nothing moves.
 """
@@ -216,18 +216,13 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int, kept
         found.append(moved("unscale_clip", "all_reduce", FP32_BYTES, "squared gradient norm"))
     for buffer in buffers:
         if stage >= 1 and not buffer.sharded:
-            found += publish(buffer, zero.allgather_bucket_size, width, moved)
+            found += publish(buffer, width, moved)
     return found
 
 
-def publish(buffer: Buffer, bucket_numel: int, width: int, moved) -> list[Collective]:
-    """A whole buffer's all-gather after Adam, as `FlatParameterBuffer.unshard` cuts it."""
-    count, size = buffer.layout.partition_count, buffer.layout.partition_numel
-    chunk = max(1, bucket_numel // count)
-    if chunk >= size:
-        return [moved("all_gather", "all_gather", buffer.layout.padded_numel * width, buffer.name)]
-    return [moved("all_gather", "all_gather", count * min(chunk, size - offset) * width, f"{buffer.name} @{offset}")
-            for offset in range(0, size, chunk)]
+def publish(buffer: Buffer, width: int, moved) -> list[Collective]:
+    """A whole buffer's all-gather after Adam: one call, in place (`FlatParameterBuffer.unshard`)."""
+    return [moved("all_gather", "all_gather", buffer.layout.padded_numel * width, buffer.name)]
 
 
 def explain(model: str, entries: list[ParameterEntry], blocks: list[str], config: NanoConfig,

@@ -192,9 +192,9 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
 
 
 def run_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    headers = ["world size", "stage", "impl", "status", "steps", "last loss", "alloc MB", "peak alloc MB",
+    headers = ["world size", "stage", "impl", "optimizer", "status", "steps", "last loss", "alloc MB", "peak alloc MB",
                "step ms", "comm MB / step", "wire MB / step"]
-    body = [[str(r["world_size"]), str(r["stage"]), r["impl"], r["status"], fmt(r.get("steps")),
+    body = [[str(r["world_size"]), str(r["stage"]), r["impl"], r.get("optimizer") or "-", r["status"], fmt(r.get("steps")),
              fmt(r.get("loss_last"), 6), fmt(r.get("alloc_max_mb")), fmt(r.get("peak_alloc_max_mb")),
              fmt(r.get("step_ms")), fmt(r.get("comm_mb"), 2), fmt(r.get("comm_wire_mb"), 2)] for r in rows]
     return headers, body

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -208,8 +209,28 @@ def doctor_checks() -> list[tuple[str, bool, str, str]]:
         ("official fp16", bool(official.get("fp16")), "fp16 supported" if official.get("fp16") else
          f"not supported on this {device.upper()} (Type fp16 is not supported on your device)", "use --dtype bfloat16 or float32"),
         ("TORCH_EXTENSIONS_DIR", True, os.environ.get("TORCH_EXTENSIONS_DIR", "unset (DeepSpeed builds ops under ~/.cache)"), ""),
+        *toolkit_checks(device),
     ]
     return checks
+
+
+def toolkit_checks(device: str, environ=os.environ, which=shutil.which) -> list[tuple[str, bool, str, str]]:
+    """On a GPU machine: CUDA_HOME, nvcc and ninja, which official DeepSpeed needs to build FusedAdam
+    (without them official runs torch's AdamW; cuda_toolkit.py). Not needed on CPU."""
+    from zero_lab.workload import cuda_toolkit
+
+    if device != "cuda":
+        return [(name, True, "not needed on CPU", "") for name in ("CUDA_HOME", "nvcc", "ninja")]
+    fallback = " (else official runs torch.optim.AdamW instead of FusedAdam)"
+    home = cuda_toolkit.cuda_home(environ, which)
+    nvcc = home / "bin" / "nvcc" if home else None
+    ninja = which("ninja")
+    return [
+        ("CUDA_HOME", home is not None, str(home) if home else "not found", "install the CUDA toolkit and set CUDA_HOME" + fallback),
+        ("nvcc", bool(nvcc and nvcc.is_file()), str(nvcc) if nvcc and nvcc.is_file() else "not found",
+         "install the CUDA toolkit matching torch's CUDA" + fallback),
+        ("ninja", ninja is not None, ninja or "not on PATH", "pip install ninja" + fallback),
+    ]
 
 
 REQUIRED = {"python", "torch", "deepspeed", "transformers", "gloo backend", "harness"}

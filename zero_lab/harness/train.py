@@ -49,7 +49,7 @@ from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.data import make_batches
 from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.impls import (default_single_process_env, engine_config, load_engine_module,
-                                     loss_scale)
+                                     loss_scale, optimizer_name)
 from zero_lab.workload import state_formula
 from zero_lab.workload.log_lines import MB, format_line
 from zero_lab.workload.memory_meter import MemoryMeter
@@ -148,9 +148,18 @@ def prepare(argv: list[str] | None):
     return args, device, config, batches
 
 
+def select_device(device: torch.device) -> None:
+    """Make `device` this process's CUDA device and initialise CUDA (nothing on CPU). It comes
+    before any meter: CUDA's allocator statistics refuse a device CUDA has not initialised."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.cuda.init()
+
+
 def train(args, device: torch.device, config: dict, batches) -> None:
     """Phases 2-5: meters, engine, training steps, totals; the meters come out whatever happens."""
-    # Phase 2: both meters go in before the engine exists (see their modules for why).
+    # Phase 2: the device first, then both meters before the engine exists (see their modules for why).
+    select_device(device)
     comm = CommMeter().install()
     memory = MemoryMeter(device)
     memory.start()
@@ -164,8 +173,6 @@ def train(args, device: torch.device, config: dict, batches) -> None:
 def train_with_meters(args, device: torch.device, config: dict, batches, comm: CommMeter,
                       memory: MemoryMeter) -> None:
     """Phases 3-5, measured by the meters Phase 2 installed."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     engine_module = load_engine_module(args.impl, device)
     # Named, not left to the engine: nano (like DeepSpeed) defaults to nccl whenever CUDA exists,
     # which breaks `--device cpu` on a GPU host.
@@ -184,9 +191,9 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     weight_decay = config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     settings = load_config(config, world_size=world_size)  # the config with DeepSpeed's defaults
     formula = state_formula.peak_bytes(model, settings, world_size)  # nano's, for the same workload
+    impl_config, notes = engine_config(args.impl, config, device)
     engine, _, _, _ = engine_module.initialize(
-        model=model, model_parameters=parameter_groups(model, weight_decay),
-        config=engine_config(args.impl, config, device))
+        model=model, model_parameters=parameter_groups(model, weight_decay), config=impl_config)
     emit(rank, "zero", zero_header(args.impl, engine.zero_optimization_stage(), world_size, settings,
                                    engine.gradient_accumulation_steps()))
     parameter = next(engine.module.parameters())
@@ -196,11 +203,13 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         "ds_precision": settings.precision, "device": device.type,
         "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"],
         "attn_impl": getattr(model.config, "_attn_implementation", None) or "unknown",
-        "gradient_checkpointing": args.gradient_checkpointing,
+        "gradient_checkpointing": args.gradient_checkpointing, "optimizer": optimizer_name(engine),
         "states_formula_mb": formula["device"] / MB, "states_formula_host_mb": formula["host"] / MB})
 
     for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
         emit(rank, "warn", {"kind": "engine", "message": message})
+    for message in notes:
+        emit(rank, "warn", {"kind": "optimizer", "message": message})
 
     # Phase 4: the steps (after --resume's, from the checkpoint's). Initialization's broadcasts
     # and checkpoints' collectives are not part of any step.

@@ -8,7 +8,10 @@ ran, may have been taken since by another comparison on the same host); multi-no
 
 from __future__ import annotations
 
+import ctypes
+import os
 import shlex
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,14 +150,40 @@ def workload_arguments(work: Workload) -> list[str]:
 
 
 def launch_environment(base: dict[str, str], device: str, nproc: int, cores: int) -> dict[str, str]:
-    """The child environment: thread count on CPU, and DeepSpeed told which accelerator it has."""
+    """The child environment: thread count on CPU, and DeepSpeed told which accelerator it has, on
+    every device (torchrun passes it to every rank): a `DS_ACCELERATOR=cpu` left in the CLI's
+    environment must not put a CUDA run on DeepSpeed's CPU accelerator."""
     env = dict(base)
+    env["DS_ACCELERATOR"] = "cpu" if device == "cpu" else "cuda"
     if device == "cpu":
         env["OMP_NUM_THREADS"] = str(threads_per_process(cores, nproc))
-        env.setdefault("DS_ACCELERATOR", "cpu")
         env.setdefault("LOCAL_SIZE", str(nproc))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+# Linux's prctl(2) option that sends this process a signal when the thread that forked it ends.
+PR_SET_PDEATHSIG = 1
+# Looked up in the parent, once (a child between fork and exec should not load libraries), among
+# the symbols the running Python already has: libc's prctl.
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform.startswith("linux") else None
+
+
+def child_dies_with_parent() -> None:
+    """Popen's preexec_fn for torchrun: SIGTERM reaches it when the CLI dies, however the CLI dies.
+
+    torchrun runs in a session of its own (so a terminal's Ctrl-C reaches the CLI alone), which
+    also hides it from a signal to the CLI's process group: a SIGKILLed CLI (an OOM killer, a CI
+    runner's hard kill, gpu-check's budget) would leave torchrun and its ranks training on, holding
+    the GPU. With the parent-death signal the kernel sends torchrun SIGTERM instead, and torchrun
+    stops its ranks as it does on any SIGTERM. Linux only; elsewhere nothing changes. The signal
+    follows the forking thread: the CLI starts torchrun from its main thread, which lives as long
+    as the CLI does."""
+    if _PRCTL is None:
+        return
+    _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() == 1:  # the CLI died before the line above: nobody would send the signal
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def shell_quote(command: list[str]) -> str:

@@ -126,7 +126,7 @@ def execute(
         with signals.deferred():  # a stop that lands while torchrun starts acts once it is known
             process = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                start_new_session=True, env=child_env,
+                start_new_session=True, env=child_env, preexec_fn=torchrun.child_dies_with_parent,
             )
         watch = StallWatch(process, torchrun.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
         with watch:

@@ -4,8 +4,10 @@ Each wrapper records (calls, bytes) per collective type, then calls `torch.distr
 up at call time (so an outside meter that wraps torch.distributed sees nano's traffic too).
 Byte convention, shared with the harness's meter: all_reduce / broadcast count the tensor;
 reduce_scatter counts the whole input (every rank's share); all_gather counts the whole output.
-With one rank nothing is sent and nothing is recorded. Sums are SUM then divide elsewhere: gloo's
-AVG has had silent bugs.
+With one rank nothing is sent and nothing is recorded, unless `COLLECTIVES_AT_WORLD_ONE` is set
+to 1 in the environment: then a world of one still runs (and records) every collective through
+its backend, so one GPU exercises nano's NCCL calls (`make gpu-check`) and one CPU process its
+gloo calls. Sums are SUM then divide elsewhere: gloo's AVG has had silent bugs.
 
 A temporary handed to a collective can outlive the collective: after `wait()` the backend's
 worker thread may still hold its tensors for a moment. `free_storage` releases such a temporary's
@@ -15,6 +17,7 @@ what a rank holds after a reduction does not depend on thread timing.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from contextvars import ContextVar
 from typing import Optional, Sequence
@@ -22,6 +25,9 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed
 
+
+# Set to 1: a world of one still runs every collective (see the module docstring).
+COLLECTIVES_AT_WORLD_ONE = "ZERO_LAB_COLLECTIVES_AT_WORLD_ONE"
 
 # The collective a call implements when nano emulates it with another (its reduce-scatter on gloo is
 # an all-to-all): a meter that wraps torch.distributed counts the call under this name, so traffic
@@ -40,6 +46,14 @@ def free_storage(tensor: torch.Tensor) -> None:
         storage.resize_(0)
 
 
+def communication_device(group: Optional[torch.distributed.ProcessGroup] = None) -> torch.device:
+    """The device a process group communicates from: the local rank's CUDA device under nccl (as
+    torchrun numbers them), else the CPU."""
+    if torch.distributed.get_backend(group) == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
 class Collectives:
     """The collectives of one process group, with per-type call and byte counters."""
 
@@ -48,6 +62,10 @@ class Collectives:
         self.group = group
         self.world_size = torch.distributed.get_world_size(group) if initialized else 1
         self.rank = torch.distributed.get_rank(group) if initialized else 0
+        # Where every tensor handed to a collective must live: nccl sends only accelerator memory.
+        self.device = communication_device(group) if initialized else torch.device("cpu")
+        # Whether collectives are skipped: alone in the world, unless asked to run them anyway.
+        self.alone = not initialized or (self.world_size == 1 and os.environ.get(COLLECTIVES_AT_WORLD_ONE) != "1")
         self._stats: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "bytes": 0})
 
     def _record(self, operation: str, nbytes: int) -> None:
@@ -63,7 +81,7 @@ class Collectives:
 
     def all_reduce(self, tensor: torch.Tensor, maximum: bool = False, async_op: bool = False):
         """Sum (or max) `tensor` in place across ranks."""
-        if self.world_size == 1:
+        if self.alone:
             return None
         self._record("all_reduce", _nbytes([tensor]))
         operation = torch.distributed.ReduceOp.MAX if maximum else torch.distributed.ReduceOp.SUM
@@ -80,7 +98,7 @@ class Collectives:
         up the N contributions it received. Each rank still sends (N-1)/N of the bucket and
         receives only its own share's parts, as a reduce-scatter does, and every buffer is nano's.
         """
-        if self.world_size == 1:
+        if self.alone:
             output.copy_(bucket)
             return None
         self._record("reduce_scatter", _nbytes([bucket]))
@@ -108,7 +126,7 @@ class Collectives:
 
     def all_gather(self, outputs: list[torch.Tensor], local: torch.Tensor, async_op: bool = False):
         """Copy every rank's equal-sized `local` into outputs[rank] on all ranks."""
-        if self.world_size == 1:
+        if self.alone:
             outputs[0].copy_(local)
             return None
         self._record("all_gather", _nbytes(outputs))
@@ -116,7 +134,7 @@ class Collectives:
 
     def all_gather_into_tensor(self, output: torch.Tensor, local: torch.Tensor, async_op: bool = False):
         """Every rank's equal-sized `local` into consecutive slices of `output` (may alias: in place)."""
-        if self.world_size == 1:
+        if self.alone:
             if output.data_ptr() != local.data_ptr():
                 output.copy_(local)
             return None
@@ -126,12 +144,12 @@ class Collectives:
 
     def barrier(self) -> None:
         """Wait until every rank arrives (a checkpoint's files are all written before it is named)."""
-        if self.world_size > 1:
+        if not self.alone:
             torch.distributed.barrier(group=self.group)
 
     def broadcast(self, tensor: torch.Tensor, source_rank: int = 0) -> None:
         """Overwrite `tensor` on every rank with source_rank's copy."""
-        if self.world_size == 1:
+        if self.alone:
             return
         self._record("broadcast", _nbytes([tensor]))
         torch.distributed.broadcast(tensor, src=source_rank, group=self.group)

@@ -146,8 +146,9 @@ class ZeroConfig(Stage3Settings):
                              "3: also parameters.")
     reduce_scatter: StrictBool = Field(True, description="Stage 1/2: reduce-scatter (True) or all-reduce + local scatter-back (False).")
     reduce_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per gradient bucket.")
-    allgather_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per parameter all-gather; "
-                                       "even, as official DeepSpeed requires (4-byte aligned 16-bit partitions).")
+    allgather_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per parameter all-gather "
+                                       "where a backend lacks all_gather_into_tensor (nccl and gloo have it: a buffer is "
+                                       "gathered in one call, as official does); even, as official DeepSpeed requires.")
     overlap_comm: StrictBool = Field(False, description="Reduce buckets asynchronously (stage 2: while backward runs; "
                                      "stages 0/1: while the next bucket is packed), at most two in flight.")
     contiguous_gradients: StrictBool = Field(True, description="Accepted as true only: nano always packs gradients contiguously.")

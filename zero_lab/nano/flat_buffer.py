@@ -62,23 +62,18 @@ class FlatParameterBuffer:
         low = max(start, self.partition_start)
         return low, max(low, min(end, self.partition_end))
 
-    def unshard(self, collectives: Collectives, bucket_numel: int) -> None:
-        """Every rank's partition into every rank's `full`, at most `bucket_numel` elements a call.
+    def unshard(self, collectives: Collectives, bucket_numel: int = 0) -> None:
+        """Every rank's partition into every rank's `full`, in place: one `all_gather_into_tensor`
+        from this rank's partition (a view of `full`) into `full` itself, so no temporary at all.
 
-        When one call may carry whole partitions the buffer is gathered in place (no temporary);
-        smaller buckets gather the same offset of every partition per call into a list of views.
-        """
-        count, size = self.layout.partition_count, self.layout.partition_numel
-        if count == 1:
+        Official DeepSpeed does the same wherever the backend has all_gather_into_tensor (nccl and
+        gloo do); its `allgather_bucket_size` pieces exist only for backends without it, and there
+        the list form gathers through a flat temporary per piece, which no memory formula counts.
+        So `bucket_numel` is accepted and not used. A buffer with one partition is whole already
+        (stage 0), unless a world of one is asked to run its collectives anyway."""
+        if self.layout.partition_count < collectives.world_size or collectives.alone:
             return
-        chunk = max(1, bucket_numel // count)
-        if chunk >= size:
-            collectives.all_gather_into_tensor(self.full, self.partition)
-            return
-        for offset in range(0, size, chunk):
-            length = min(chunk, size - offset)
-            outputs = [self.full[owner * size + offset:owner * size + offset + length] for owner in range(count)]
-            collectives.all_gather(outputs, outputs[self.rank])
+        collectives.all_gather_into_tensor(self.full, self.partition)
 
     def synchronize(self, collectives: Collectives) -> None:
         """Rank 0's values on every rank, so all ranks start equal."""

@@ -8,12 +8,22 @@ communication dtype. Reducing it runs in two phases:
              and keeps its share ("scatter-back"). With one partition (stage 0) every rank owns
              the whole bucket and all-reduces it.
     Phase 2 (finish): wait for the collective, divide the sum by the world size (SUM then divide;
-             not with `gradient_allreduce_op: sum`, which keeps the sum), and copy the share into
+             not with `gradient_allreduce_op: sum`, which keeps the sum; with `predivide`, as
+             official DeepSpeed's stage 1/2 reduce-scatter does, every rank divides its bucket by
+             the world size before Phase 1 instead, so N half-precision gradients that each fit
+             do not overflow when summed), and copy the share into
              the fp32 gradient partition (a window's first reduction) or add it (later ones).
              When copying, a reduce-scatter in fp32 lands straight in the partition: no temporary
              share at all. Temporaries the reducer was handed (the bucket, a separate share) are
              freed here.
 With overlap, Phase 1 is asynchronous and at most `max_in_flight` buckets wait for Phase 2.
+Where the gradient partition is in pinned host memory (offload_optimizer on CUDA), Phase 2 is
+itself split (`Placement.start_landing`): the share's device-to-host copy is queued on the
+device's stream and the device temporaries are freed at once (later work on that stream runs
+after the copy), and only when more than `max_in_flight` copies are queued, or at the end of
+backward, does the oldest one get waited for and added into its partition on the host. So the
+backward hook that completed a bucket never waits for a copy, and `overlap_comm` overlaps the
+copies with backward as official DeepSpeed's offload does.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import torch
 
 from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.flat_buffer import FlatParameterBuffer
+from zero_lab.nano.placement import Placement
 
 
 @dataclass
@@ -38,14 +49,28 @@ class PendingReduction:
     temporaries: list[torch.Tensor]  # freed once the share has landed
 
 
+@dataclass
+class Landing:
+    """A reduced share on its way to a host gradient partition (Phase 2 split in two)."""
+
+    share: torch.Tensor  # on the host once `ready` has passed
+    ready: Any  # Placement.start_landing's event
+    reduction: PendingReduction
+
+
 class BucketReducer:
     """Launches bucket reductions and lands each rank's share in its gradient partition."""
 
-    def __init__(self, collectives: Collectives, use_reduce_scatter: bool, max_in_flight: int, average: bool = True):
+    def __init__(self, collectives: Collectives, use_reduce_scatter: bool, max_in_flight: int, average: bool = True,
+                 predivide: bool = False, placement: Optional[Placement] = None):
         self.collectives = collectives
+        self.placement = placement or Placement(collectives.device)
+        self.landings: deque[Landing] = deque()
         self.use_reduce_scatter = use_reduce_scatter
         self.max_in_flight = max_in_flight
-        self.divisor = collectives.world_size if average else 1
+        divisor = collectives.world_size if average else 1
+        # Divide each bucket before the sum (predivide) or the sum after it: never both.
+        self.divisor_before, self.divisor = (divisor, 1) if predivide else (1, divisor)
         self.pending: deque[PendingReduction] = deque()
 
     def launch(self, buffer: FlatParameterBuffer, bucket: torch.Tensor, start: int, end: int,
@@ -55,6 +80,8 @@ class BucketReducer:
         own_low, own_high = buffer.own_range(start, end)
         destination = gradient_partition[own_low - buffer.partition_start:own_high - buffer.partition_start]
         asynchronous = self.max_in_flight > 0
+        if self.divisor_before != 1:
+            bucket.div_(self.divisor_before)
         if self.use_reduce_scatter:
             share_sizes = [high - low for low, high in buffer.layout.owner_ranges(start, end)]
             direct = not accumulate and bucket.dtype == destination.dtype and bucket.device == destination.device
@@ -70,24 +97,47 @@ class BucketReducer:
             self._finish_oldest()
 
     def _finish_oldest(self) -> None:
-        """Phase 2 for the oldest launched bucket."""
+        """Phase 2 for the oldest launched bucket (its host part deferred while a copy is queued)."""
         reduction = self.pending.popleft()
         if reduction.work is not None:
             reduction.work.wait()
+        share, ready = self.placement.start_landing(reduction.share, reduction.destination)
+        if ready is None:
+            self._store(reduction, share)
+            return
+        for temporary in reduction.temporaries:  # the copy is queued before any later use of them
+            free_storage(temporary)
+        reduction.temporaries = []  # the pinned host share is dropped, not shrunk, once stored
+        self.landings.append(Landing(share, ready, reduction))
+        while len(self.landings) > self.max_in_flight:
+            self._land_oldest()
+
+    def _land_oldest(self) -> None:
+        landing = self.landings.popleft()
+        self.placement.finish_landing(landing.ready)
+        self._store(landing.reduction, landing.share)
+
+    def _store(self, reduction: PendingReduction, share: torch.Tensor) -> None:
+        """The share, summed over ranks, into (or onto) its slice of the fp32 gradient partition."""
+        reduction.share = share
         if reduction.accumulate:
             reduction.destination.add_(reduction.share.to(reduction.destination.device, torch.float32)
                                        .div_(self.divisor))
         else:
-            reduction.destination.copy_(reduction.share).div_(self.divisor)  # copy_ onto itself is a no-op
+            reduction.destination.copy_(reduction.share)  # copy_ onto itself is a no-op
+            if self.divisor != 1:
+                reduction.destination.div_(self.divisor)
         for temporary in reduction.temporaries:
             free_storage(temporary)
 
     def finish_all(self) -> None:
         while self.pending:
             self._finish_oldest()
+        while self.landings:
+            self._land_oldest()
 
     def in_flight_bytes(self) -> int:
-        """Bytes of the temporary buckets and shares still waiting for Phase 2."""
+        """Bytes of the temporary buckets and shares still waiting for Phase 2 (on the device)."""
         return sum(temporary.untyped_storage().nbytes() for item in self.pending for temporary in item.temporaries)
 
 

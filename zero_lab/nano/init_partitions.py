@@ -1,6 +1,8 @@
 """Parameters partitioned as they are built (`zero.Init`): each rank keeps a 1/N slice of each one.
 
-Phase 1 (partition; at the end of a module's __init__): rank 0's values are broadcast, so every
+Phase 1 (partition; at the end of a module's __init__): the parameter moves to the device the
+         collectives communicate from (a module is built on the CPU; nccl sends only accelerator
+         memory, and DeepSpeed's Init moves it there too), rank 0's values are broadcast, so every
          rank agrees; each rank keeps its slice of the flattened parameter, padded to a multiple
          of N (`zero_lab_init_partition`), in the parameter's own storage shrunk to the slice (so
          building never holds more than the module being built whole beside the slices kept);
@@ -32,8 +34,9 @@ def numel_of(parameter: torch.Tensor) -> int:
 def partition(parameter: torch.nn.Parameter, collectives: Collectives) -> None:
     """Phase 1, in place: this rank's slice is moved to the front of the parameter's own storage,
     which then shrinks to the slice, so no second buffer ever sits beside the whole parameter."""
-    collectives.broadcast(parameter.data, source_rank=0)
-    flat = parameter.data.reshape(-1)
+    data = parameter.data.to(collectives.device)  # itself where it is built on that device already
+    collectives.broadcast(data, source_rank=0)
+    flat = data.reshape(-1)
     numel, size = flat.numel(), flat.element_size()
     share = -(-numel // collectives.world_size)
     start = min(numel, collectives.rank * share)
@@ -51,7 +54,8 @@ def partition(parameter: torch.nn.Parameter, collectives: Collectives) -> None:
     piece[kept:].zero_()  # the last ranks' padding
     parameter.zero_lab_shape = tuple(parameter.shape)
     parameter.zero_lab_init_partition = piece
-    parameter.data = torch.empty(0, dtype=flat.dtype, device=flat.device)
+    # Empty where it was built (the host copy is freed here); `initialize` moves the module.
+    parameter.data = torch.empty(0, dtype=flat.dtype, device=parameter.device)
 
 
 @torch.no_grad()

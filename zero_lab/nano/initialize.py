@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from typing import Any, Callable, Optional
 
 import torch
@@ -28,7 +27,7 @@ from zero_lab.nano.engine import NanoEngine
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.lr_schedules import build_scheduler
 from zero_lab.nano.dtypes import torch_dtype
-from zero_lab.nano.placement import Placement
+from zero_lab.nano.placement import Placement, host_threads
 from zero_lab.nano.stage0 import Stage0Optimizer
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
@@ -39,12 +38,6 @@ logger = logging.getLogger(__name__)
 
 STAGE_OPTIMIZERS = {optimizer.stage: optimizer
                     for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage2Optimizer, Stage3Optimizer)}
-
-
-def _device() -> torch.device:
-    if torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
 
 
 def _parameter_groups(model: torch.nn.Module, model_parameters: Any) -> list[dict]:
@@ -113,7 +106,7 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
         raise NanoConfigError('config has no "optimizer" section; add {"optimizer": {"type": "AdamW", '
                               '"params": {"lr": 1e-4}}}')
     # Phase 3
-    device = _device()
+    device = collectives.device  # where the collectives communicate: forward and backward run there too
     if nano_config.precision == "fp32":
         model.to(device)
     else:
@@ -134,9 +127,11 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     dataloader = _dataloader(training_data, nano_config, collate_fn)
     engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader)
     placement = zero_optimizer.placement
+    if placement.offload_optimizer and device.type != "cpu":  # on CPU the launcher already shares the cores
+        torch.set_num_threads(host_threads())
     if placement.pin_memory and not placement.pins:
-        engine.warnings.append("pin_memory is true but this machine has no CUDA, so nothing is pinned: host "
-                               "copies are synchronous")
+        engine.warnings.append("pin_memory is true but this run's device is not CUDA, so nothing is pinned: "
+                               "host copies are synchronous")
         logger.warning(engine.warnings[-1])
     return engine, zero_optimizer, dataloader, scheduler
 

@@ -15,11 +15,22 @@ Kinds of tensor and their place:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 
 HOST = torch.device("cpu")
+
+
+def host_threads(environ: Mapping[str, str] = os.environ, cores: int | None = None) -> int:
+    """The CPU threads one rank's host work (Adam on an offloaded optimizer) may use: the cores
+    this process may run on, shared evenly by the node's ranks. torchrun sets OMP_NUM_THREADS=1
+    for several ranks, which would leave host Adam on one core; official DeepSpeed's CPU Adam
+    spreads over the rank's cores too."""
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return max(1, cores // max(1, int(environ.get("LOCAL_WORLD_SIZE", 1))))
 
 
 @dataclass(frozen=True)
@@ -27,7 +38,7 @@ class Placement:
     device: torch.device
     offload_optimizer: bool = False
     offload_parameters: bool = False
-    pin_memory: bool = False  # asked for; honoured only where CUDA can use page-locked memory
+    pin_memory: bool = False  # asked for; honoured only when the run's device is a CUDA device
 
     def place(self, kind: str) -> str:
         """'device' or 'host' for a kind of tensor."""
@@ -39,8 +50,10 @@ class Placement:
 
     @property
     def pins(self) -> bool:
-        """Whether host tensors are page-locked (asynchronous copies); never without CUDA."""
-        return self.pin_memory and torch.cuda.is_available()
+        """Whether host tensors are page-locked (asynchronous copies): only when the run's device is
+        CUDA. A `--device cpu` run on a GPU machine pins nothing: pinning would open a CUDA context on
+        GPU 0 in every rank for copies that never leave the host."""
+        return self.pin_memory and self.device.type == "cuda"
 
     def empty(self, kind: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A new uninitialised tensor of `kind`, where that kind lives."""
@@ -58,8 +71,47 @@ class Placement:
         return self.empty("optimizer", partition.numel(), torch.float32).copy_(partition)
 
     def copy(self, destination: torch.Tensor, source: torch.Tensor) -> None:
-        """destination <- source across places (asynchronous from pinned host memory)."""
+        """destination <- source across places (asynchronous from pinned host memory).
+
+        A dtype conversion between places happens on the host: the fp32 master published into a
+        16-bit device partition is first converted into a 16-bit host temporary (pinned when
+        pinning), then moved. Converting inside the copy would go through a device temporary the
+        size of the partition in fp32, 4 bytes a parameter that no formula counts."""
+        if source.dtype != destination.dtype and source.device != destination.device:
+            if source.device.type == "cpu":  # host -> device: convert, then move the smaller tensor
+                source = self.host_empty(source.shape, destination.dtype).copy_(source)
+            else:  # device -> host: move as is, then convert on the host
+                staged = self.host_empty(source.shape, source.dtype)
+                staged.copy_(source)
+                destination.copy_(staged)
+                return
         destination.copy_(source, non_blocking=self.pins)
+
+    def host_empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """A host temporary, pinned when pinning (an asynchronous copy's other end)."""
+        return torch.empty(shape, dtype=dtype, device=HOST, pin_memory=self.pins)
+
+    def start_landing(self, source: torch.Tensor, destination: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """Phase 1 of moving a device tensor to the host without waiting: (the host tensor that
+        will hold it, the moment it is there: a CUDA event, or None when it already is).
+
+        With pinned memory the copy is queued on the device's stream into a pinned host buffer
+        and this returns at once (the backward hook that reduced a bucket does not wait for the
+        copy); `finish_landing` waits for it. Anywhere else `source` needs no copy: it is on the
+        destination's device already, or the copy is synchronous anyway."""
+        if not self.pins or source.device == destination.device:
+            return source, None
+        staged = self.host_empty(source.shape, source.dtype)
+        staged.copy_(source, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return staged, ready
+
+    @staticmethod
+    def finish_landing(ready: object) -> None:
+        """Phase 2: wait until `start_landing`'s copy is on the host."""
+        if ready is not None:
+            ready.synchronize()
 
     def stage_in(self, partition: torch.Tensor) -> torch.Tensor:
         """A parameter partition where a gather can send it from: itself on the device, or a device

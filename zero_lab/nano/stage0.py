@@ -9,8 +9,11 @@ the optimizer states are full size. Gradients are collected at the boundary (`Bo
              `reduce_bucket_size` elements, last parameters first) are packed from `param.grad`
              and all-reduced; every rank keeps its share, averaged, in its fp32 gradient
              partition. A rank that owns the whole buffer and sends fp32 packs a bucket straight
-             into its partition and all-reduces it in place. Each `param.grad` is released once
-             its last piece is packed.
+             into its partition and all-reduces it in place, where that partition is on the
+             device; every other bucket is a compute tensor (`placement.py`), since the
+             collectives run on the device (nccl refuses host tensors, which is where an
+             offloaded optimizer keeps the gradient partition). Each `param.grad` is released
+             once its last piece is packed.
 After Adam the updated master is the parameters (fp32) or is copied into them (bf16/fp16).
 """
 
@@ -30,10 +33,11 @@ class BoundaryPacking(GradientCollection):
         bucket_numel = optimizer.config.zero_optimization.reduce_bucket_size
         for index, buffer in enumerate(optimizer.buffers):
             partition = optimizer.gradient_partition(index)
-            in_place = buffer.layout.partition_count == 1 and optimizer.communication_dtype == torch.float32
+            in_place = (buffer.layout.partition_count == 1 and optimizer.communication_dtype == torch.float32
+                        and optimizer.placement.place("optimizer") == "device")
             for start, end in buffer.layout.bucket_ranges(bucket_numel):
-                bucket = partition[start:end] if in_place else torch.zeros(
-                    end - start, dtype=optimizer.communication_dtype, device=partition.device)
+                bucket = partition[start:end] if in_place else optimizer.placement.zeros(
+                    "compute", end - start, optimizer.communication_dtype)
                 for piece in buffer.layout.pieces(start, end):
                     parameter = buffer.parameters[piece.parameter_index]
                     if parameter.grad is not None:

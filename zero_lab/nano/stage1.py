@@ -6,10 +6,11 @@ The diff from stage 0, each part a method below:
     reduce: gradients still accumulate in full-size `param.grad` during backward (stage 1
             partitions optimizer states, not gradients); at the boundary each bucket is
             reduce-scattered (or all-reduced and scattered back, with `reduce_scatter: false`), so
-            each rank keeps only its partition's average.
+            each rank keeps only its partition's average. A reduce-scattered bucket is divided
+            by the world size before the sum, as official DeepSpeed's stage 1/2 does (`predivides`).
     norm:   each rank squares only its partition, so the sum is completed over ranks.
     publish: after Adam updates the partitions, every rank gathers everyone's into its full
-            buffer (bucketed by `allgather_bucket_size`).
+            buffer, one in-place `all_gather_into_tensor` per buffer (as official DeepSpeed).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from zero_lab.nano.stage0 import Stage0Optimizer
 
 class Stage1Optimizer(Stage0Optimizer):
     stage = 1
+    predivides = True
 
     def _uses_reduce_scatter(self) -> bool:
         return self.config.zero_optimization.reduce_scatter

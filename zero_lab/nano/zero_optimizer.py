@@ -78,6 +78,9 @@ class ZeroOptimizer:
 
     stage = -1
     GradientCollection = GradientCollection
+    # Whether a reduce-scattered bucket is divided by the world size before the sum (official
+    # DeepSpeed's stage 1/2) rather than the sum after it (its stage 0, 3, and all-reduce paths).
+    predivides = False
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
                  collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
@@ -106,7 +109,8 @@ class ZeroOptimizer:
         self.gradient_partitions: list[Optional[torch.Tensor]] = [None] * len(self.buffers)
         self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(),
                                      max_in_flight=2 if config.zero_optimization.overlap_comm else 0,
-                                     average=config.gradient_allreduce_op == "mean")
+                                     average=config.gradient_allreduce_op == "mean",
+                                     predivide=self.predivides and self._uses_reduce_scatter(), placement=placement)
         self.gradient_collection = self.GradientCollection(self)
         # Phase 4: Adam.
         hyper = config.optimizer.params
