@@ -140,7 +140,4 @@ def summary_records(summary: pd.DataFrame) -> list[dict[str, object]]:
 def summarize_run(parsed: ParsedLog) -> dict[str, object]:
     """The measured part of one run's summary.json; its status and cell are the caller's to add."""
     name = "run"
-    summary = summary_records(summarize_steps(step_table([Run(name, parsed)]), [name]))[0]
-    # the torch optimizer the impl stepped with (the harness's [model] line): FusedAdam, torch.optim.AdamW, ...
-    summary["optimizer"] = parsed.model.get("optimizer")
-    return summary
+    return summary_records(summarize_steps(step_table([Run(name, parsed)]), [name]))[0]

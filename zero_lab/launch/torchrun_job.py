@@ -193,6 +193,8 @@ def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrup
         "error": bad_input or stalled,
         "log_tail": "" if status in ("ok", "interrupted") else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
         "params": params if isinstance(params, int) and not isinstance(params, bool) else None,
+        # the torch optimizer the impl stepped with (the harness's [model] line): FusedAdam, torch.optim.AdamW, ...
+        "optimizer": parsed.model.get("optimizer"),
         "precision": precision,
         "offload": spec.workload.offload,
         # nano's model-state formula for this workload, per rank (the harness's [model] line)
