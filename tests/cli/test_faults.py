@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,3 +223,88 @@ def test_compare_stops_a_cell_that_stalls_and_goes_on_to_the_next(tmp_path):
     assert sum("stalled: no [opt_step] progress for 3 s" in line for line in stderr.splitlines()) == 2, stderr
     for stage in (1, 2):  # the stall may come before torchrun has started a worker: no rank logs then
         assert json.loads((out / "c" / "cells" / f"w2-s{stage}-nano" / "summary.json").read_text())["status"] == "stalled"
+
+
+# Rank 0 logs a step, then holds 300 MB (written, so resident) - more than the 256 MB the run is
+# given with --device-memory 0.25 - and waits to be killed, as the kernel's out-of-memory killer would.
+OVER_THE_LIMIT_TRAIN = """
+import os, time
+if os.environ["RANK"] == "0":
+    print("[zero] world_size=2", flush=True)
+    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)
+    held = b"x" * (300 * 2**20)
+time.sleep(120)
+"""
+
+
+def wait_for_sampled_rss(memory_csv_parent: Path, rank: int, at_least_mb: float, command: subprocess.Popen,
+                         timeout_s: float = 180) -> None:
+    """Until the memory watch has written a sample (memory.csv) of rank holding at_least_mb."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert command.poll() is None, command.communicate()
+        for path in memory_csv_parent.rglob("memory.csv"):
+            for row in path.read_text().splitlines()[1:]:
+                fields = row.split(",")
+                if len(fields) == 6 and fields[1] == str(rank) and float(fields[2]) >= at_least_mb:
+                    return
+        time.sleep(0.1)
+    command.kill()
+    pytest.fail(f"the memory watch never saw rank {rank} hold {at_least_mb} MB")
+
+
+def test_a_rank_killed_while_over_the_memory_limit_is_reported_out_of_memory_with_its_figures(tmp_path):
+    """The run exceeds its stated limit (--device-memory 0.25: 256 MB, rank 0 holds 300 MB); once the
+    memory watch has seen it, the test SIGKILLs rank 0 as the kernel would. compare names
+    out-of-memory with the figures on stderr, in compare.json, summary.json and the report, and
+    keeps the logs and memory.csv. Nothing here asks the machine for more than 300 MB."""
+    out, report = tmp_path / "runs", tmp_path / "report.md"
+    script = tmp_path / "over_the_limit_train.py"
+    script.write_text(OVER_THE_LIMIT_TRAIN)
+    cli = subprocess.Popen([sys.executable, "-c", WITH_SCRIPT, str(script), "compare", *WORKLOAD, "--stages", "1",
+                            "--impls", "nano", "--device-memory", "0.25", "--out", str(out), "--name", "oom",
+                            "--report", str(report), "--format", "json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_sampled_rss(out, rank=0, at_least_mb=300, command=cli)
+    rank0 = [process for process in psutil.Process(cli.pid).children(recursive=True)
+             if process.environ().get("RANK") == "0"]
+    assert len(rank0) == 1
+    rank0[0].kill()  # SIGKILL, as the out-of-memory killer sends it
+    stdout, stderr = cli.communicate(timeout=120)
+    assert cli.returncode == 3, stderr
+    assert "Traceback" not in stderr
+    said = [line for line in stderr.splitlines() if "out of memory" in line]
+    assert len(said) == 1, stderr
+    found = re.search(r"world_size=2 stage=1 impl=nano: killed, most likely out of memory: rank 0 held (\d+) MB "
+                      r"resident, 0 MB of 256 MB was free \(--device-memory\); logs in ", said[0])
+    assert found and int(found.group(1)) >= 300, said[0]
+    comparison = json.loads(stdout)
+    row = comparison["rows"][0]
+    assert (row["status"], row["failure"], row["failed_rank"], row["rank_exit_code"]) == (
+        "failed", "out_of_memory", 0, -9)
+    assert row["rss_max_mb"] >= 300 and row["error"] in said[0] and row["steps"] == 1
+    assert comparison["verdict"]["failed_runs"] == ["world_size=2 stage=1 impl=nano: failed (out of memory)"]
+    run_dir = out / "oom" / "cells" / "w2-s1-nano"
+    assert json.loads((run_dir / "summary.json").read_text())["failure"] == "out_of_memory"
+    assert (run_dir / "logs" / "rank0.stdout.log").is_file() and (run_dir / "memory.csv").is_file()
+    text = report.read_text()
+    assert "stage 1, nano: failed (out of memory)" in text and row["error"] in text
+
+
+def test_the_harness_out_of_memory_line_and_exit_4_are_the_runs_failure(tmp_path):
+    """A rank whose allocation was refused (the harness's `out of memory:` line, exit code 4): its
+    line is the run's error and the failure is out_of_memory, without any memory pressure here."""
+    script = tmp_path / "refused_train.py"
+    script.write_text('import os, sys, time\nif os.environ["RANK"] == "1":\n'
+                      '    print("out of memory: rank 1 in backward: tried to allocate 2.0 GB; allocated 74.1 GB, '
+                      'reserved 76.3 GB of 79.2 GB; peak live 75.0 GB this step", file=sys.stderr, flush=True)\n'
+                      '    sys.exit(4)\ntime.sleep(120)\n')
+    cli = subprocess.Popen([sys.executable, "-c", WITH_SCRIPT, str(script), "run", *WORKLOAD, "--out", str(tmp_path),
+                            "--name", "refused", "--format", "json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = cli.communicate(timeout=180)
+    assert cli.returncode == 3, stderr
+    summary = json.loads(stdout)
+    assert (summary["failure"], summary["failed_rank"], summary["rank_exit_code"]) == ("out_of_memory", 1, 4)
+    assert summary["error"].startswith("out of memory: rank 1 in backward: tried to allocate 2.0 GB")
+    assert f"impl=nano: {summary['error']}; logs in" in stderr
