@@ -308,3 +308,84 @@ def test_the_harness_out_of_memory_line_and_exit_4_are_the_runs_failure(tmp_path
     assert (summary["failure"], summary["failed_rank"], summary["rank_exit_code"]) == ("out_of_memory", 1, 4)
     assert summary["error"].startswith("out of memory: rank 1 in backward: tried to allocate 2.0 GB")
     assert f"impl=nano: {summary['error']}; logs in" in stderr
+
+
+WITH_SCRIPT_AND_CGROUP = ("import sys; from pathlib import Path; from zero_lab.launch import memory_watch, torchrun; "
+                          "torchrun.TRAIN_SCRIPT = Path(sys.argv.pop(1)); memory_watch.CGROUP_ROOT = Path(sys.argv.pop(1)); "
+                          "from zero_lab.cli.entry import main; main()")
+CGROUP_LIMIT = 300 * 2**20
+# Rank 0 joins the cgroup, logs a step, waits for the test's go (once the memory watch has sampled
+# it), then allocates 20 MB at a time until the kernel kills it.
+CGROUP_TRAIN = """
+import os, time
+from pathlib import Path
+if os.environ["RANK"] == "0":
+    Path({procs!r}).write_text(str(os.getpid()))
+    print("[zero] world_size=2", flush=True)
+    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)
+    while not Path({go!r}).exists():
+        time.sleep(0.05)
+    held = []
+    while True:
+        held.append(b"x" * (20 * 2**20))
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def memory_cgroup(tmp_path):
+    """(a cgroup limited to CGROUP_LIMIT, the directory the memory watch is to read it as): a child of
+    this machine's cgroup v1 memory controller, or of the v2 hierarchy; skipped where none can be made."""
+    name = f"zero-lab-test-{os.getpid()}"
+    for parent, v1 in ((Path("/sys/fs/cgroup/memory"), True), (Path("/sys/fs/cgroup"), False)):
+        cgroup = parent / name
+        try:
+            cgroup.mkdir()
+        except OSError:
+            continue
+        limit = cgroup / ("memory.limit_in_bytes" if v1 else "memory.max")
+        try:
+            limit.write_text(str(CGROUP_LIMIT))
+        except OSError:
+            cgroup.rmdir()
+            continue
+        root = tmp_path / "cgroup-root"
+        if v1:
+            root.mkdir()
+            (root / "memory").symlink_to(cgroup)
+        else:
+            root.symlink_to(cgroup)
+        yield cgroup, root
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # empty once its last process has been reaped
+            try:
+                cgroup.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)
+        return
+    pytest.skip("no memory cgroup can be created here (needs root and a writable cgroup memory controller)")
+
+
+def test_a_rank_the_kernel_kills_in_a_memory_cgroup_is_reported_out_of_memory(tmp_path, memory_cgroup):
+    """The real thing: rank 0 runs in a cgroup limited to 300 MB and allocates until the kernel's
+    out-of-memory killer ends it; the cgroup's own count of kills names the cause. Only that one
+    process is limited, so the machine never comes near its own limit."""
+    cgroup, root = memory_cgroup
+    out, go = tmp_path / "runs", tmp_path / "go"
+    script = tmp_path / "cgroup_train.py"
+    script.write_text(CGROUP_TRAIN.format(procs=str(cgroup / "cgroup.procs"), go=str(go)))
+    cli = subprocess.Popen([sys.executable, "-c", WITH_SCRIPT_AND_CGROUP, str(script), str(root), "run", *WORKLOAD,
+                            "--out", str(out), "--name", "kernel", "--format", "json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_sampled_rss(out, rank=0, at_least_mb=1, command=cli)
+    wait_for_first_step(out, cli)
+    go.touch()
+    stdout, stderr = cli.communicate(timeout=180)
+    assert cli.returncode == 3, stderr
+    summary = json.loads(stdout)
+    assert (summary["failure"], summary["failed_rank"], summary["rank_exit_code"]) == ("out_of_memory", 0, -9)
+    assert re.fullmatch(r"killed, most likely out of memory: rank 0 held \d+ MB resident, \d+ MB of 300 MB was free "
+                        r"\(the container's cgroup limit\); the container counted 1 out-of-memory kill\(s\)",
+                        summary["error"]), summary["error"]
+    assert f"impl=nano: {summary['error']}; logs in" in stderr
