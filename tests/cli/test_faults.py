@@ -291,14 +291,29 @@ def test_a_rank_killed_while_over_the_memory_limit_is_reported_out_of_memory_wit
     assert "stage 1, nano: failed (out of memory)" in text and row["error"] in text
 
 
+REFUSED_TRAIN = """
+import os, sys, time
+from pathlib import Path
+said = Path({said!r})
+if os.environ["RANK"] == "0":  # its line comes first, but rank 1 is the one that exits
+    print("out of memory: rank 0 in forward: tried to allocate 1.0 GB; allocated 1.0 MB, resident 9 MB",
+          file=sys.stderr, flush=True)
+    said.touch()
+    time.sleep(120)
+while not said.exists():
+    time.sleep(0.05)
+print("out of memory: rank 1 in backward: tried to allocate 2.0 GB; allocated 74.1 GB, reserved 76.3 GB of 79.2 GB; "
+      "peak live 75.0 GB this step", file=sys.stderr, flush=True)
+sys.exit(4)
+"""
+
+
 def test_the_harness_out_of_memory_line_and_exit_4_are_the_runs_failure(tmp_path):
-    """A rank whose allocation was refused (the harness's `out of memory:` line, exit code 4): its
-    line is the run's error and the failure is out_of_memory, without any memory pressure here."""
+    """A rank whose allocation was refused (the harness's `out of memory:` line, exit code 4): the
+    failed rank's own line is the run's error and the failure is out_of_memory, without any memory
+    pressure here."""
     script = tmp_path / "refused_train.py"
-    script.write_text('import os, sys, time\nif os.environ["RANK"] == "1":\n'
-                      '    print("out of memory: rank 1 in backward: tried to allocate 2.0 GB; allocated 74.1 GB, '
-                      'reserved 76.3 GB of 79.2 GB; peak live 75.0 GB this step", file=sys.stderr, flush=True)\n'
-                      '    sys.exit(4)\ntime.sleep(120)\n')
+    script.write_text(REFUSED_TRAIN.format(said=str(tmp_path / "rank0-said")))
     cli = subprocess.Popen([sys.executable, "-c", WITH_SCRIPT, str(script), "run", *WORKLOAD, "--out", str(tmp_path),
                             "--name", "refused", "--format", "json"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -86,9 +86,9 @@ def stream(process: subprocess.Popen, console_log: Path, progress: Progress | No
     process.wait()
 
 
-def harness_line(rank_logs: list[Path], prefix: str) -> str | None:
-    """The last line starting with prefix in the first rank stderr log that has one."""
-    for path in sorted(rank_logs):
+def harness_line(rank_logs: list[Path], prefix: str, rank: int | None = None) -> str | None:
+    """The last line starting with prefix in the first rank stderr log that has one (rank's own first)."""
+    for path in sorted(rank_logs, key=lambda path: (not path.name.startswith(f"rank{rank}."), path.name)):
         if path.name.endswith(".stderr.log"):
             lines = [line for line in path.read_text(errors="replace").splitlines() if line.startswith(prefix)]
             if lines:
@@ -108,7 +108,7 @@ def out_of_memory_message(rank_logs: list[Path], failure: dict, memory: MemoryWa
     """Why a rank ran out of memory: the harness's own `out of memory: ...` line (exit code
     EXIT_OUT_OF_MEMORY: the allocator refused), or the memory watch's verdict on a rank killed by SIGKILL."""
     if failure["rank_exit_code"] == EXIT_OUT_OF_MEMORY:
-        return harness_line(rank_logs, MESSAGE_PREFIX)
+        return harness_line(rank_logs, MESSAGE_PREFIX, failure["failed_rank"])
     return memory.out_of_memory(failure["failed_rank"], failure["rank_exit_code"]) if memory is not None else None
 
 
