@@ -94,3 +94,26 @@ def test_under_the_limit_runs_within_ten_percent_warns_and_force_goes_on(tmp_pat
         expected = {"roomy": [], "tight": ["tight"], "forced": ["will not fit"]}[name]
         assert [line.split(": ")[2] for line in warnings] == expected, result.stderr
         assert name != "tight" or warnings[0].endswith("(within 10% of the limit)")
+
+
+def test_on_a_cuda_machine_each_rank_has_a_gpu_of_its_own_and_the_least_free_one_counts(monkeypatch):
+    """estimate on a (pretend) two-GPU machine: per rank against the fuller GPU's free memory, so
+    world size 2 fits where on CPU its two ranks would share one memory and not."""
+    import torch
+
+    from zero_lab.cli import tools_cmd
+
+    free = {0: 80 * 2**20, 1: 50 * 2**20}
+    monkeypatch.setattr(tools_cmd, "cuda_devices", lambda: ["GPU 0", "GPU 1"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (free[index], 96 * 2**30))
+    arguments = ["estimate", "--model", "tiny", "--gpus", "1,2", "--stages", "2", "--dtype", "float32", "--format", "json"]
+    payload = json.loads(invoke(*arguments).stdout)
+    assert payload["memory_offered"] == "50 MB (free memory of a GPU)"
+    peaks = [row["predicted_peak_mb"] for row in payload["rows"]]
+    assert all(peak < 0.9 * 50 for peak in peaks) and 2 * peaks[1] > 50
+    assert [row["fit"] for row in payload["rows"]] == ["fits", "fits"]
+    monkeypatch.setattr(tools_cmd, "cuda_devices", lambda: [])
+    on_cpu = json.loads(invoke(*arguments, "--device-memory", str(50 / 1024)).stdout)
+    assert [row["fit"] for row in on_cpu["rows"]] == ["fits", "will not fit"]

@@ -1,7 +1,7 @@
 """Before anything launches: will each run fit in the memory the device offers?
 
 Phase 1: `offered_memory`: what the device offers - `--device-memory GB` when given (per GPU on
-         CUDA, the host's on CPU), else the free memory of the emptiest visible GPU
+         CUDA, the host's on CPU), else the least free memory among the visible GPUs
          (`torch.cuda.mem_get_info`), or on CPU the host's available memory under the tightest of
          the machine and its container (zero_lab.launch.memory_watch).
 Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its report will carry
