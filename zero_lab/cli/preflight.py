@@ -67,7 +67,8 @@ def verdicts(jobs: list, device: str, device_memory_gb: float | None) -> list[tu
         peak = None if device == "cuda" and job.spec.workload.offload != "none" else predicted_peak(job)
         ranks = 1 if device == "cuda" else job.spec.nproc  # a GPU each, or one host for the node's ranks
         verdict = fit(peak * ranks if peak is not None else None, offered)
-        line = fit_line(job.label, peak, ranks, offered, offered_name, verdict) if verdict is not Fit.NO_VERDICT else None
+        judged = verdict is not Fit.NO_VERDICT
+        line = fit_line(job.label, peak, ranks, offered, offered_name, verdict) if judged else None
         found.append((job, verdict, line))
     return found
 

@@ -165,7 +165,8 @@ def train(args, device: torch.device, config: dict, batches) -> None:
         if not is_out_of_memory(error):
             raise
         rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-        raise OutOfMemory(out_of_memory_line(rank, phase.current, str(error), allocator_figures(device, memory))) from None
+        figures = allocator_figures(device, memory)
+        raise OutOfMemory(out_of_memory_line(rank, phase.current, str(error), figures)) from None
     finally:
         memory.stop()
         comm.uninstall()

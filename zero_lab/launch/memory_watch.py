@@ -140,8 +140,8 @@ def out_of_memory_message(rank: int | None, exit_code: int | None, record: Memor
     held = record.rss_max.get(rank) if rank is not None else None
     who = f"rank {rank} held {size_text(held)} resident" if held is not None else f"rank {rank}"
     tightest = record.tightest
-    free = (f", {size_text(tightest.available, like=tightest.total)} of {size_text(tightest.total)} was free ({tightest.name})"
-            if tightest is not None else "")
+    free = "" if tightest is None else (f", {size_text(tightest.available, like=tightest.total)} of "
+                                        f"{size_text(tightest.total)} was free ({tightest.name})")
     counted = f"; the container counted {oom_kills} out-of-memory kill(s)" if oom_kills else ""
     return f"killed, most likely out of memory: {who}{free}{counted}"
 

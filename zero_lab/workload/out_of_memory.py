@@ -83,7 +83,8 @@ def out_of_memory_line(rank: int, phase: Phase, error_text: str, figures: Alloca
     reserved = size_text(figures.reserved) + (f" of {size_text(figures.total)}" if figures.total else "")
     reserved_name = "reserved" if figures.total else "resident"
     peak = f"; peak live {size_text(figures.peak_live)} this step" if figures.peak_live is not None else ""
-    return (f"{MESSAGE_PREFIX} rank {rank} in {phase.value}: tried to allocate {size_text(requested_bytes(error_text))}; "
+    asked = size_text(requested_bytes(error_text))
+    return (f"{MESSAGE_PREFIX} rank {rank} in {phase.value}: tried to allocate {asked}; "
             f"allocated {size_text(figures.allocated)}, {reserved_name} {reserved}{peak}")
 
 
