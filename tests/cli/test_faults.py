@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,3 +223,184 @@ def test_compare_stops_a_cell_that_stalls_and_goes_on_to_the_next(tmp_path):
     assert sum("stalled: no [opt_step] progress for 3 s" in line for line in stderr.splitlines()) == 2, stderr
     for stage in (1, 2):  # the stall may come before torchrun has started a worker: no rank logs then
         assert json.loads((out / "c" / "cells" / f"w2-s{stage}-nano" / "summary.json").read_text())["status"] == "stalled"
+
+
+# Rank 0 logs a step, then holds 300 MB (written, so resident) - more than the 256 MB the run is
+# given with --device-memory 0.25 - and waits to be killed, as the kernel's out-of-memory killer would.
+OVER_THE_LIMIT_TRAIN = """
+import os, time
+if os.environ["RANK"] == "0":
+    print("[zero] world_size=2", flush=True)
+    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)
+    held = b"x" * (300 * 2**20)
+time.sleep(120)
+"""
+
+
+def wait_for_sampled_rss(memory_csv_parent: Path, rank: int, at_least_mb: float, command: subprocess.Popen,
+                         timeout_s: float = 180) -> None:
+    """Until the memory watch has written a sample (memory.csv) of rank holding at_least_mb."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert command.poll() is None, command.communicate()
+        for path in memory_csv_parent.rglob("memory.csv"):
+            for row in path.read_text().splitlines()[1:]:
+                fields = row.split(",")
+                if len(fields) == 6 and fields[1] == str(rank) and float(fields[2]) >= at_least_mb:
+                    return
+        time.sleep(0.1)
+    command.kill()
+    pytest.fail(f"the memory watch never saw rank {rank} hold {at_least_mb} MB")
+
+
+def test_a_rank_killed_while_over_the_memory_limit_is_reported_out_of_memory_with_its_figures(tmp_path):
+    """The run exceeds its stated limit (--device-memory 0.25: 256 MB, rank 0 holds 300 MB); once the
+    memory watch has seen it, the test SIGKILLs rank 0 as the kernel would. compare names
+    out-of-memory with the figures on stderr, in compare.json, summary.json and the report, and
+    keeps the logs and memory.csv. Nothing here asks the machine for more than 300 MB."""
+    out, report = tmp_path / "runs", tmp_path / "report.md"
+    script = tmp_path / "over_the_limit_train.py"
+    script.write_text(OVER_THE_LIMIT_TRAIN)
+    cli = subprocess.Popen([sys.executable, "-c", WITH_SCRIPT, str(script), "compare", *WORKLOAD, "--stages", "1",
+                            "--impls", "nano", "--device-memory", "0.25", "--out", str(out), "--name", "oom",
+                            "--report", str(report), "--format", "json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_sampled_rss(out, rank=0, at_least_mb=300, command=cli)
+    rank0 = [process for process in psutil.Process(cli.pid).children(recursive=True)
+             if process.environ().get("RANK") == "0"]
+    assert len(rank0) == 1
+    rank0[0].kill()  # SIGKILL, as the out-of-memory killer sends it
+    stdout, stderr = cli.communicate(timeout=120)
+    assert cli.returncode == 3, stderr
+    assert "Traceback" not in stderr
+    said = [line for line in stderr.splitlines() if "out of memory" in line]
+    assert len(said) == 1, stderr
+    found = re.search(r"world_size=2 stage=1 impl=nano: killed, most likely out of memory: rank 0 held (\d+) MB "
+                      r"resident, 0 MB of 256 MB was free \(--device-memory\); logs in ", said[0])
+    assert found and int(found.group(1)) >= 300, said[0]
+    comparison = json.loads(stdout)
+    row = comparison["rows"][0]
+    assert (row["status"], row["failure"], row["failed_rank"], row["rank_exit_code"]) == (
+        "failed", "out_of_memory", 0, -9)
+    assert row["rss_max_mb"] >= 300 and row["error"] in said[0] and row["steps"] == 1
+    assert comparison["verdict"]["failed_runs"] == ["world_size=2 stage=1 impl=nano: failed (out of memory)"]
+    run_dir = out / "oom" / "cells" / "w2-s1-nano"
+    assert json.loads((run_dir / "summary.json").read_text())["failure"] == "out_of_memory"
+    assert (run_dir / "logs" / "rank0.stdout.log").is_file() and (run_dir / "memory.csv").is_file()
+    text = report.read_text()
+    assert "stage 1, nano: failed (out of memory)" in text and row["error"] in text
+
+
+REFUSED_TRAIN = """
+import os, sys, time
+from pathlib import Path
+said = Path({said!r})
+if os.environ["RANK"] == "0":  # its line comes first, but rank 1 is the one that exits
+    print("out of memory: rank 0 in forward: tried to allocate 1.0 GB; allocated 1.0 MB, resident 9 MB",
+          file=sys.stderr, flush=True)
+    said.touch()
+    time.sleep(120)
+while not said.exists():
+    time.sleep(0.05)
+print("out of memory: rank 1 in backward: tried to allocate 2.0 GB; allocated 74.1 GB, reserved 76.3 GB of 79.2 GB; "
+      "peak live 75.0 GB this step", file=sys.stderr, flush=True)
+sys.exit(4)
+"""
+
+
+def test_the_harness_out_of_memory_line_and_exit_4_are_the_runs_failure(tmp_path):
+    """A rank whose allocation was refused (the harness's `out of memory:` line, exit code 4): the
+    failed rank's own line is the run's error and the failure is out_of_memory, without any memory
+    pressure here."""
+    script = tmp_path / "refused_train.py"
+    script.write_text(REFUSED_TRAIN.format(said=str(tmp_path / "rank0-said")))
+    cli = subprocess.Popen([sys.executable, "-c", WITH_SCRIPT, str(script), "run", *WORKLOAD, "--out", str(tmp_path),
+                            "--name", "refused", "--format", "json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = cli.communicate(timeout=180)
+    assert cli.returncode == 3, stderr
+    summary = json.loads(stdout)
+    assert (summary["failure"], summary["failed_rank"], summary["rank_exit_code"]) == ("out_of_memory", 1, 4)
+    assert summary["error"].startswith("out of memory: rank 1 in backward: tried to allocate 2.0 GB")
+    assert f"impl=nano: {summary['error']}; logs in" in stderr
+
+
+WITH_SCRIPT_AND_CGROUP = ("import sys; from pathlib import Path; from zero_lab.launch import memory_watch, torchrun; "
+                          "torchrun.TRAIN_SCRIPT = Path(sys.argv.pop(1)); memory_watch.CGROUP_ROOT = Path(sys.argv.pop(1)); "
+                          "from zero_lab.cli.entry import main; main()")
+CGROUP_LIMIT = 300 * 2**20
+# Rank 0 joins the cgroup, logs a step, waits for the test's go (once the memory watch has sampled
+# it), then allocates 20 MB at a time until the kernel kills it.
+CGROUP_TRAIN = """
+import os, time
+from pathlib import Path
+if os.environ["RANK"] == "0":
+    Path({procs!r}).write_text(str(os.getpid()))
+    print("[zero] world_size=2", flush=True)
+    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)
+    while not Path({go!r}).exists():
+        time.sleep(0.05)
+    held = []
+    while True:
+        held.append(b"x" * (20 * 2**20))
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def memory_cgroup(tmp_path):
+    """(a cgroup limited to CGROUP_LIMIT, the directory the memory watch is to read it as): a child of
+    this machine's cgroup v1 memory controller, or of the v2 hierarchy; skipped where none can be made."""
+    name = f"zero-lab-test-{os.getpid()}"
+    for parent, v1 in ((Path("/sys/fs/cgroup/memory"), True), (Path("/sys/fs/cgroup"), False)):
+        cgroup = parent / name
+        try:
+            cgroup.mkdir()
+        except OSError:
+            continue
+        limit = cgroup / ("memory.limit_in_bytes" if v1 else "memory.max")
+        try:
+            limit.write_text(str(CGROUP_LIMIT))
+        except OSError:
+            cgroup.rmdir()
+            continue
+        root = tmp_path / "cgroup-root"
+        if v1:
+            root.mkdir()
+            (root / "memory").symlink_to(cgroup)
+        else:
+            root.symlink_to(cgroup)
+        yield cgroup, root
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # empty once its last process has been reaped
+            try:
+                cgroup.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)
+        return
+    pytest.skip("no memory cgroup can be created here (needs root and a writable cgroup memory controller)")
+
+
+def test_a_rank_the_kernel_kills_in_a_memory_cgroup_is_reported_out_of_memory(tmp_path, memory_cgroup):
+    """The real thing: rank 0 runs in a cgroup limited to 300 MB and allocates until the kernel's
+    out-of-memory killer ends it; the cgroup's own count of kills names the cause. Only that one
+    process is limited, so the machine never comes near its own limit."""
+    cgroup, root = memory_cgroup
+    out, go = tmp_path / "runs", tmp_path / "go"
+    script = tmp_path / "cgroup_train.py"
+    script.write_text(CGROUP_TRAIN.format(procs=str(cgroup / "cgroup.procs"), go=str(go)))
+    cli = subprocess.Popen([sys.executable, "-c", WITH_SCRIPT_AND_CGROUP, str(script), str(root), "run", *WORKLOAD,
+                            "--out", str(out), "--name", "kernel", "--format", "json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_sampled_rss(out, rank=0, at_least_mb=1, command=cli)
+    wait_for_first_step(out, cli)
+    go.touch()
+    stdout, stderr = cli.communicate(timeout=180)
+    assert cli.returncode == 3, stderr
+    summary = json.loads(stdout)
+    assert (summary["failure"], summary["failed_rank"], summary["rank_exit_code"]) == ("out_of_memory", 0, -9)
+    assert re.fullmatch(r"killed, most likely out of memory: rank 0 held \d+ MB resident, \d+ MB of 300 MB was free "
+                        r"\(the container's cgroup limit\); the container counted 1 out-of-memory kill\(s\)",
+                        summary["error"]), summary["error"]
+    assert f"impl=nano: {summary['error']}; logs in" in stderr

@@ -211,3 +211,38 @@ def test_memory_through_a_step_official(train_module, one_process, capsys):
     assert len(phases) == 3 * len(steps) == 6
     assert all(set(row) == {"step", "phase", "live_bytes", "peak_bytes"} for row in phases)
     assert phases[-1]["live_bytes"] == steps[-1]["alloc_max_bytes"]
+
+
+def refusing_engine(refuse_in: str):
+    """nano's initialize, with one of the engine's calls at step 1 refusing an allocation: the forward
+    for real (the CPU allocator refuses 2^62 bytes), the backward and the step with CUDA's error."""
+    import zero_lab.nano as nano
+
+    def initialize(**kwargs):
+        engine, *rest = nano.initialize(**kwargs)
+        if refuse_in == "forward":
+            engine.forward = lambda **batch: torch.empty(2**62, dtype=torch.uint8)
+        else:
+            def refuse(*args, **kwargs):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                             "capacity of 79.19 GiB of which 1.21 GiB is free.")
+            setattr(engine, refuse_in, refuse)
+        return (engine, *rest)
+
+    return SimpleNamespace(init_distributed=nano.init_distributed, initialize=initialize)
+
+
+@pytest.mark.parametrize("phase, asked", [("forward", "4294967296.0 GB"), ("backward", "2.0 GB"), ("step", "2.0 GB")])
+def test_an_allocation_refused_is_one_line_naming_rank_phase_and_figures_and_exit_4(
+        train_module, one_process, monkeypatch, capsys, phase, asked):
+    from zero_lab.workload.out_of_memory import EXIT_OUT_OF_MEMORY
+
+    monkeypatch.setattr(train_module, "load_engine_module", lambda impl, device: refusing_engine(phase))
+    assert train_module.main(list(TINY_RUN)) == EXIT_OUT_OF_MEMORY == 4
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    lines = [line for line in captured.err.splitlines() if line.startswith("out of memory:")]
+    assert len(lines) == 1, captured.err
+    prefix = f"out of memory: rank 0 in {phase}: tried to allocate {asked}; allocated "
+    assert lines[0].startswith(prefix) and ", resident " in lines[0] and "MB this step" in lines[0], lines[0]
+    assert not [fields for tag, _, fields in contract_lines(captured.out) if tag == "opt_step"], "step 1 never ended"

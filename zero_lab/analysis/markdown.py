@@ -153,8 +153,10 @@ def failure_section(rows: list[dict]) -> str:
         if row["status"] == "ok":
             continue
         parts.append(
-            f"#### world size {row['world_size']}, stage {row['stage']}, {row['impl']}: {row['status']}\n\n"
-            f"rank {fmt(row.get('failed_rank'))}, exit code {fmt(row.get('exit_code'))}, "
+            f"#### world size {row['world_size']}, stage {row['stage']}, {row['impl']}: {row['status']}"
+            + (" (out of memory)" if row.get("failure") == "out_of_memory" else "") + "\n\n"
+            + (f"{row['error']}\n\n" if row.get("error") else "")
+            + f"rank {fmt(row.get('failed_rank'))}, exit code {fmt(row.get('exit_code'))}, "
             f"logs in `{row.get('run_dir', '?')}`\n\n```\n{row.get('log_tail', '')}\n```\n"
         )
     return "\n".join(parts)

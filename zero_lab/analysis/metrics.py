@@ -52,6 +52,7 @@ def verdict(
         (row.get("interrupted_by") or "SIGINT" for row in rows if row["status"] == "interrupted"), None)
     failed_runs = [
         f"world_size={row['world_size']} stage={row['stage']} impl={row['impl']}: {row['status']}"
+        + (" (out of memory)" if row.get("failure") == "out_of_memory" else "")
         for row in rows
         if row["status"] not in ("ok", "interrupted")
     ]

@@ -7,6 +7,7 @@
         console.log        torchrun's own output and rank 0's stdout, as it streamed
         logs/rank<k>.stdout.log, logs/rank<k>.stderr.log   every local rank's full output
         metrics.csv        one row per [opt_step]
+        memory.csv         every rank's resident memory and the memory available, sampled while it ran
         summary.json       the row `compare` reports, plus headers, collectives and warnings
         env.json           versions, device, CPU/GPU model
 

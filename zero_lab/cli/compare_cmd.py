@@ -4,7 +4,8 @@
     zero-lab compare --gpus 2,8 --stages 2 --dtype bfloat16 --warmup-steps 2 --fail-on-regression 5
     zero-lab compare --gpus 2 --device cpu --stages 1,2,3 --steps 6 --resume-check
 
-Phase 1: check every input and prepare every run before the first launch.
+Phase 1: check every input and prepare every run before the first launch; the preflight refuses
+         cells predicted not to fit in memory (zero_lab.cli.preflight).
 Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed one not stopping
          the others; with --resume-check, per cell a run that saves halfway and one that resumes.
 Phase 3: rows, deltas and verdict (analysis.comparison), printed as tables, JSON or markdown, saved
@@ -20,7 +21,7 @@ import typer
 
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import cell_table, render_report, run_table, verdict_lines
-from zero_lab.cli import jobs, options, output, plan
+from zero_lab.cli import jobs, options, output, plan, preflight
 from zero_lab.cli.environment import environment
 from zero_lab.cli.errors import check_choice, check_not_negative, one_line_errors, parse_int_list
 from zero_lab.cli.reporting import write_report
@@ -74,6 +75,7 @@ def compare(
         resumes = [job for world_size in world_sizes for stage in stage_list for impl in impl_list if resume_check
                    for job in jobs.resume_pair(shared, impl, stage, world_size, compare_dir / "resume"
                                                / rundir.cell_name(impl, stage, world_size))]
+        preflight.check(cells, shared.device, shared.device_memory_gb, common.force)
         # Phase 2
         env = environment(shared.device)
         _, interrupted_by = jobs.run_jobs(warmups, env) if warmups else ([], None)

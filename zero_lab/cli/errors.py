@@ -47,6 +47,12 @@ def check_not_negative(value: float | None, option: str) -> None:
         raise BadInput(f"{option} {value} is negative", f"pass 0 or more to {option}")
 
 
+def check_positive(value: float | None, option: str) -> None:
+    """None (not given) or a value above 0, else BadInput naming the option."""
+    if value is not None and not value > 0:
+        raise BadInput(f"{option} {value} is not above 0", f"pass a positive number to {option}")
+
+
 def check_choice(value: str, option: str, choices: tuple[str, ...]) -> str:
     """value if it is one of choices, or BadInput naming the option and the choices."""
     if value not in choices:

@@ -30,7 +30,7 @@ class Job:
 @dataclass
 class SharedSettings:
     """What every job of one command shares (config_path None: the harness's per-stage default;
-    stall_timeout_s 0: no stall watch)."""
+    stall_timeout_s 0: no stall watch; device_memory_gb: --device-memory, None when not stated)."""
 
     config_path: Path | None
     device: str
@@ -38,6 +38,7 @@ class SharedSettings:
     multi_node: torchrun.MultiNode
     extra_torchrun_args: list[str]
     stall_timeout_s: float = 0.0
+    device_memory_gb: float | None = None
 
 
 def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> None:
@@ -55,13 +56,21 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     source = shared.config_path or plan.default_config_path(stage)
     staged = plan.config_for_stage(plan.load_config_file(source), stage)
     spec = plan.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
-                          shared.extra_torchrun_args, steps=steps, stall_timeout_s=shared.stall_timeout_s)
+                          shared.extra_torchrun_args, steps=steps, stall_timeout_s=shared.stall_timeout_s,
+                          host_memory_limit=host_memory_limit(shared))
     config = plan.received_config(staged, spec, source)
     official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     world_size = shared.multi_node.world_size(nproc) or nproc
     note = note or ("warm-up" if steps is not None else None)
     label = f"{impl} w{world_size} s{stage}" + (f" ({note})" if note else "")
     return Job(spec, run_dir, config, official, label)
+
+
+def host_memory_limit(shared: SharedSettings) -> int | None:
+    """On CPU --device-memory is the host's: the memory watch's limit for the ranks (bytes)."""
+    if shared.device != "cpu" or shared.device_memory_gb is None:
+        return None
+    return int(shared.device_memory_gb * 2**30)
 
 
 def resume_pair(shared: Launch, impl: str, stage: int, nproc: int, directory: Path) -> list[Job]:

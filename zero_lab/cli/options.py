@@ -17,7 +17,7 @@ import typer
 
 from zero_lab.launch import torchrun
 from zero_lab.cli.environment import DEVICES, resolve_device
-from zero_lab.cli.errors import check_choice, check_not_negative
+from zero_lab.cli.errors import check_choice, check_not_negative, check_positive
 from zero_lab.cli.jobs import SharedSettings
 from zero_lab.nano.config_keys import OFFLOAD_SECTIONS
 
@@ -43,6 +43,12 @@ RdzvId = Annotated[Optional[str], typer.Option(help="torchrun --rdzv-id.", rich_
 StallTimeout = Annotated[float, typer.Option(
     help="Stop a run and exit 3 when no \\[opt_step] line comes for this long, start-up included (0: never).",
     metavar="SECONDS", rich_help_panel=LAUNCH)]
+DeviceMemory = Annotated[Optional[float], typer.Option(
+    help="The memory the device offers, in GB (2^30 bytes): per GPU on CUDA, the host's on CPU. The preflight "
+         "checks each run's predicted peak against it (default: free GPU memory, or available host memory), and on "
+         "CPU the memory watch treats it as the ranks' limit.", metavar="GB", rich_help_panel=LAUNCH)]
+Force = Annotated[bool, typer.Option(help="Run even when a run is predicted not to fit in memory.",
+                                     rich_help_panel=LAUNCH)]
 
 DEFAULT_MODEL = "small"  # ~24M parameters: memory differences show, 4 runs x 20 steps fit in ~5 min on 2 cores
 DEFAULT_STEPS = 20
@@ -58,6 +64,7 @@ class Common:
     shared: SharedSettings
     out: Path
     name: str | None
+    force: bool = False  # run even where the preflight predicts no fit
 
 
 def _option(name: str, annotation: object, default: object) -> inspect.Parameter:
@@ -82,21 +89,26 @@ COMMON_OPTIONS = [
     _option("rdzv_endpoint", RdzvEndpoint, None),
     _option("rdzv_id", RdzvId, None),
     _option("stall_timeout", StallTimeout, DEFAULT_STALL_TIMEOUT_S),
+    _option("device_memory", DeviceMemory, None),
+    _option("force", Force, False),
 ]
 # Typer passes the context by its type; its extra arguments (after `--`) go to torchrun.
 CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
 
 
 def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
-           offload, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout) -> Common:
-    """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, or a
-    negative --stall-timeout."""
+           offload, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout, device_memory,
+           force) -> Common:
+    """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, a
+    negative --stall-timeout, or a --device-memory that is not above 0."""
     work = torchrun.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
                            dataset_path=dataset_path, offload=check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS)))
     node = torchrun.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     device = resolve_device(check_choice(device, "--device", DEVICES))
     check_not_negative(stall_timeout, "--stall-timeout")
-    return Common(SharedSettings(config, device, work, node, list(context.args), stall_timeout), out, name)
+    check_positive(device_memory, "--device-memory")
+    return Common(SharedSettings(config, device, work, node, list(context.args), stall_timeout, device_memory),
+                  out, name, force)
 
 
 def common_options(command):

@@ -160,6 +160,7 @@ def make_spec(
     extra_torchrun_args: list[str],
     steps: int | None = None,
     stall_timeout_s: float = 0.0,
+    host_memory_limit: int | None = None,
 ) -> torchrun.LaunchSpec:
     """One launch (its port is picked at launch time, by the launcher); steps overrides the workload's (for warm-ups)."""
     if steps is not None:
@@ -175,6 +176,7 @@ def make_spec(
         multi_node=multi_node,
         extra_torchrun_args=extra_torchrun_args,
         stall_timeout_s=stall_timeout_s,
+        host_memory_limit=host_memory_limit,
     )
 
 

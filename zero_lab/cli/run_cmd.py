@@ -17,7 +17,7 @@ import typer
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import run_table
 from zero_lab.analysis.metrics import interrupted_exit_code
-from zero_lab.cli import jobs, options, output, plan
+from zero_lab.cli import jobs, options, output, plan, preflight
 from zero_lab.cli.environment import environment
 from zero_lab.cli.errors import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, BadInput, check_choice, check_not_negative,
                                  one_line_errors)
@@ -51,7 +51,7 @@ def report_problems(summaries: list[dict]) -> None:
         elif summary["status"] == "interrupted":
             output.stderr.print(f"{where}: interrupted by {summary.get('interrupted_by') or 'SIGINT'}; logs in "
                                 f"{summary['run_dir']}", markup=False, highlight=False)
-        elif summary["status"] == "stalled":
+        elif summary["status"] == "stalled" or summary.get("failure") == "out_of_memory":
             output.stderr.print(f"{where}: {summary['error']}; logs in {summary['run_dir']}", markup=False,
                                 highlight=False)
         elif summary["status"] != "ok":
@@ -103,6 +103,7 @@ def run(
     default_name = f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}"
     with plan.claimed_directory(common.out, common.name, default_name) as run_dir:
         job = jobs.prepare(shared, impl, stage, gpus, run_dir)
+        preflight.check([job], shared.device, shared.device_memory_gb, common.force)
         summaries, interrupted_by = jobs.run_jobs([job], environment(shared.device))
         if not summaries:  # interrupted before torchrun started: the directory goes again
             raise typer.Exit(exit_code_of(summaries, interrupted_by))

@@ -24,9 +24,9 @@ from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.analysis.estimate import MIB, OFFLOADS, estimate_rows, parse_param_count
 from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
 from zero_lab.analysis.markdown import fmt
-from zero_lab.cli import output, plan
+from zero_lab.cli import output, plan, preflight
 from zero_lab.cli.environment import DEVICES, cpu_cores, cuda_devices, environment, resolve_device
-from zero_lab.cli.errors import BadInput, check_choice, one_line_errors, parse_int_list
+from zero_lab.cli.errors import BadInput, check_choice, check_positive, one_line_errors, parse_int_list
 
 ESTIMATE_FORMATS = ("table", "json")
 OFFLOAD_STAGES = {"none": (0, 1, 2, 3), "optimizer": (1, 2, 3), "param": (3,)}
@@ -103,6 +103,9 @@ def estimate(
     attn_impl: Annotated[str, typer.Option(help="Attention implementation: sdpa, eager or flash_attention_2.")] = "sdpa",
     gradient_checkpointing: Annotated[bool, typer.Option(help="Activations with gradient checkpointing.")] = False,
     format: Annotated[str, typer.Option(help="table or json.")] = "table",
+    device_memory: Annotated[Optional[float], typer.Option(
+        help="Judge each row against this memory, in GB: per GPU, or the host's for CPU ranks "
+             "(default: this machine's free GPU memory, else its available host memory).", metavar="GB")] = None,
 ) -> None:
     """Model-state MB per rank (ZeRO paper formula, nano's formula, official DeepSpeed's estimator),
     and nano's predicted peak: model states, activations and the loss's temporaries.
@@ -112,6 +115,8 @@ def estimate(
     (stage 2 in code: 2P + 18P/N), have none for stages 0 and 1, and give host bytes per node.
     Activations need the architecture (a preset or a model directory); the predicted peak counts
     every model state as if in one memory, as on a CPU (with offload on a GPU, read nano MB).
+    The last column is the preflight's verdict for the predicted peak (`run` and `compare` refuse
+    "will not fit"): per GPU on a CUDA machine, all of a row's ranks on the host otherwise.
     """
     from zero_lab.analysis.activation_memory import ATTENTION_IMPLEMENTATIONS
 
@@ -119,6 +124,7 @@ def estimate(
     check_choice(offload, "--offload", OFFLOADS)
     check_choice(format, "--format", ESTIMATE_FORMATS)
     check_choice(attn_impl, "--attn-impl", ATTENTION_IMPLEMENTATIONS)
+    check_positive(device_memory, "--device-memory")
     if seq_len < 2:
         raise BadInput(f"--seq-len {seq_len} is below 2", "give --seq-len 2 or more")
     if micro_batch is not None and micro_batch < 1:
@@ -134,24 +140,29 @@ def estimate(
     precision = PRECISION_OF_DTYPE_NAME[dtype]
     rows = estimate_rows(numel, world_sizes, stage_list, precision, largest, stage3_buffers=buffers, offload=offload)
     note = activation_figures(model, precision, seq_len, micro_batch, attn_impl, gradient_checkpointing, rows)
+    offered_name = preflight.add_row_verdicts(rows, "cuda" if cuda_devices() else "cpu", device_memory, offload)
     if format == "json":
         output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "offload": offload,
                            "seq_len": seq_len, "micro_batch": micro_batch, "attn_impl": attn_impl,
-                           "gradient_checkpointing": gradient_checkpointing, "rows": rows})
+                           "gradient_checkpointing": gradient_checkpointing, "memory_offered": offered_name,
+                           "rows": rows})
         return
     with_host = offload != "none"
     headers = ["world size", "stage", "ZeRO paper MB", "nano MB", *(["nano host MB"] if with_host else []),
                "official estimator MB", *(["official host MB / node"] if with_host else []), "activations MB",
-               "predicted peak MB"]
+               "predicted peak MB", f"fits in {offered_name}"]
     body = [[str(r["world_size"]), str(r["stage"]), fmt(r["paper_mb"]), fmt(r["nano_mb"]),
              *([fmt(r["nano_host_mb"])] if with_host else []), fmt(r["official_estimator_mb"]),
              *([fmt(r["official_estimator_host_mb_per_node"])] if with_host else []), fmt(r["activations_mb"]),
-             fmt(r["predicted_peak_mb"])] for r in rows]
+             fmt(r["predicted_peak_mb"]), r["fit"]] for r in rows]
     title = f"{model}: {numel:,} parameters, {dtype}, micro-batch {micro_batch} x {seq_len} tokens, per rank" + (
         f", {offload} offloaded to the host" if with_host else "")
     output.print_table(headers, body, title=title)
     if note:
         output.stderr.print(f"note: {note}", markup=False)
+    if not cuda_devices():
+        output.stderr.print("note: fits: a row's ranks share the host's memory (its world size times the predicted "
+                            "peak); `run` and `compare` refuse \"will not fit\" without --force", markup=False)
 
 
 def check_offload_stages(offload: str, stage_list: list[int]) -> None:

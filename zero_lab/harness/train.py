@@ -29,7 +29,8 @@ Bad input (unknown preset, missing model directory, malformed dataset, more proc
 a config stage contradicting --zero-stage, fp16 with official DeepSpeed on CPU) prints
 `error: <problem>. <fix>` on stderr and exits 2 before any engine starts; so do the problems only
 the engine or Hugging Face find (a config value nano rejects, an --attn-impl that is not
-installed, a model directory that does not load).
+installed, a model directory that does not load). An allocation the device refuses prints one
+`out of memory: rank R in <phase>: ...` line and exits 4 (zero_lab/workload/out_of_memory.py).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from zero_lab.workload import state_formula
 from zero_lab.workload.log_lines import MB, format_line
 from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
+from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Phase, StepPhase, allocator_figures,
+                                             is_out_of_memory, out_of_memory_line)
 from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
 from zero_lab.workload.run_config import (build_parser, check_launch,
                                           precision_of)
@@ -157,22 +160,30 @@ def select_device(device: torch.device) -> None:
 
 
 def train(args, device: torch.device, config: dict, batches) -> None:
-    """Phases 2-5: meters, engine, training steps, totals; the meters come out whatever happens."""
+    """Phases 2-5: meters, engine, training steps, totals; the meters come out whatever happens,
+    and a refused allocation becomes OutOfMemory, one line naming the rank, the phase and the figures."""
     # Phase 2: the device first, then both meters before the engine exists (see their modules for why).
     select_device(device)
     comm = CommMeter().install()
     memory = MemoryMeter(device)
     memory.start()
+    phase = StepPhase()
     try:
-        train_with_meters(args, device, config, batches, comm, memory)
+        train_with_meters(args, device, config, batches, comm, memory, phase)
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+        figures = allocator_figures(device, memory)
+        raise OutOfMemory(out_of_memory_line(rank, phase.current, str(error), figures)) from None
     finally:
         memory.stop()
         comm.uninstall()
 
 
 def train_with_meters(args, device: torch.device, config: dict, batches, comm: CommMeter,
-                      memory: MemoryMeter) -> None:
-    """Phases 3-5, measured by the meters Phase 2 installed."""
+                      memory: MemoryMeter, phase: StepPhase) -> None:
+    """Phases 3-5, measured by the meters Phase 2 installed; phase follows where the step is."""
     engine_module = load_engine_module(args.impl, device)
     # Named, not left to the engine: nano (like DeepSpeed) defaults to nccl whenever CUDA exists,
     # which breaks `--device cpu` on a GPU host.
@@ -225,16 +236,20 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         for micro in range(accumulation):
             last = micro == accumulation - 1  # memory through the step: the last micro-step's phases
             batch = batches.get((step - 1) * accumulation + micro, rank, device)
+            phase.enter(Phase.FORWARD)
             loss = engine(**batch).loss
             if last:
                 metrics.sample_phase("after_forward", breakdown)
+            phase.enter(Phase.BACKWARD)
             engine.backward(loss)
             if last:
                 metrics.sample_phase("after_backward", breakdown)
+            phase.enter(Phase.STEP)
             engine.step()
             if last:
                 metrics.sample_phase("after_step", breakdown)
             metrics.add_loss(loss)
+        phase.enter(Phase.BETWEEN_STEPS)
         tokens = batch["input_ids"].numel() * accumulation * world_size
         fields = metrics.end(tokens)
         grad_norm = engine.get_global_grad_norm()
@@ -261,7 +276,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
 
 def main(argv: list[str] | None = None) -> int:
     """0 after training; 2 with one `error:` line on this rank's stderr for bad input, found before
-    or inside `train` (nano rejecting a config value, Hugging Face rejecting the model or --attn-impl)."""
+    or inside `train` (nano rejecting a config value, Hugging Face rejecting the model or --attn-impl);
+    4 (EXIT_OUT_OF_MEMORY) with one `out of memory:` line when an allocation was refused."""
     try:
         train(*prepare(argv))
     except (WorkloadError, NanoConfigError) as error:
@@ -270,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         # Every rank says why: the first to exit ends the job, and it need not be rank 0.
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OutOfMemory as error:  # every rank that ran out says so, in one line
+        print(error, file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -3,6 +3,8 @@
     torchrun.py       what one launch is (LaunchSpec) and its exact argv and environment: pure
     torchrun_job.py   run one LaunchSpec to completion in a run directory, with progress and a clean stop
     stall.py          stop a run whose steps stopped arriving (--stall-timeout)
+    memory_watch.py   sample every rank's memory; say when a rank killed by SIGKILL ran out of it
+    workers.py        torchrun's worker processes by rank (what both watches look at)
     signals.py        Ctrl-C, SIGTERM and SIGHUP turned into one exception, deferred while a child starts,
                       and held off while cleaning up
     moments.py        named moments where a fault test can pause a command and interrupt it

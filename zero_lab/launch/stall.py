@@ -20,21 +20,17 @@ from collections.abc import Callable
 
 import psutil
 
+from zero_lab.launch.workers import rank_processes
+
 CHECK_EVERY_S = 1.0
 
 
 def worker_states(torchrun_pid: int) -> dict[int, str]:
     """{global rank: process state} of torchrun's worker processes on this node."""
     states = {}
-    try:
-        workers = psutil.Process(torchrun_pid).children()
-    except psutil.NoSuchProcess:
-        return states
-    for worker in workers:
+    for rank, worker in rank_processes(torchrun_pid).items():
         try:
-            rank = worker.environ().get("RANK")
-            if rank is not None and rank.isdigit():
-                states[int(rank)] = worker.status()
+            states[rank] = worker.status()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return states

@@ -74,6 +74,7 @@ class LaunchSpec:
     extra_torchrun_args: list[str] = field(default_factory=list)
     python: str = sys.executable
     stall_timeout_s: float = 0.0  # the CLI stops the run after this long without a step (0: never)
+    host_memory_limit: int | None = None  # bytes the ranks may hold on this host (--device-memory on CPU)
 
 
 

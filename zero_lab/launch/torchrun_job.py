@@ -6,11 +6,13 @@ Phase 2: pick a free port, then at once start torchrun in its own session (a por
          process is known (zero_lab.launch.signals.deferred). Stream rank 0's output: to
          console.log, and each `[opt_step k]` line to the progress bar with its loss, and to the stall watch
          (zero_lab.launch.stall), which stops the run when no step comes for --stall-timeout seconds.
+         The memory watch (zero_lab.launch.memory_watch) samples every rank's resident memory.
 Phase 3: on Ctrl-C, SIGTERM or SIGHUP (zero_lab.launch.signals), stop torchrun's process group and
          every worker's (torchrun starts each worker in a session of its own), SIGTERM then
          SIGKILL, within seconds.
 Phase 4: gather every rank's log, parse rank 0's, and write metrics.csv and summary.json - also
-         for a failed or interrupted run, so its partial results stay.
+         for a failed or interrupted run, so its partial results stay; a rank that ran out of
+         memory is named with the figures (`failure: out_of_memory`).
 Phases 3 and 4 run with those signals held off, so a second one cannot cut them short.
 """
 
@@ -32,9 +34,11 @@ from zero_lab.analysis.logparse import is_number, parse_file, step_and_loss
 from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
 from zero_lab.analysis.step_phases import last_step_phases
 from zero_lab.launch import moments, ports, signals, torchrun
+from zero_lab.launch.memory_watch import MemoryWatch
 from zero_lab.launch.stall import StallWatch
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.log_lines import MB
+from zero_lab.workload.out_of_memory import EXIT_OUT_OF_MEMORY, MESSAGE_PREFIX
 
 STOP_GRACE_S = 5.0
 
@@ -81,17 +85,30 @@ def stream(process: subprocess.Popen, console_log: Path, progress: Progress | No
     process.wait()
 
 
+def harness_line(rank_logs: list[Path], prefix: str, rank: int | None = None) -> str | None:
+    """The last line starting with prefix in the first rank stderr log that has one (rank's own first)."""
+    for path in sorted(rank_logs, key=lambda path: (not path.name.startswith(f"rank{rank}."), path.name)):
+        if path.name.endswith(".stderr.log"):
+            lines = [line for line in path.read_text(errors="replace").splitlines() if line.startswith(prefix)]
+            if lines:
+                return lines[-1]
+    return None
+
+
 def bad_input_message(rank_logs: list[Path], rank_exit_code: int | None) -> str | None:
     """The harness's own one-line `error: ...` when it refused its input (exit code 2)."""
     if rank_exit_code != 2:
         return None
-    for path in sorted(rank_logs):
-        if path.name.endswith(".stderr.log"):
-            lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-            errors = [line for line in lines if line.startswith("error:")]
-            if errors:
-                return errors[-1].removeprefix("error:").strip()
-    return None
+    line = harness_line(rank_logs, "error:")
+    return line.removeprefix("error:").strip() if line else None
+
+
+def out_of_memory_message(rank_logs: list[Path], failure: dict, memory: MemoryWatch | None) -> str | None:
+    """Why a rank ran out of memory: the harness's own `out of memory: ...` line (exit code
+    EXIT_OUT_OF_MEMORY: the allocator refused), or the memory watch's verdict on a rank killed by SIGKILL."""
+    if failure["rank_exit_code"] == EXIT_OUT_OF_MEMORY:
+        return harness_line(rank_logs, MESSAGE_PREFIX, failure["failed_rank"])
+    return memory.out_of_memory(failure["failed_rank"], failure["rank_exit_code"]) if memory is not None else None
 
 
 def execute(
@@ -120,7 +137,7 @@ def execute(
     (run_dir / "command.txt").write_text(torchrun.shell_quote(command) + "\n")
     (run_dir / "console.log").touch()  # a stop before the first line still finds it
     started = time.monotonic()
-    process = watch = interrupt = None
+    process = watch = memory = interrupt = None
     try:
         moments.reached("launching")
         with signals.deferred():  # a stop that lands while torchrun starts acts once it is known
@@ -129,7 +146,8 @@ def execute(
                 start_new_session=True, env=child_env, preexec_fn=torchrun.child_dies_with_parent,
             )
         watch = StallWatch(process, torchrun.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
-        with watch:
+        memory = MemoryWatch(process, run_dir / "memory.csv", spec.host_memory_limit)
+        with watch, memory:
             moments.reached("launched")
             stream(process, run_dir / "console.log", progress, task, watch.progressed)
     except signals.INTERRUPTS as caught:
@@ -142,7 +160,7 @@ def execute(
         # Phase 4
         interrupted_by = signals.signal_name(interrupt) if interrupt is not None else None
         summary = summarize(spec, run_dir, process.returncode, interrupted_by, time.monotonic() - started,
-                            stalled=watch.message if watch is not None else None)
+                            stalled=watch.message if watch is not None else None, memory=memory)
         summary.update(config=official_config or config, env=environment, command=torchrun.shell_quote(command))
         rundir.write_json(run_dir / rundir.SUMMARY, summary)
     if interrupt is not None:
@@ -155,9 +173,9 @@ def number_or_none(value: object) -> float | None:
 
 
 def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrupted_by: str | None,
-              duration_s: float, stalled: str | None = None) -> dict:
+              duration_s: float, stalled: str | None = None, memory: MemoryWatch | None = None) -> dict:
     """The run's summary.json; interrupted_by: the signal that stopped it (SIGINT, SIGTERM, SIGHUP);
-    stalled: the stall watch's message when it stopped the run."""
+    stalled: the stall watch's message when it stopped the run; memory: the run's memory watch."""
     from zero_lab.analysis.tables import summarize_run  # pandas: once the run has ended
 
     rank_logs = rundir.collect_rank_logs(spec.log_dir, run_dir / "logs")
@@ -168,6 +186,7 @@ def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrup
     bad_input = bad_input_message(rank_logs, failure["rank_exit_code"]) if status == "failed" else None
     if bad_input:
         status = "bad_input"
+    out_of_memory = out_of_memory_message(rank_logs, failure, memory) if status == "failed" else None
     params = parsed.model.get("params")
     world_size = parsed.zero.get("world_size") or parsed.rank.get("world_size") \
         or spec.multi_node.world_size(spec.nproc) or spec.nproc
@@ -190,7 +209,10 @@ def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrup
         "exit_code": exit_code,
         **(failure if status in ("failed", "bad_input") else {"failed_rank": None, "rank_exit_code": None}),
         "interrupted_by": interrupted_by,
-        "error": bad_input or stalled,
+        "error": bad_input or stalled or out_of_memory,
+        "failure": "out_of_memory" if out_of_memory else None,
+        # the largest resident set of any local rank, sampled while the run lasted (memory.csv)
+        "rss_max_mb": memory.record.rss_max_mb() if memory is not None else None,
         "log_tail": "" if status in ("ok", "interrupted") else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
         "params": params if isinstance(params, int) and not isinstance(params, bool) else None,
         # the torch optimizer the impl stepped with (the harness's [model] line): FusedAdam, torch.optim.AdamW, ...

@@ -20,6 +20,14 @@ import re
 
 MB = 2**20  # the contract's MB: mebibytes
 
+
+def size_text(size: float | None, like: float | None = None) -> str:
+    """Bytes for a person, in messages (not log fields): GB with one decimal from 1 GB, else whole MB
+    (2^30 and 2^20 bytes), in the unit `like` would take when given ("0.3 GB of 23.0 GB"); "?" when unknown."""
+    if size is None:
+        return "?"
+    return f"{size / 2**30:.1f} GB" if (size if like is None else like) >= 2**30 else f"{size / MB:.0f} MB"
+
 TAGS = ("rank", "zero", "model", "opt_step", "phase", "collective", "comm", "warn", "ckpt")
 
 # Per-field number formats; loss and grad_norm carry enough digits for 1e-6 comparisons.

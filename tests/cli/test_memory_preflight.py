@@ -1,0 +1,119 @@
+"""The preflight (zero_lab/cli/preflight.py): before anything launches, `run` and `compare` refuse a
+run predicted not to fit in a stated --device-memory (exit 2, the figures and the knobs), warn
+within 10% of it, let one under it through, and go on with --force; `estimate` gives the same
+verdict per row. A prediction the reports do not carry (official stage 3) is no verdict.
+
+The tiny model at 2 ranks, stage 2, the harness's defaults: 36 MB predicted per rank, 72 MB for
+the two (printed by the refusal itself, which the tests read rather than hard-code).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zero_lab.cli.app import app
+from zero_lab.launch import torchrun
+
+WORKLOAD = ["--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1", "--stage", "2"]
+ONE_STEP = 'import os\nif os.environ["RANK"] == "0":\n    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)\n'
+NEEDED = re.compile(r"2 ranks x (\d+) MB predicted peak = (\d+) MB, (\d+) MB offered \(--device-memory\)")
+
+
+def invoke(*arguments: str):
+    return CliRunner().invoke(app, list(arguments))
+
+
+def needed_mb(tmp_path: Path) -> int:
+    """The two ranks' predicted peak in MB, as the refusal at 1 MB states it."""
+    result = invoke("run", *WORKLOAD, "--device-memory", "0.001", "--out", str(tmp_path / "probe"))
+    found = NEEDED.search(result.stderr)
+    assert found, result.stderr
+    return int(found.group(2))
+
+
+def test_run_refuses_a_run_predicted_over_the_limit_before_anything_starts(tmp_path):
+    out = tmp_path / "runs"
+    result = invoke("run", *WORKLOAD, "--device-memory", "0.05", "--out", str(out))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    found = NEEDED.search(lines[0])
+    assert lines[0].startswith("error: nano w2 s2: will not fit: ") and found, lines[0]
+    per_rank, both, offered = map(int, found.groups())
+    assert abs(2 * per_rank - both) <= 1 and offered == 51 and both > offered
+    for knob in ("--stage", "--offload", "--batch-size", "--seq-len", "--gradient-checkpointing", "--force"):
+        assert knob in lines[0]
+    assert not out.exists() or not any(out.iterdir()), "nothing launched, nothing left"
+
+
+def test_compare_refuses_every_cell_over_the_limit_and_gives_no_verdict_for_official_stage_3(tmp_path):
+    result = invoke("compare", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1", "--stages", "2,3",
+                    "--device-memory", "0.01", "--out", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    refused = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert [line.split(":")[1].strip() for line in refused] == ["nano w2 s2", "official w2 s2", "nano w2 s3"]
+    assert "official w2 s3" not in result.stderr  # not modelled: no verdict, no refusal
+
+
+def test_a_limit_on_cpu_is_positive():
+    result = invoke("run", *WORKLOAD, "--device-memory", "0")
+    assert result.exit_code == 2 and "--device-memory 0.0 is not above 0" in result.stderr
+
+
+def test_estimate_gives_the_verdict_per_row_against_a_stated_limit():
+    result = invoke("estimate", "--model", "tiny", "--gpus", "1,2", "--stages", "2", "--dtype", "float32",
+                    "--device-memory", "0.0001", "--format", "json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["memory_offered"] == "0 MB (--device-memory)"
+    assert [row["fit"] for row in payload["rows"]] == ["will not fit", "will not fit"]
+    roomy = json.loads(invoke("estimate", "--model", "tiny", "--gpus", "1,2", "--stages", "2", "--device-memory", "100",
+                              "--format", "json").stdout)
+    assert [row["fit"] for row in roomy["rows"]] == ["fits", "fits"]
+
+
+@pytest.mark.slow  # the runs that go ahead launch torchrun (with a one-step stand-in for the harness)
+def test_under_the_limit_runs_within_ten_percent_warns_and_force_goes_on(tmp_path, monkeypatch):
+    script = tmp_path / "one_step.py"
+    script.write_text(ONE_STEP)
+    monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
+    needed = needed_mb(tmp_path)
+    runs = {"roomy": needed * 2, "tight": needed / 0.95, "forced": needed / 2}
+    for name, limit_mb in runs.items():
+        extra = ["--force"] if name == "forced" else []
+        result = invoke("run", *WORKLOAD, "--device-memory", f"{limit_mb / 1024:.6f}", "--out", str(tmp_path / "runs"),
+                        "--name", name, *extra)
+        assert result.exit_code == 0, (name, result.output)
+        assert json.loads((tmp_path / "runs" / name / "summary.json").read_text())["status"] == "ok"
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: nano w2 s2")]
+        expected = {"roomy": [], "tight": ["tight"], "forced": ["will not fit"]}[name]
+        assert [line.split(": ")[2] for line in warnings] == expected, result.stderr
+        assert name != "tight" or warnings[0].endswith("(within 10% of the limit)")
+
+
+def test_on_a_cuda_machine_each_rank_has_a_gpu_of_its_own_and_the_least_free_one_counts(monkeypatch):
+    """estimate on a (pretend) two-GPU machine: per rank against the fuller GPU's free memory, so
+    world size 2 fits where on CPU its two ranks would share one memory and not."""
+    import torch
+
+    from zero_lab.cli import tools_cmd
+
+    free = {0: 80 * 2**20, 1: 50 * 2**20}
+    monkeypatch.setattr(tools_cmd, "cuda_devices", lambda: ["GPU 0", "GPU 1"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (free[index], 96 * 2**30))
+    arguments = ["estimate", "--model", "tiny", "--gpus", "1,2", "--stages", "2", "--dtype", "float32", "--format", "json"]
+    payload = json.loads(invoke(*arguments).stdout)
+    assert payload["memory_offered"] == "50 MB (free memory of a GPU)"
+    peaks = [row["predicted_peak_mb"] for row in payload["rows"]]
+    assert all(peak < 0.9 * 50 for peak in peaks) and 2 * peaks[1] > 50
+    assert [row["fit"] for row in payload["rows"]] == ["fits", "fits"]
+    monkeypatch.setattr(tools_cmd, "cuda_devices", lambda: [])
+    on_cpu = json.loads(invoke(*arguments, "--device-memory", str(50 / 1024)).stdout)
+    assert [row["fit"] for row in on_cpu["rows"]] == ["fits", "will not fit"]

@@ -1,0 +1,47 @@
+"""Will a run fit in memory? A predicted peak per rank against the memory the device offers.
+
+The rule (`fit`): the memory a node's ranks need is the predicted peak of one rank
+(`peak_memory.predict_peak`) times the ranks sharing one memory - every rank of the node on a CPU,
+where they share the host's; one on a GPU, which each rank has to itself. Against what is offered:
+  more than offered                          -> will not fit (run and compare refuse; --force goes on)
+  within TIGHT_FRACTION (10%) of the offered  -> tight (a warning)
+  otherwise                                  -> fits
+  no prediction (official stage 3, a model whose architecture cannot be read) or nothing offered
+  known -> no verdict.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from zero_lab.workload.log_lines import size_text
+
+TIGHT_FRACTION = 0.10
+# What lowers a rank's peak, in the CLI's own flags.
+KNOBS = ("a higher --stage, --offload optimizer (or param at stage 3), a smaller --batch-size or --seq-len, "
+         "or gradient checkpointing (harness/train.py --gradient-checkpointing)")
+
+
+class Fit(enum.Enum):
+    FITS = "fits"
+    TIGHT = "tight"
+    WILL_NOT_FIT = "will not fit"
+    NO_VERDICT = "no verdict"
+
+
+def fit(needed: float | None, offered: float | None) -> Fit:
+    """The verdict for `needed` bytes against `offered` bytes (the module's rule)."""
+    if needed is None or offered is None:
+        return Fit.NO_VERDICT
+    if needed > offered:
+        return Fit.WILL_NOT_FIT
+    if needed > (1 - TIGHT_FRACTION) * offered:
+        return Fit.TIGHT
+    return Fit.FITS
+
+
+def fit_line(label: str, peak_per_rank: float, ranks: int, offered: float, offered_name: str, verdict: Fit) -> str:
+    """One line with the figures: `nano w2 s3: will not fit: 2 ranks x 6.6 GB predicted peak = 13.2 GB, ...`."""
+    needed = f"{ranks} ranks x {size_text(peak_per_rank)} predicted peak = {size_text(ranks * peak_per_rank)}" \
+        if ranks > 1 else f"{size_text(peak_per_rank)} predicted peak per rank"
+    return f"{label}: {verdict.value}: {needed}, {size_text(offered)} offered ({offered_name})"
