@@ -98,3 +98,12 @@ def test_a_bare_log_takes_its_cell_from_its_own_headers(tmp_path):
     row = zero_lab.load_steps(log).iloc[0]
     assert (row["impl"], row["stage"], row["world_size"], row["precision"], row["offload"]) == (
         "official", 3, 4, "bf16", "optimizer")
+
+
+def test_the_seed_s_log_reads_into_our_columns_with_an_unknown_cell(tmp_path):
+    log = tmp_path / "nano-node2.log"
+    log.write_text("[opt_step 1] loss=2.3 cuda_alloc_max_mb=7340.5 cuda_peak_alloc_max_mb=10260.2\n"
+                   "[opt_step 2] loss=2.2 cuda_alloc_max_mb=7341.5\n")
+    runs = zero_lab.load_runs(log)
+    assert runs[["steps", "loss_last", "alloc_max_mb", "peak_alloc_max_mb"]].values.tolist() == [[2, 2.2, 7341.5, 10260.2]]
+    assert runs[["impl", "stage", "world_size"]].isna().all(axis=None) and "cuda_alloc_max_mb" not in runs.columns
