@@ -20,8 +20,8 @@ Optimizer step, at each gradient-accumulation boundary:
              `check_grad_overflow` is false); then clip.
     Phase 4: Adam on the master partitions, where they live.
     Phase 5: the stage publishes the updated parameters (`_publish_parameters`): each master is
-             copied into its partition in the parameters' dtype (from the host asynchronously when
-             pinned), then stages 1/2 all-gather.
+             copied into its partition in the parameters' dtype (an offloaded master is converted
+             on the host, then moved, asynchronously when pinned), then stages 1/2 all-gather.
     Phase 6: release the gradient buffers until the next window's backward.
 """
 
