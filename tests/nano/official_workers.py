@@ -108,3 +108,24 @@ def official_stage3_worker(rank: int, world_size: int) -> list[str]:
     if worst_loss > 1e-5 or worst_parameter > 1e-5:
         return [f"stage 3: max loss delta {worst_loss:.3g}, max parameter delta {worst_parameter:.3g}"]
     return []
+
+
+def non_finite_steps_worker(rank: int, world_size: int) -> list[str]:
+    """bf16 and a NaN loss, at stages 0-3 with check_grad_overflow true and false: nano's step is
+    applied or skipped, moves the parameters or not, and counts a skipped step exactly as
+    official DeepSpeed's does."""
+    from tests.nano.dropin_workers import bf16_overflow_config, non_finite_step_outcome
+
+    deepspeed = import_official_deepspeed(world_size)
+    failures = []
+    for stage in (0, 1, 2, 3):
+        for check in (True, False):
+            config = bf16_overflow_config(stage, check)
+            ours = non_finite_step_outcome(nano, config, rank)
+            theirs = non_finite_step_outcome(deepspeed, to_official_config(config, device="cpu"), rank)
+            print(f"[non-finite] stage {stage} check_grad_overflow={check}: (applied, changed, skipped) "
+                  f"nano {ours} official {theirs}", flush=True)
+            if ours != theirs:
+                failures.append(f"stage {stage} check_grad_overflow={check}: (applied, changed, skipped) nano {ours}, "
+                                f"official {theirs}")
+    return failures

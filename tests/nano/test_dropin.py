@@ -23,7 +23,7 @@ def test_gradient_allreduce_op_sum_adds_gradients_over_ranks(world_size):
     assert run_distributed(dropin_workers.gradient_sum_worker, world_size) == []
 
 
-def test_bf16_check_grad_overflow_false_applies_a_non_finite_step():
+def test_bf16_check_grad_overflow_false_applies_a_non_finite_step_at_stages_1_and_2():
     assert run_distributed(dropin_workers.bf16_overflow_check_worker, 2) == []
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.nano.official_workers import official_parity_worker, official_stage3_worker
+from tests.nano.official_workers import non_finite_steps_worker, official_parity_worker, official_stage3_worker
 from tests.spawn import run_distributed
 
 
@@ -14,3 +14,8 @@ def test_nano_matches_official_deepspeed_step_for_step():
 @pytest.mark.official
 def test_nano_stage3_matches_official_deepspeed_stage3():
     assert run_distributed(official_stage3_worker, 2) == []
+
+
+@pytest.mark.official
+def test_non_finite_bf16_steps_are_applied_or_skipped_per_stage_as_official_does():
+    assert run_distributed(non_finite_steps_worker, 1) == []

@@ -66,7 +66,7 @@ class Fp16Config(_Strict):
 class Bf16Config(_Strict):
     enabled: StrictBool = Field(False, description="bf16 parameters with fp32 master partitions; no loss scaling.")
     check_grad_overflow: StrictBool = Field(True, description="Skip a step whose gradients hold an inf or NaN (false: "
-                                            "apply it, as official DeepSpeed then does).")
+                                            "apply it at stages 1 and 2; stages 0 and 3 skip it anyway, as official).")
     immediate_grad_update: StrictBool = Field(False, description="Move each gradient into fp32 as soon as it is "
                                               "produced; official's stage-0 bf16 optimizer only (see NanoConfig).")
 

@@ -12,6 +12,13 @@ Phase 1 (partition; at the end of a module's __init__): the parameter moves to t
 Phase 2 (whole again; when an engine lays the parameter into its flat buffer): the slices are
          all-gathered into the whole parameter, one parameter at a time, so start-up never holds
          more than one parameter whole besides the flat buffer being filled.
+Before an engine owns it, a use may make a partitioned parameter whole for a while, as official
+DeepSpeed does (`zero.GatheredParameters`, and `Module.apply` inside `zero.Init`):
+    `gather`: the slices are all-gathered into a whole tensor that becomes the parameter's data;
+              the slice is kept; nested gathers count holds.
+    `release(modifier_rank=r)`: rank r's whole values are broadcast and each rank copies its
+              slice of them into its partition (without r, changes are dropped, as in official);
+              at the last hold the whole tensor is freed and the data is empty again.
 """
 
 from __future__ import annotations
@@ -30,6 +37,13 @@ def numel_of(parameter: torch.Tensor) -> int:
     return torch.Size(parameter.zero_lab_shape).numel() if is_partitioned(parameter) else parameter.numel()
 
 
+def _slice_of(numel: int, collectives: Collectives) -> tuple[int, int, int]:
+    """(elements per slice, this rank's first element, how many of them are the parameter's)."""
+    share = -(-numel // collectives.world_size)
+    start = min(numel, collectives.rank * share)
+    return share, start, max(0, min(numel, start + share) - start)
+
+
 @torch.no_grad()
 def partition(parameter: torch.nn.Parameter, collectives: Collectives) -> None:
     """Phase 1, in place: this rank's slice is moved to the front of the parameter's own storage,
@@ -38,9 +52,7 @@ def partition(parameter: torch.nn.Parameter, collectives: Collectives) -> None:
     collectives.broadcast(data, source_rank=0)
     flat = data.reshape(-1)
     numel, size = flat.numel(), flat.element_size()
-    share = -(-numel // collectives.world_size)
-    start = min(numel, collectives.rank * share)
-    kept = max(0, min(numel, start + share) - start)
+    share, start, kept = _slice_of(numel, collectives)
     storage = flat.untyped_storage()
     if flat.storage_offset() == 0 and storage.nbytes() == numel * size:
         if start > 0 and kept:  # start >= share >= kept: source and destination never overlap
@@ -63,8 +75,39 @@ def whole_values(parameter: torch.Tensor, collectives: Collectives) -> torch.Ten
     """Phase 2: the parameter's values, whole, in its original shape (itself if not partitioned)."""
     if not is_partitioned(parameter):
         return parameter.data
+    values = _all_gathered(parameter, collectives)
+    parameter.zero_lab_init_partition = None
+    return values
+
+
+def _all_gathered(parameter: torch.Tensor, collectives: Collectives) -> torch.Tensor:
     piece, numel = parameter.zero_lab_init_partition, numel_of(parameter)
     gathered = torch.empty(piece.numel() * collectives.world_size, dtype=piece.dtype, device=piece.device)
     collectives.all_gather_into_tensor(gathered, piece)
-    parameter.zero_lab_init_partition = None
     return gathered[:numel].view(parameter.zero_lab_shape)
+
+
+def holds_of(parameter: torch.Tensor) -> int:
+    """How many uses hold a partitioned parameter whole now (0: its data is empty)."""
+    return getattr(parameter, "zero_lab_init_holds", 0)
+
+
+@torch.no_grad()
+def gather(parameter: torch.nn.Parameter, collectives: Collectives) -> None:
+    """A use before any engine: the parameter's data is its whole value until `release`."""
+    if holds_of(parameter) == 0:
+        parameter.data = _all_gathered(parameter, collectives)
+    parameter.zero_lab_init_holds = holds_of(parameter) + 1
+
+
+@torch.no_grad()
+def release(parameter: torch.nn.Parameter, collectives: Collectives, modifier_rank: int | None = None) -> None:
+    """The end of a `gather`: rank `modifier_rank`'s values (if given) become every rank's slice."""
+    if modifier_rank is not None:
+        collectives.broadcast(parameter.data, source_rank=modifier_rank)
+        flat, piece = parameter.data.reshape(-1), parameter.zero_lab_init_partition
+        _, start, kept = _slice_of(flat.numel(), collectives)
+        piece[:kept].copy_(flat[start:start + kept])
+    parameter.zero_lab_init_holds = holds_of(parameter) - 1
+    if parameter.zero_lab_init_holds == 0:
+        parameter.data = torch.empty(0, dtype=parameter.dtype, device=parameter.device)

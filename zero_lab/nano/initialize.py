@@ -4,7 +4,8 @@
     Phase 1: refuse what nano does not do (a user-built torch optimizer, model parallelism).
     Phase 2: join the process group if needed, then load and check the config for its world size.
     Phase 3: move the module to its device, and to fp16/bf16 when the config asks (as DeepSpeed does).
-    Phase 4: collect trainable parameter groups from `model_parameters` (params or dicts).
+    Phase 4: collect trainable parameter groups from `model_parameters` (params or dicts); a
+             parameter no group holds (frozen) that `zero.Init` partitioned is made whole, for good.
     Phase 5: decide the policies (which parameters share a flat buffer: `units`; where tensors
              live: `placement`), build the stage's ZeRO optimizer (flattening the parameters), the
              LR schedule and, with `training_data`, a distributed data loader.
@@ -19,6 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed
 
+from zero_lab.nano import init_partitions
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.config_loading import load_config
@@ -114,6 +116,10 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     # Phase 4
     groups = _parameter_groups(model, model_parameters)
     names = {parameter: name for name, parameter in model.named_parameters()}
+    owned = {parameter for group in groups for parameter in group["params"]}
+    for parameter in names:
+        if parameter not in owned and init_partitions.is_partitioned(parameter):
+            parameter.data = init_partitions.whole_values(parameter, collectives).to(parameter.data)  # Phase 3's dtype
     adopted = [names.get(p, "?") for group in groups for p in group["params"] if getattr(p, "zero_lab_flat_buffer", False)]
     if adopted:
         raise NanoConfigError(f"parameter {adopted[0]} already belongs to another nano engine; build a fresh model "

@@ -23,6 +23,7 @@ from zero_lab.nano.stage0 import Stage0Optimizer
 class Stage1Optimizer(Stage0Optimizer):
     stage = 1
     predivides = True
+    applies_unchecked_bf16_steps = True  # official's stage 1/2 optimizer honours check_grad_overflow: false
 
     def _uses_reduce_scatter(self) -> bool:
         return self.config.zero_optimization.reduce_scatter

@@ -29,6 +29,7 @@ from zero_lab.nano.units import Unit
 class Stage3Optimizer(Stage2Optimizer):
     stage = 3
     predivides = False  # official stage 3 divides the reduce-scattered sum (post-scale), unlike 1/2
+    applies_unchecked_bf16_steps = False  # official's stage 3 checks every step
 
     def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names):
         super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names)

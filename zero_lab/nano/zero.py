@@ -11,20 +11,26 @@
     __init__ (`init_partitions.py`): rank 0's values are broadcast and each rank keeps a 1/N slice,
     so no rank holds more than the module being built whole besides the slices so far (those of
     parameters a constructor builds and then drops included: Hugging Face builds an untied head
-    before tying it to the embedding). The
-    values are the ones the modules' constructors give; a model-wide weight init that runs after
-    them (Hugging Face's post_init) sees empty parameters and changes nothing, as with official
-    DeepSpeed. `initialize` gathers each parameter back into its flat buffer, one at a time.
+    before tying it to the embedding). A weight init that runs after a child was partitioned
+    still reaches it, as in official DeepSpeed: inside the block `Module.apply(fn)` gathers each
+    module's partitioned parameters, runs `fn`, broadcasts rank 0's values and re-partitions them
+    (a parent's `self.apply(init)` in its __init__, Hugging Face's post_init), and
+    `GatheredParameters(..., modifier_rank=0)` does the same for any parameters.
+    `initialize` gathers each parameter back into its flat buffer, one at a time; a frozen one
+    (no engine owns it) is made whole and stays so.
 
 `GatheredParameters(params, modifier_rank=None)`:
     Phase 1 (enter): each listed parameter is whole on every rank: at stage 3 its unit is held and
              gathered (a use like any other, so it nests with forward and backward); below stage 3,
-             and for stage 3's persistent parameters, it already is.
+             and for stage 3's persistent parameters, it already is; a parameter partitioned by
+             `Init` that no engine owns yet is all-gathered into its data.
     Phase 2 (exit): with `modifier_rank=r`, rank r's whole buffers are broadcast, every rank keeps
              its partition of them, and the fp32 master partitions follow (mixed precision), so
              the change survives the next optimizer step; without it, changes are dropped at
-             stage 3 (the partitions were not touched). Then the units are released.
-Parameters no nano engine owns are ignored, as DeepSpeed ignores parameters it did not partition.
+             stage 3 and under `Init` (the partitions were not touched). Then the units are
+             released, and `Init`'s parameters are empty again.
+Whole parameters no nano engine owns and `Init` did not partition are ignored, as DeepSpeed
+ignores parameters it did not partition.
 """
 
 from __future__ import annotations
@@ -58,11 +64,16 @@ class GatheredParameters:
                 optimizer, index = owner
                 owners[(id(optimizer), index)] = owner
         self.owners = list(owners.values())
+        unique = {id(parameter): parameter for parameter in parameters if init_partitions.is_partitioned(parameter)}
+        self.partitioned = list(unique.values())  # built under Init, no engine yet
+        self.collectives = Collectives() if self.partitioned else None
 
     def __enter__(self):
         if self.enabled:
             for optimizer, index in self.owners:  # Phase 1
                 optimizer.hold_whole(index)
+            for parameter in self.partitioned:
+                init_partitions.gather(parameter, self.collectives)
         return self
 
     def __exit__(self, *exc):
@@ -72,6 +83,8 @@ class GatheredParameters:
             if self.modifier_rank is not None:
                 optimizer.adopt_values(index, self.modifier_rank)
             optimizer.let_go(index)
+        for parameter in self.partitioned:
+            init_partitions.release(parameter, self.collectives, self.modifier_rank)
         return False
 
 
@@ -139,7 +152,37 @@ class Init:
             init._wrap(cls)
 
         torch.nn.Module.__init_subclass__ = classmethod(wrap_new_class)
+        self.original_apply = torch.nn.Module.__dict__["apply"]
+        torch.nn.Module.apply = self._apply_with_gather(self.original_apply)
         return self
+
+    def _apply_with_gather(self, apply):
+        """`Module.apply` inside the block: `fn` meets each module's own partitioned parameters
+        whole, and rank 0's result becomes every rank's partition (official DeepSpeed's wrapper)."""
+        collectives = self.collectives
+
+        def gathered_for(fn):
+            if getattr(fn, "zero_lab_gathers", False):
+                return fn
+
+            @functools.wraps(fn)
+            def on_whole_parameters(module):
+                own = [parameter for parameter in module.parameters(recurse=False)
+                       if init_partitions.is_partitioned(parameter)]
+                for parameter in own:
+                    init_partitions.gather(parameter, collectives)
+                fn(module)
+                for parameter in own:
+                    init_partitions.release(parameter, collectives, modifier_rank=0)
+
+            on_whole_parameters.zero_lab_gathers = True
+            return on_whole_parameters
+
+        @functools.wraps(apply)
+        def apply_with_gather(module, fn):
+            return apply(module, gathered_for(fn))
+
+        return apply_with_gather
 
     def __exit__(self, *exc):
         if not self.enabled:
@@ -154,4 +197,5 @@ class Init:
             del torch.nn.Module.__init_subclass__
         else:
             torch.nn.Module.__init_subclass__ = self.original_init_subclass
+        torch.nn.Module.apply = self.original_apply
         return False

@@ -17,7 +17,8 @@ Optimizer step, at each gradient-accumulation boundary:
              hold different partitions). It is the same number on every rank, so a non-finite
              norm (an inf or NaN gradient on any rank: an fp16 overflow, or a diverged fp32/bf16
              run) makes every rank skip the step without another collective (unless bf16's
-             `check_grad_overflow` is false); then clip.
+             `check_grad_overflow` is false at a stage that honours it: 1 and 2, as official);
+             then clip.
     Phase 4: Adam on the master partitions, where they live.
     Phase 5: the stage publishes the updated parameters (`_publish_parameters`): each master is
              copied into its partition in the parameters' dtype (an offloaded master is converted
@@ -81,6 +82,10 @@ class ZeroOptimizer:
     # Whether a reduce-scattered bucket is divided by the world size before the sum (official
     # DeepSpeed's stage 1/2) rather than the sum after it (its stage 0, 3, and all-reduce paths).
     predivides = False
+    # Whether bf16's `check_grad_overflow: false` lets a step with non-finite gradients through.
+    # Official DeepSpeed's stage 1/2 optimizer honours it; its stage-0 bf16 optimizer and its
+    # stage-3 optimizer check every step anyway, and nano does as official per stage.
+    applies_unchecked_bf16_steps = False
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
                  collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
@@ -120,7 +125,8 @@ class ZeroOptimizer:
         self.adam = PartitionedAdam(masters_of_group, options, hyper.lr, hyper.betas, hyper.eps,
                                     hyper.weight_decay, config.optimizer.decoupled_weight_decay)
         self.loss_scaler = LossScaler(config.fp16)
-        self.checks_overflow = config.precision != "bf16" or config.bf16.check_grad_overflow
+        self.checks_overflow = (config.precision != "bf16" or config.bf16.check_grad_overflow
+                                or not self.applies_unchecked_bf16_steps)
         self.overflow = False
         self.global_grad_norm: Optional[float] = None
 
