@@ -221,7 +221,7 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int, kept
 
 
 def publish(buffer: Buffer, bucket_numel: int, width: int, moved) -> list[Collective]:
-    """A whole buffer's all-gather after Adam, as `FlatParameterBuffer.unshard` cuts it."""
+    """A whole buffer's all-gather after Adam, as `FlatParameterBuffer.gather_partitions` cuts it."""
     count, size = buffer.layout.partition_count, buffer.layout.partition_numel
     chunk = max(1, bucket_numel // count)
     if chunk >= size:
