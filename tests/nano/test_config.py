@@ -56,6 +56,8 @@ BAD_CONFIGS = [
     (with_(zero_optimization={"stage": 2, "allgather_bucket_size": 5}), "zero_optimization.allgather_bucket_size"),
     (with_(zero_optimization={"stage": 1}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
      "data_types.grad_accum_dtype fp32"),
+    (with_(zero_optimization={"stage": 3}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "bf16"}),
+     "data_types.grad_accum_dtype bf16"),
     (with_(data_types={"param_dtype": "bf16"}), "'data_types.param_dtype' is known to official DeepSpeed"),
     (with_(gradient_allreduce_op="max"), "gradient_allreduce_op"),
     (with_(zero_optimization__stage="2"), "zero_optimization.stage"),
@@ -134,9 +136,10 @@ def test_official_config_is_accepted_by_deepspeed():
     with_(zero_optimization={"stage": 2}, bf16={"enabled": True, "immediate_grad_update": True}),
     with_(zero_optimization={"stage": 2}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
     with_(zero_optimization={"stage": 1}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "bf16"}),
+    with_(zero_optimization={"stage": 3}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
     with_(gradient_allreduce_op="SUM"),
 ], ids=["stage3 keys below stage 3", "bf16 overflow check off", "immediate update at stage 2",
-        "fp32 accumulation at stage 2", "bf16 accumulation at stage 1", "sum"])
+        "fp32 accumulation at stage 2", "bf16 accumulation at stage 1", "fp32 accumulation at stage 3", "sum"])
 def test_keys_official_deepspeed_accepts_are_accepted_with_its_meaning(accepted):
     """Keys official DeepSpeed takes (and ignores below stage 3, for the stage-3 ones) load, and
     DeepSpeed's own config class accepts the same dict."""

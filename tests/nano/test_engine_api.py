@@ -135,3 +135,16 @@ def test_memory_breakdown_by_device_adds_up_to_the_totals(single_process):
     totals, per_device = engine.memory_breakdown(), engine.memory_breakdown(by_device=True)
     assert set(per_device) == {"device"}  # no offload: nothing on the host
     assert per_device["device"] == totals and totals["fp32_master_partition"] > 0 and totals["optimizer_states"] > 0
+
+
+def test_initialize_stays_the_function_after_its_module_is_imported():
+    """Importing `zero_lab.nano.initialize` (here, or first thing in a process that preloads nano's
+    modules) makes the import system bind the submodule to the package under the name of the
+    function it defines, as below; `nano.initialize` must still be the function."""
+    import importlib
+
+    module = importlib.import_module("zero_lab.nano.initialize")
+    setattr(nano, "initialize", module)  # what `import zero_lab.nano.initialize` does to the package
+    assert nano.initialize is module.initialize
+    setattr(nano, "zero", importlib.import_module("zero_lab.nano.zero"))  # the API's one module stays one
+    assert nano.zero is importlib.import_module("zero_lab.nano.zero")

@@ -221,7 +221,7 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int, kept
 
 
 def publish(buffer: Buffer, width: int, moved) -> list[Collective]:
-    """A whole buffer's all-gather after Adam: one call, in place (`FlatParameterBuffer.unshard`)."""
+    """A whole buffer's all-gather after Adam: one call, in place (`FlatParameterBuffer.gather_partitions`)."""
     return [moved("all_gather", "all_gather", buffer.layout.padded_numel * width, buffer.name)]
 
 

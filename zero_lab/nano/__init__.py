@@ -1,30 +1,35 @@
-"""nano: a readable ZeRO engine (stages 0, 1 and 2), a drop-in for `deepspeed.initialize`.
+"""nano: a readable ZeRO engine (stages 0 to 3, CPU offload), a drop-in for `deepspeed.initialize`.
 
     import zero_lab.nano as deepspeed
     engine, optimizer, _, scheduler = deepspeed.initialize(model=model, model_parameters=params,
                                                            config="ds_config.json")
 
 Vocabulary: every tensor a reader meets, and the bytes each takes on one rank (P = parameters of
-a flat buffer, padded as official DeepSpeed pads: to a multiple of 2N at stages 1/2; N ranks;
-w = 4 in fp32, 2 in bf16/fp16).
+a flat buffer, padded as official DeepSpeed pads: to a multiple of 2N at stages 1-3, and a bf16
+buffer at stage 0; N ranks; w = 4 in fp32, 2 in bf16/fp16). What each stage partitions, and what
+follows from it, is the stage table in `stages.py`.
 
-| name                       | what it is                                                     | stage 0 | stage 1 | stage 2   |
-|----------------------------|----------------------------------------------------------------|---------|---------|-----------|
-| unit                       | parameters laid out together (stages 0-2: the whole model)     |         |         |           |
-| flat parameter buffer      | one unit's parameters of one group end to end; param.data views | wP      | wP      | wP        |
-| partition                  | this rank's slice [rank*P/N, (rank+1)*P/N) of a flat buffer     | all of it | P/N   | P/N       |
-| fp32 master partition      | fp32 copy of the partition that Adam updates (fp32: none, the partition itself is the master) | 4P | 4P/N | 4P/N |
-| full gradients             | autograd's own param.grad, accumulated over the window         | wP      | wP      | -         |
-| gradient bucket            | a flat range of gradients reduced together (reduce_bucket_size) | transient | transient | transient |
-| gradient partition         | the partition's averaged gradients, fp32                       | 4P      | 4P/N    | 4P/N      |
-| optimizer-state partition  | Adam's exp_avg and exp_avg_sq for the partition, fp32          | 8P      | 8P/N    | 8P/N      |
+| name                       | what it is                                                     | stage 0 | stage 1 | stage 2   | stage 3   |
+|----------------------------|----------------------------------------------------------------|---------|---------|-----------|-----------|
+| unit                       | parameters laid out together (stages 0-2: the whole model; stage 3: each block, the root, the persistent small parameters) | | | | |
+| flat parameter buffer      | one unit's parameters of one group end to end; param.data views | wP      | wP      | wP        | wP/N between uses (its partition); wP while gathered |
+| gathered parameters        | stage 3: a sharded unit's whole buffer, from before its use to after it | -  | -       | -         | wP per unit in use |
+| partition                  | this rank's slice [rank*P/N, (rank+1)*P/N) of a flat buffer     | all of it | P/N   | P/N       | P/N       |
+| fp32 master partition      | fp32 copy of the partition that Adam updates (fp32: none, the partition itself is the master) | 4P | 4P/N | 4P/N | 4P/N |
+| full gradients             | autograd's own param.grad, accumulated over the window         | wP      | wP      | -         | -         |
+| gradient bucket            | a flat range of gradients reduced together (reduce_bucket_size) | transient | transient | transient | transient |
+| gradient partition         | the partition's averaged gradients, fp32                       | 4P      | 4P/N    | 4P/N      | 4P/N      |
+| optimizer-state partition  | Adam's exp_avg and exp_avg_sq for the partition, fp32          | 8P      | 8P/N    | 8P/N      | 8P/N      |
+
+With CPU offload the fp32 master, optimizer-state and gradient partitions live in host memory
+(stages 1-3), and at stage 3 the partitions of the parameters too (`placement.py`).
 
 Gradients exist only while they are needed: full gradients from backward until they are packed
 into buckets, gradient partitions from the window's first reduction until the optimizer step.
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, layout, unit_policy, config_keys -> config -> config_loading -> official_config,
+    errors, stages, dtypes, unit_policy, config_keys -> layout -> config -> config_loading -> official_config,
     memory_formula -> collectives, distributed -> init_partitions -> placement, units -> flat_buffer ->
     gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
     stage0 -> stage1 -> stage2 -> stage3 -> reshard, checkpoint_files -> checkpoint_contents ->
@@ -35,11 +40,26 @@ partition, `reshard.py`).
 """
 
 import importlib
+import sys
+import types
 
 # The API, imported on first use (PEP 562): `import zero_lab.nano.dtypes` from the CLI loads no torch.
 _API = {"initialize": "initialize", "add_config_arguments": "initialize", "init_distributed": "distributed",
         "NanoEngine": "engine", "NanoConfigError": "errors", "zero": None}
 __all__ = list(_API)
+
+
+class _Package(types.ModuleType):
+    """`import zero_lab.nano.initialize` binds the submodule to this package under the name of the
+    function it defines; without this, a later `nano.initialize(...)` would call the module."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and _API.get(name) == name:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):

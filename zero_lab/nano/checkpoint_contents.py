@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zero_lab.nano import reshard
+from zero_lab.nano import reshard, stages
 from zero_lab.nano.errors import CheckpointError
 
 FORMAT_VERSION = "0.19.8"  # the official DeepSpeed release whose file format nano writes
@@ -37,24 +37,26 @@ ENGINE_KEYS = frozenset({"module", "buffer_names", "param_shapes", "shared_param
 
 
 def fp32_key(stage: int) -> str:
-    return "fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"
+    return stages.of(stage).checkpoint.fp32_key
 
 
 def moments_key(stage: int) -> str:
-    return "optimizer_state_dict" if stage == 3 else "base_optimizer_state"
+    return stages.of(stage).checkpoint.moments_key
 
 
 def optimizer_states(stage: int, world_size: int, groups: list[dict], masters: list[torch.Tensor],
                      moments: list[dict[str, torch.Tensor]], steps: list[int], loss_scaler: dict) -> dict:
     """One rank's optimizer file: `masters[g]` and `moments[g]` are its stored tensors of group g."""
-    partition_count = 1 if stage == 0 else world_size
+    facts = stages.of(stage)
+    partition_count = facts.partition_count(world_size)
     state = {index: {"step": torch.tensor(float(step)), **group_moments}
              for index, (step, group_moments) in enumerate(zip(steps, moments))}
     param_groups = [{**{key: value for key, value in group.items() if key != "params"}, "params": [index]}
                     for index, group in enumerate(groups)]
     return {"optimizer_state_dict": {
         "zero_stage": stage,
-        "partition_count": partition_count if stage == 3 else [partition_count] * len(groups),
+        "partition_count": [partition_count] * len(groups) if facts.checkpoint.partition_count_per_group
+        else partition_count,
         "loss_scaler": loss_scaler,
         "dynamic_loss_scale": bool(loss_scaler.get("dynamic", False)),
         "overflow": False,

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from zero_lab.nano import stages
 from zero_lab.nano.errors import CheckpointError
 
 LATEST = "latest"
@@ -34,7 +35,10 @@ PARTIAL_SUFFIX = ".partial"
 
 
 def model_states_name(stage: int, rank: int) -> str:
-    return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+    """One file per rank where the stage's checkpoint layout says so (stage 3), else rank 0's one."""
+    if stages.of(stage).checkpoint.model_states_per_rank:
+        return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+    return "mp_rank_00_model_states.pt"
 
 
 def optim_states_name(precision: str, rank: int) -> str:

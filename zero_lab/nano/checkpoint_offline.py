@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from zero_lab.nano import checkpoint_files as files
-from zero_lab.nano import reshard
+from zero_lab.nano import reshard, stages
 from zero_lab.nano.checkpoint_contents import MOMENTS, SavedTraining, optimizer_states
 from zero_lab.nano.errors import CheckpointError
 from zero_lab.nano.layout import FlatLayout
@@ -80,8 +80,9 @@ def consolidate(checkpoint: OpenCheckpoint) -> dict[str, torch.Tensor]:
     shapes, states = checkpoint.shapes(), checkpoint.model_states
     weights = {name: states["module"][name].float() if states["module"][name].is_floating_point()
                else states["module"][name] for name in states.get("buffer_names", [])}
+    per_rank = stages.of(checkpoint.saved.stage).checkpoint.model_states_per_rank  # frozen parameters cut per rank
     for name, shape in (states.get("frozen_param_shapes") or {}).items():
-        if checkpoint.saved.stage == 3:
+        if per_rank:
             fragments = [files.read_file(os.path.join(checkpoint.directory, checkpoint.tag,
                                                       files.model_states_name(3, rank)))["frozen_param_fragments"][name]
                          for rank in range(checkpoint.saved.world_size)]
@@ -99,7 +100,7 @@ def consolidate(checkpoint: OpenCheckpoint) -> dict[str, torch.Tensor]:
 
 def _cut(wholes: list[torch.Tensor], stage: int, precision: str, world_size: int, rank: int) -> torch.Tensor:
     """Phase 2 for one group of a resharded file."""
-    if stage == 3:
+    if reshard.cut_of_stage(stage) == reshard.PER_PARAMETER:
         return reshard.per_parameter_partition(wholes, world_size, rank)
     layout = FlatLayout.for_stage(tuple(whole.numel() for whole in wholes), stage, precision, world_size)
     return reshard.stored_flat(reshard.flat_partition(wholes, layout, rank), layout, rank)
@@ -108,7 +109,8 @@ def _cut(wholes: list[torch.Tensor], stage: int, precision: str, world_size: int
 def reshard_checkpoint(checkpoint: OpenCheckpoint, world_size: int, out: str) -> dict:
     """Write `out/<tag>/` (and `out/latest`) for `world_size` ranks; returns describe() of it."""
     saved, stage, precision = checkpoint.saved, checkpoint.saved.stage, checkpoint.precision
-    if stage == 0:
+    facts = stages.of(stage)
+    if not facts.partitions_optimizer_states:
         raise CheckpointError("a stage-0 checkpoint has one partition at any world size; load it directly")
     if os.path.exists(os.path.join(out, checkpoint.tag)):
         raise CheckpointError(f"{os.path.join(out, checkpoint.tag)} exists; choose another --out (nothing was written)")
@@ -118,8 +120,8 @@ def reshard_checkpoint(checkpoint: OpenCheckpoint, world_size: int, out: str) ->
     os.makedirs(out, exist_ok=True)
     partial = files.start_directory(out, checkpoint.tag)
     model_states = {**checkpoint.model_states, "dp_world_size": world_size}
-    for rank in range(world_size if stage == 3 else 1):
-        if stage == 3:
+    for rank in range(world_size if facts.checkpoint.model_states_per_rank else 1):
+        if facts.checkpoint.model_states_per_rank:  # each holds its rank's cut of the frozen parameters
             model_states["frozen_param_fragments"] = {
                 name: reshard.per_parameter_partition([values.reshape(-1).float()], world_size, rank)
                 for name, values in consolidate(checkpoint).items()

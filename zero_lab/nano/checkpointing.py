@@ -26,7 +26,7 @@ import time
 import torch
 
 from zero_lab.nano import checkpoint_files as files
-from zero_lab.nano import reshard
+from zero_lab.nano import reshard, stages
 from zero_lab.nano.checkpoint_contents import (ENGINE_KEYS, FORMAT_VERSION, MOMENTS, SavedTraining, model_shapes,
                                                optimizer_states, scaler_fields)
 from zero_lab.nano.errors import CheckpointError
@@ -71,7 +71,7 @@ def _stored_group(optimizer, buffer_indices: list[int]) -> tuple[torch.Tensor, d
         steps.append(step)
         layout = optimizer.buffers[index].layout
         for key, values in (("master", optimizer.master_partitions[index]), *moments.items()):
-            if optimizer.stage == 3:
+            if stages.of(optimizer.stage).checkpoint.cut == reshard.PER_PARAMETER:  # not nano's own cut
                 wholes = _whole_buffer(optimizer, index, values)
                 pieces[key].append(reshard.per_parameter_partition(wholes, world_size, rank))
             else:
@@ -80,8 +80,9 @@ def _stored_group(optimizer, buffer_indices: list[int]) -> tuple[torch.Tensor, d
     return joined.pop("master"), joined, max(steps, default=0)
 
 
-def _module_states(engine, stage: int) -> dict:
-    """Phase 2: the module's state_dict and the names and shapes zero_to_fp32 reads."""
+def _module_states(engine, stage: stages.Stage) -> dict:
+    """Phase 2: the module's state_dict and the names and shapes zero_to_fp32 reads (with partitioned
+    parameters the module holds them as empty tensors, and frozen ones are cut as the masters are)."""
     optimizer, module = engine.optimizer, engine.module
     named = module.state_dict(keep_vars=True)
     parameter_names = optimizer.parameter_names
@@ -96,15 +97,15 @@ def _module_states(engine, stage: int) -> dict:
         canonical = parameter_names.get(value, name)
         if canonical != name:
             shared[name] = canonical
-        if stage == 3 and canonical in trainable:
+        if stage.partitions_parameters and canonical in trainable:
             state[name] = torch.empty(0, dtype=value.dtype)
         else:
             state[name] = value.detach().cpu().clone()
         if canonical == name and name not in trainable:
             frozen_shapes[name] = value.shape
             whole = value.detach().float().cpu().reshape(-1)
-            frozen[name] = (reshard.per_parameter_partition([whole], world_size, rank) if stage == 3
-                            else value.detach().cpu().clone())
+            frozen[name] = (reshard.per_parameter_partition([whole], world_size, rank)
+                            if stage.checkpoint.cut == reshard.PER_PARAMETER else value.detach().cpu().clone())
     shapes = {name: parameter.zero_lab_shape if hasattr(parameter, "zero_lab_shape") else parameter.shape
               for parameter, name in parameter_names.items()}
     return {"module": state, "buffer_names": buffer_names,
@@ -123,7 +124,7 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     """Write one checkpoint; returns {"tag", "bytes" (this rank's files), "seconds"}."""
     started = time.perf_counter()
     optimizer, collectives = engine.optimizer, engine.collectives
-    rank, stage, precision = collectives.rank, engine.zero_optimization_stage(), engine.config.precision
+    rank, stage, precision = collectives.rank, stages.of(engine.zero_optimization_stage()), engine.config.precision
     # Phase 1
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     reserved = ENGINE_KEYS & set(client_state or {})
@@ -136,9 +137,9 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     directory = files.partial_directory(save_dir, tag)
     written = 0
     # Phase 2
-    if stage == 3 or rank == 0:
+    if stage.checkpoint.model_states_per_rank or rank == 0:
         states = {**_module_states(engine, stage), **(client_state or {})}
-        written += files.write_file(states, os.path.join(directory, files.model_states_name(stage, rank)))
+        written += files.write_file(states, os.path.join(directory, files.model_states_name(stage.number, rank)))
     # Phase 3
     masters, moments, steps = [], [], []
     for group in _groups(optimizer):
@@ -146,10 +147,10 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
         masters.append(master)
         moments.append(group_moments)
         steps.append(step)
-    if stage > 0 or rank == 0:
+    if rank < stage.partition_count(collectives.world_size):  # each partition's owner writes its file
         hyper = [{key: value for key, value in group.items() if key != "params"}
                  for group in optimizer.adam.param_groups]
-        states = optimizer_states(stage, collectives.world_size, hyper, masters, moments, steps,
+        states = optimizer_states(stage.number, collectives.world_size, hyper, masters, moments, steps,
                                   scaler_fields(optimizer.loss_scaler))
         written += files.write_file(states, os.path.join(directory, files.optim_states_name(precision, rank)))
     # Phase 4

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from zero_lab.nano import stages
-from zero_lab.nano.layout import START_ALIGNMENT_FACTOR
+from zero_lab.nano.stages import START_ALIGNMENT_FACTOR
 
 DEFAULT_BUCKET_SIZE = 500_000_000
 
@@ -170,11 +170,16 @@ class ZeroConfig(Stage3Settings):
             raise ValueError(refused)
         return stage
 
+    @property
+    def stage_facts(self) -> stages.Stage:
+        """The row of `stage` in the stage table: what it partitions and what follows."""
+        return stages.of(self.stage)
+
     @model_validator(mode="after")
     def _even_gather_bucket(self) -> "ZeroConfig":
-        """Official DeepSpeed's stages 1 and 2 assert it (stage 0 gathers nothing)."""
+        """Official DeepSpeed's stages 1 and 2 assert it (stage 0 gathers nothing, stage 3 gathers units)."""
         size = self.allgather_bucket_size
-        if self.stage in (1, 2) and size % START_ALIGNMENT_FACTOR:
+        if self.stage_facts.gathers_in_allgather_buckets and size % START_ALIGNMENT_FACTOR:
             raise ValueError(f"zero_optimization.allgather_bucket_size {size} is odd; official DeepSpeed requires a "
                              f"multiple of {START_ALIGNMENT_FACTOR} at stages 1 and 2: use {size + 1}")
         return self
@@ -183,10 +188,10 @@ class ZeroConfig(Stage3Settings):
     def _offload_where_it_exists(self) -> "ZeroConfig":
         """As official DeepSpeed: optimizer offload needs a partitioned optimizer (stage 1 or more),
         parameter offload needs partitioned parameters (stage 3)."""
-        if self.offload_optimizer.enabled and self.stage == 0:
+        if self.offload_optimizer.enabled and not self.stage_facts.partitions_optimizer_states:
             raise ValueError("zero_optimization.offload_optimizer needs stage 1, 2 or 3 (stage 0 partitions no "
                              "optimizer state); raise the stage or remove the offload")
-        if self.offload_param.enabled and self.stage != 3:
+        if self.offload_param.enabled and not self.stage_facts.partitions_parameters:
             raise ValueError(f"zero_optimization.offload_param needs stage 3 (stage {self.stage} keeps parameters "
                              "whole on every rank); use stage 3 or remove it")
         return self
@@ -194,7 +199,7 @@ class ZeroConfig(Stage3Settings):
     @model_validator(mode="after")
     def _stage3_keys_nano_honours(self) -> "ZeroConfig":
         """At stage 3 a key nano cannot honour may only keep official DeepSpeed's default."""
-        if self.stage == 3:
+        if self.stage_facts.partitions_parameters:
             for key, default in (("stage3_module_granularity_threshold", 0),
                                  ("stage3_use_all_reduce_for_fetch_params", False),
                                  ("stage3_allgather_sequential", False)):
@@ -247,17 +252,20 @@ class NanoConfig(_Strict):
 
     @model_validator(mode="after")
     def _gradients_accumulate_where_nano_keeps_them(self) -> "NanoConfig":
-        """Stages 0/1 accumulate in autograd's param.grad (the parameters' dtype), stage 2 in its fp32
-        gradient partition; a config asking for anything else cannot be honoured."""
-        stage, precision = self.zero_optimization.stage, self.precision
-        if self.bf16.immediate_grad_update and stage == 0 and precision == "bf16":
+        """Stages 0/1 accumulate in autograd's param.grad (the parameters' dtype), stages 2/3 in their
+        fp32 gradient partitions (the stage says: `gradient_accumulation_precision`); a config asking
+        for anything else cannot be honoured. Official DeepSpeed honours immediate_grad_update only in
+        its stage-0 bf16 optimizer (its partitioned stages ignore it), and nano's stage 0 keeps bf16
+        param.grad until the boundary."""
+        stage, precision = self.zero_optimization.stage_facts, self.precision
+        if self.bf16.immediate_grad_update and not stage.partitions_optimizer_states and precision == "bf16":
             raise ValueError("bf16.immediate_grad_update true asks for fp32 accumulation during backward, but nano's "
                              "stage 0 keeps bf16 param.grad until the boundary; set it to false or use stage 2")
         wanted = self.data_types.grad_accum_dtype
-        kept = "fp32" if stage == 2 else precision
+        kept = stage.gradient_accumulation_precision(precision)
         if wanted is not None and wanted != kept:
-            raise ValueError(f"data_types.grad_accum_dtype {wanted} cannot be honoured: nano's stage {stage} accumulates "
-                             f"gradients in {kept}; set it to {kept} or remove it")
+            raise ValueError(f"data_types.grad_accum_dtype {wanted} cannot be honoured: nano's stage {stage.number} "
+                             f"accumulates gradients in {kept}; set it to {kept} or remove it")
         return self
 
     @property

@@ -1,13 +1,15 @@
 """The engine facade: DeepSpeed's engine calls over one ZeRO optimizer.
 
 Per micro-step the training loop calls, as with DeepSpeed:
-    Phase 1 `engine(batch)`: the module's forward, unchanged (the model knows nothing of ZeRO).
+    Phase 1 `engine(batch)`: the module's forward, unchanged (the model knows nothing of ZeRO; at
+             stage 3 hooks put on it from outside gather each unit for its use).
     Phase 2 `engine.backward(loss)`: the loss is divided by the accumulation steps (and multiplied
-             by the fp16 loss scale); stage 2 reduces gradient buckets as backward produces them.
+             by the fp16 loss scale); stages 2 and 3 reduce gradient buckets as backward produces
+             them, then the optimizer's `after_backward` finishes what backward left.
     Phase 3 `engine.step()`: at an accumulation boundary the ZeRO optimizer steps, the learning-rate
              schedule advances unless the step was skipped (a non-finite gradient norm: an fp16
-             overflow or a diverged run), and global_steps
-             counts it; micro_steps counts every call.
+             overflow or a diverged run), and global_steps counts it; micro_steps counts every call.
+The step itself, phase by phase and file by file, is in `zero_optimizer.py`'s docstring.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from zero_lab.nano import checkpointing
+from zero_lab.nano import checkpointing, stages
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.errors import EngineUsageError
@@ -57,7 +59,7 @@ class NanoEngine(torch.nn.Module):
             loss = loss / self.gradient_accumulation_steps()
         scaled = loss * self.optimizer.cur_scale if self.config.fp16.enabled else loss
         scaled.backward(retain_graph=retain_graph)
-        self.optimizer.after_backward(self.is_gradient_accumulation_boundary())
+        self.optimizer.after_backward()
         return loss  # divided by the accumulation steps, as DeepSpeed's backward returns it
 
     # Phase 3
@@ -102,10 +104,10 @@ class NanoEngine(torch.nn.Module):
     @contextmanager
     def no_sync(self):
         """Backward passes inside accumulate gradients locally, unreduced; step() inside is an
-        error. Stages 0/1 reduce only at step(), so they allow it; stage 2 reduces during backward
-        and refuses it, as DeepSpeed does."""
+        error. Stages 0/1 reduce only at step(), so they allow it; stages 2/3 reduce during backward
+        (the stage table's `reduces_during_backward`) and refuse it, as DeepSpeed does."""
         stage = self.zero_optimization_stage()
-        if stage >= 2:
+        if stages.of(stage).reduces_during_backward:
             raise EngineUsageError(f"no_sync context manager is incompatible with gradient partitioning logic "
                                    f"of ZeRO stage {stage}")
         if self._inside_no_sync:

@@ -15,12 +15,15 @@ States and verbs:
                `full`'s storage is resized to 0 bytes. The parameters keep their shapes and stay
                views of `full`, so autograd's references to them stay valid across the states
                (FSDP2's way); touching one while sharded is an error, never stale values.
-    `unshard()` all-gathers every rank's partition into every rank's `full` (in place when the
-               partition is a slice of it); `reshard()` frees `full` again.
+    A `FlatParameterBuffer` is always UNSHARDED: after Adam, `gather_partitions()` all-gathers every
+               rank's updated partition into every rank's `full` (in place: the partition is a
+               slice of it). A `ShardedFlatBuffer` moves between the states: `unshard()` gathers
+               into `full`'s re-allocated storage, `reshard()` frees it again.
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Callable
 
 import torch
@@ -28,6 +31,14 @@ import torch
 from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.init_partitions import is_partitioned, whole_values
 from zero_lab.nano.layout import FlatLayout
+
+
+class BufferState(str, Enum):
+    """A flat buffer's state (see the module docstring); equal to its name as a string."""
+
+    UNSHARDED = "UNSHARDED"
+    GATHERING = "GATHERING"  # a ShardedFlatBuffer's all-gather in flight
+    SHARDED = "SHARDED"
 
 
 class FlatParameterBuffer:
@@ -62,9 +73,10 @@ class FlatParameterBuffer:
         low = max(start, self.partition_start)
         return low, max(low, min(end, self.partition_end))
 
-    def unshard(self, collectives: Collectives, bucket_numel: int = 0) -> None:
+    def gather_partitions(self, collectives: Collectives, bucket_numel: int = 0) -> None:
         """Every rank's partition into every rank's `full`, in place: one `all_gather_into_tensor`
         from this rank's partition (a view of `full`) into `full` itself, so no temporary at all.
+        (The buffer stays UNSHARDED: this refreshes `full` after the partitions changed.)
 
         Official DeepSpeed does the same wherever the backend has all_gather_into_tensor (nccl and
         gloo do); its `allgather_bucket_size` pieces exist only for backends without it, and there
@@ -81,7 +93,7 @@ class FlatParameterBuffer:
 
     def publish(self, collectives: Collectives, bucket_numel: int) -> None:
         """After Adam updated the partitions: every rank's parameters whole again."""
-        self.unshard(collectives, bucket_numel)
+        self.gather_partitions(collectives, bucket_numel)
 
     def parameter_bytes(self) -> int:
         """Bytes of parameter storage this rank keeps between uses."""
@@ -111,7 +123,7 @@ class ShardedFlatBuffer(FlatParameterBuffer):
         self.full_nbytes = self.full.untyped_storage().nbytes()
         self.pending = None
         self.staged: torch.Tensor | None = None
-        self.state = "UNSHARDED"
+        self.state = BufferState.UNSHARDED
 
     def synchronize(self, collectives: Collectives) -> None:
         super().synchronize(collectives)
@@ -119,28 +131,28 @@ class ShardedFlatBuffer(FlatParameterBuffer):
         self.reshard()
 
     def unshard(self, collectives: Collectives, bucket_numel: int = 0, asynchronous: bool = False) -> None:
-        if self.state != "SHARDED":
+        if self.state != BufferState.SHARDED:
             return
         self.full.untyped_storage().resize_(self.full_nbytes)
         self.staged = self.stage_in(self.partition)
         self.pending = collectives.all_gather_into_tensor(self.full, self.staged, async_op=asynchronous)
-        self.state = "GATHERING"
+        self.state = BufferState.GATHERING
         if self.pending is None:
             self.wait()
 
     def wait(self) -> None:
-        if self.state == "GATHERING":
+        if self.state == BufferState.GATHERING:
             if self.pending is not None:
                 self.pending.wait()
             if self.staged is not self.partition:
                 free_storage(self.staged)  # the device copy of an offloaded partition
-            self.pending, self.staged, self.state = None, None, "UNSHARDED"
+            self.pending, self.staged, self.state = None, None, BufferState.UNSHARDED
 
     def reshard(self) -> None:
         self.wait()
-        if self.state == "UNSHARDED":
+        if self.state == BufferState.UNSHARDED:
             self.full.untyped_storage().resize_(0)
-            self.state = "SHARDED"
+            self.state = BufferState.SHARDED
 
     def publish(self, collectives: Collectives, bucket_numel: int) -> None:
         """Nothing to gather: the partitions are the parameters, and each use gathers them anew."""

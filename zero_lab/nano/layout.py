@@ -10,10 +10,9 @@ Phase 3 (ownership): rank r owns [r * partition_numel, (r + 1) * partition_numel
          may cut through a parameter; `owner_ranges` and `pieces` answer "who owns which part of
          this range" and "which parameter pieces does this range hold".
 
-Alignment follows official DeepSpeed, so partitions line up rank for rank with its files: at
-stages 1 and 2 every group is padded to a multiple of 2 x world size (its `nccl_start_alignment_factor`
-of 2 keeps each 16-bit partition 4-byte aligned), as is a bf16 group at stage 0 (its BF16_Optimizer);
-an fp32 or fp16 group at stage 0 is not padded (official keeps no padded flat buffer there).
+Alignment and partition count are facts of the stage (`stages.Stage.flat_alignment`,
+`partition_count`), which follow official DeepSpeed so that partitions line up rank for rank with
+its files.
 """
 
 from __future__ import annotations
@@ -21,19 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-START_ALIGNMENT_FACTOR = 2  # official DeepSpeed's nccl_start_alignment_factor: 4 bytes / 2-byte elements
+from zero_lab.nano import stages
+from zero_lab.nano.stages import START_ALIGNMENT_FACTOR  # noqa: F401 (its older home; config reads it here)
 
 
 def flat_alignment(stage: int, precision: str, world_size: int) -> int:
-    """The multiple a group's flat buffer is padded to, as official DeepSpeed pads it."""
-    if stage == 0 and precision != "bf16":
-        return 1
-    return START_ALIGNMENT_FACTOR * world_size
+    """The multiple a group's flat buffer is padded to, as official DeepSpeed pads it (the stage says)."""
+    return stages.of(stage).flat_alignment(precision, world_size)
 
 
 def partition_count(stage: int, world_size: int) -> int:
     """Stage 0 keeps the whole buffer as one partition; the higher stages cut it in world_size."""
-    return 1 if stage == 0 else world_size
+    return stages.of(stage).partition_count(world_size)
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,7 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
     the gradient partition live on the host. Communication buckets are excluded: they live only
     while a bucket is being reduced.
     """
-    refused = stages.refusal(stage)
-    if refused:
-        raise ValueError(refused)
+    facts = stages.of(stage)  # ValueError for a stage nano does not run
     if precision not in BYTES_OF_PRECISION:
         raise ValueError(f"precision must be one of {sorted(BYTES_OF_PRECISION)}, not {precision!r}")
     if moment not in MOMENTS:
@@ -65,9 +63,9 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
     width = BYTES_OF_PRECISION[precision]
     layout = FlatLayout.for_stage((numel,), stage, precision, world_size)  # Phase 1
     padded, partition = layout.padded_numel, layout.partition_numel
-    holds_full_gradients = moment == "backward" and stage in (0, 1)
-    holds_gradient_partition = moment == "step" or (moment == "backward" and stage >= 2)
-    sharded = sharded and stage == 3
+    holds_full_gradients = moment == "backward" and not facts.reduces_during_backward
+    holds_gradient_partition = moment == "step" or (moment == "backward" and facts.reduces_during_backward)
+    sharded = sharded and facts.partitions_parameters
     optimizer_place = "host" if offload_optimizer else "device"
     parameter_place = "host" if sharded and offload_parameters else "device"
     has_master = precision != "fp32" or optimizer_place != parameter_place
@@ -108,7 +106,7 @@ def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, worl
     the list, stage 3 counts the whole model as one block gathered (an upper bound).
     """
     offload = {"offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters}
-    if stage != 3:
+    if not stages.of(stage).partitions_parameters:
         moments = [model_state_bytes_by_place(stage, precision, numel, world_size, moment, **offload)
                    for moment in ("backward", "step")]
     else:
@@ -131,8 +129,3 @@ def peak_model_state_bytes(stage: int, precision: str, numel: int, world_size: i
                            stage3_buffers: list[tuple[int, str]] | None = None) -> int:
     """`peak_model_state_bytes_by_place` without offload: everything on the device."""
     return peak_model_state_bytes_by_place(stage, precision, numel, world_size, stage3_buffers)["device"]
-
-
-def bytes_per_parameter(stage: int, precision: str, world_size: int, numel: int = 10**9) -> float:
-    """Peak model-state bytes per parameter per rank (for large models, where padding vanishes)."""
-    return peak_model_state_bytes(stage, precision, numel, world_size) / numel

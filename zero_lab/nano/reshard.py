@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import torch
 
+from zero_lab.nano import stages
 from zero_lab.nano.layout import FlatLayout
-
-FLAT, PER_PARAMETER = "flat", "per_parameter"
+from zero_lab.nano.stages import FLAT, PER_PARAMETER
 
 
 def cut_of_stage(stage: int) -> str:
-    """How a checkpoint of `stage` stores its partitions."""
-    return PER_PARAMETER if stage == 3 else FLAT
+    """How a checkpoint of `stage` stores its partitions (its checkpoint layout's cut)."""
+    return stages.of(stage).checkpoint.cut
 
 
 def chunk_numel(numel: int, world_size: int) -> int:

@@ -4,10 +4,11 @@ The diff from stage 0, each part a method below:
     layout: each rank owns 1/world_size of every flat buffer (the stage table gives the partition
             count); its fp32 master, optimizer states and fp32 gradient partition cover that slice.
     reduce: gradients still accumulate in full-size `param.grad` during backward (stage 1
-            partitions optimizer states, not gradients); at the boundary each bucket is
-            reduce-scattered (or all-reduced and scattered back, with `reduce_scatter: false`), so
-            each rank keeps only its partition's average. A reduce-scattered bucket is divided
-            by the world size before the sum, as official DeepSpeed's stage 1/2 does (`predivides`).
+            partitions optimizer states, not gradients) and are still collected by stage 0's
+            `BoundaryPacking` (inherited); at the boundary each bucket is reduce-scattered (or
+            all-reduced and scattered back, with `reduce_scatter: false`), so each rank keeps only
+            its partition's average. A reduce-scattered bucket is divided by the world size before
+            the sum, as official DeepSpeed's stage 1/2 does (`predivides`).
     norm:   each rank squares only its partition, so the sum is completed over ranks.
     publish: after Adam updates the partitions, every rank gathers everyone's into its full
             buffer, one in-place `all_gather_into_tensor` per buffer (as official DeepSpeed).

@@ -63,8 +63,8 @@ class Stage3Optimizer(Stage2Optimizer):
         if entry is not None:
             self.gathering.release(entry)
 
-    def after_backward(self, boundary: bool) -> None:
-        super().after_backward(boundary)
+    def after_backward(self) -> None:
+        super().after_backward()
         self.gathering.release_all()
 
     def _publish_parameters(self) -> None:

@@ -1,43 +1,119 @@
-"""The one table of ZeRO stages: which exist, what each partitions, and whether nano runs it.
+"""The one table of ZeRO stages: which exist, what each partitions, and every fact that follows.
 
-The config, the memory formula, `initialize`, the CLI and the docs all read this table, so a new
-stage is one row here (and its optimizer module), and a refusal reads the same everywhere.
+A fact about a stage lives on its row here, and the rest of nano asks the row, not the number:
+the config's rules, the flat layout, the memory formula, the units, the engine and the checkpoint
+files all read a `Stage` (`stages.of(number)`). A new stage is one row here (and its optimizer
+module), and a refusal reads the same everywhere.
+
+What a stage partitions decides the rest:
+    optimizer states -> a flat buffer is cut into world_size partitions (stage 0 keeps it whole,
+                        as one), padded as official DeepSpeed pads them;
+    gradients        -> gradients are reduced during backward, bucket by bucket, into the fp32
+                        gradient partition, which is where they accumulate over a window (below,
+                        autograd accumulates them in param.grad, in the parameters' dtype);
+    parameters       -> parameters are gathered for each use, unit by unit, and the checkpoint
+                        takes official's stage-3 files (one model-states file per rank, the fp32
+                        masters cut per parameter).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+START_ALIGNMENT_FACTOR = 2  # official DeepSpeed's nccl_start_alignment_factor: 4 bytes / 2-byte elements
+OPTIMIZER_STATES, GRADIENTS, PARAMETERS = "optimizer states", "gradients", "parameters"
+FLAT, PER_PARAMETER = "flat", "per_parameter"  # the two cuts of a checkpoint's partitions (reshard.py)
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """How official DeepSpeed writes a stage's checkpoint files; nano writes and reads the same."""
+
+    cut: str  # FLAT: each group end to end, cut in partitions; PER_PARAMETER: each parameter cut in N
+    model_states_per_rank: bool  # every rank writes a model-states file (else rank 0 writes the one)
+    fp32_key: str  # the optimizer file's key for the fp32 master partitions
+    moments_key: str  # ... and for torch.optim's state dict of Adam's moments
+    partition_count_per_group: bool  # partition_count is a list, one per group (else one number)
+
+
+FLAT_FILES = CheckpointLayout(FLAT, False, "single_partition_of_fp32_groups", "base_optimizer_state", True)
+PER_PARAMETER_FILES = CheckpointLayout(PER_PARAMETER, True, "fp32_flat_groups", "optimizer_state_dict", False)
+
 
 @dataclass(frozen=True)
 class Stage:
     number: int
     partitions: tuple[str, ...]  # what each rank holds only 1/N of
-    summary: str
+    checkpoint: CheckpointLayout
     implemented: bool = True
+
+    @property
+    def partitions_optimizer_states(self) -> bool:
+        return OPTIMIZER_STATES in self.partitions
+
+    @property
+    def reduces_during_backward(self) -> bool:
+        """Gradients partitioned: each bucket is reduced as backward produces it (so `no_sync`,
+        which postpones reduction, is refused), and no full-size param.grad outlives backward."""
+        return GRADIENTS in self.partitions
+
+    @property
+    def partitions_parameters(self) -> bool:
+        return PARAMETERS in self.partitions
+
+    def partition_count(self, world_size: int) -> int:
+        """Partitions of a flat buffer: one (the whole buffer) unless optimizer states are partitioned."""
+        return world_size if self.partitions_optimizer_states else 1
+
+    def flat_alignment(self, precision: str, world_size: int) -> int:
+        """The multiple a group's flat buffer is padded to, as official DeepSpeed pads it: to 2 x
+        world_size where it partitions (each 16-bit partition starts 4-byte aligned), and at stage
+        0 a bf16 group only (its BF16_Optimizer keeps a padded flat buffer; fp32/fp16 keep none)."""
+        if self.partitions_optimizer_states or precision == "bf16":
+            return START_ALIGNMENT_FACTOR * world_size
+        return 1
+
+    def gradient_accumulation_precision(self, precision: str) -> str:
+        """Where gradients accumulate over a window: the fp32 gradient partition when they are
+        reduced during backward, else autograd's param.grad in the parameters' precision."""
+        return "fp32" if self.reduces_during_backward else precision
+
+    @property
+    def gathers_in_allgather_buckets(self) -> bool:
+        """After the step every rank all-gathers the updated partitions in `allgather_bucket_size`
+        buckets, as official's stage-1/2 optimizer does (stage 3 gathers each unit when it is used)."""
+        return self.partitions_optimizer_states and not self.partitions_parameters
 
 
 STAGES = (
-    Stage(0, (), "plain data parallelism: every rank holds everything"),
-    Stage(1, ("optimizer states",), "optimizer states partitioned"),
-    Stage(2, ("optimizer states", "gradients"), "optimizer states and gradients partitioned"),
-    Stage(3, ("optimizer states", "gradients", "parameters"), "parameters partitioned too, gathered for each use"),
+    Stage(0, (), FLAT_FILES),  # plain data parallelism: every rank holds everything
+    Stage(1, (OPTIMIZER_STATES,), FLAT_FILES),
+    Stage(2, (OPTIMIZER_STATES, GRADIENTS), FLAT_FILES),
+    Stage(3, (OPTIMIZER_STATES, GRADIENTS, PARAMETERS), PER_PARAMETER_FILES),  # gathered for each use
 )
-BY_NUMBER = {stage.number: stage for stage in STAGES}
-IMPLEMENTED = tuple(stage.number for stage in STAGES if stage.implemented)
+BY_NUMBER = {row.number: row for row in STAGES}
+IMPLEMENTED = tuple(row.number for row in STAGES if row.implemented)
 
 
 def implemented_list() -> str:
-    """'0, 1 or 2': the stages nano runs, for messages."""
+    """'0, 1, 2 or 3': the stages nano runs, for messages."""
     *first, last = [str(number) for number in IMPLEMENTED]
     return f"{', '.join(first)} or {last}" if first else last
 
 
 def refusal(stage: object) -> str | None:
     """The one message for a stage nano cannot run (None when it can)."""
-    if stage in IMPLEMENTED:
+    if stage in IMPLEMENTED:  # the two lookups of the table itself: every other module asks `of`
         return None
     if stage in BY_NUMBER:
         return (f"nano does not implement ZeRO stage {stage} yet; use stage {implemented_list()}, "
                 "or run official DeepSpeed (--impl official)")
     return f"ZeRO stage {stage!r} does not exist; use stage {implemented_list()}"
+
+
+def of(stage: object) -> Stage:
+    """The row of a stage nano runs; ValueError with the refusal otherwise."""
+    refused = refusal(stage)
+    if refused:
+        raise ValueError(refused)
+    return BY_NUMBER[stage]

@@ -29,7 +29,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from zero_lab.nano.collectives import Collectives
-from zero_lab.nano.flat_buffer import ShardedFlatBuffer
+from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
 from zero_lab.nano.unit_policy import used_again_soon
 from zero_lab.nano.units import Unit
 
@@ -50,7 +50,7 @@ class GatheredUnit:
 
     @property
     def gathered(self) -> bool:
-        return any(buffer.state != "SHARDED" for buffer in self.buffers)
+        return any(buffer.state != BufferState.SHARDED for buffer in self.buffers)
 
 
 class _ReleaseAfterBackward(torch.autograd.Function):
@@ -213,7 +213,7 @@ class UnitGathering:
     def _guard(module_name: str, own: list):
         def hook(module, args):
             for parameter_name, entry in own:
-                if any(buffer.state == "SHARDED" for buffer in entry.buffers):
+                if any(buffer.state == BufferState.SHARDED for buffer in entry.buffers):
                     raise RuntimeError(
                         f"stage 3: {module_name or 'the model'}.{parameter_name} is used while its unit "
                         f"'{entry.unit.name}' is not gathered (a parameter used outside its unit); name the calling "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from zero_lab.nano import stages
 from zero_lab.nano.init_partitions import is_partitioned, numel_of
 from zero_lab.nano.unit_policy import ParameterEntry, plan_units
 
@@ -96,7 +97,7 @@ def per_block(model: torch.nn.Module, trainable: list[torch.nn.Parameter], class
 def choose_units(model: torch.nn.Module, trainable: list[torch.nn.Parameter], zero) -> list[Unit]:
     """The policy for a config's `zero_optimization` section: the whole model below stage 3;
     persistent, blocks and root at stage 3."""
-    if zero.stage < 3:
+    if not stages.of(zero.stage).partitions_parameters:
         return whole_model(model, trainable)
     leaf = zero.leaf_module
     return per_block(model, trainable, tuple(leaf.classes) if leaf else (), tuple(leaf.names) if leaf else (),

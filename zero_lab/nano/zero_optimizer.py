@@ -22,8 +22,43 @@ Optimizer step, at each gradient-accumulation boundary:
     Phase 4: Adam on the master partitions, where they live.
     Phase 5: the stage publishes the updated parameters (`_publish_parameters`): each master is
              copied into its partition in the parameters' dtype (an offloaded master is converted
-             on the host, then moved, asynchronously when pinned), then stages 1/2 all-gather.
+             on the host, then moved, asynchronously when pinned), then stages 1-3 all-gather every
+             buffer that is whole between steps (at stage 3 only the persistent ones: a sharded
+             unit is gathered anew at its next use).
     Phase 6: release the gradient buffers until the next window's backward.
+
+One step, file by file (a window of micro-steps, then the boundary; stage 3 is stage 2 plus what
+it says):
+    engine(batch)                   engine.py        the module's forward
+        stage 3                     unit_gathering   `_before_forward` gathers each unit (and
+                                                     prefetches the next), `_after_forward` frees it
+    engine.backward(loss)           engine.py        scale the loss, then autograd's backward
+        stages 0/1                  (autograd)       gradients accumulate in param.grad
+        stages 2/3                  stage2.py        `ArrivalPacking._on_gradient_ready` adds each
+                                                     gradient into its buckets; a full bucket goes
+                                    gradient_reduction  to `BucketReducer.launch`: reduced and added
+                                                     into this rank's `gradient_partition`
+        stage 3                     unit_gathering   `_before_backward` gathers the unit again; it is
+                                                     freed once the unit's gradients are produced
+      optimizer.after_backward()    zero_optimizer   the stage's `GradientCollection.after_backward`:
+        stages 0/1                  zero_optimizer   nothing (inherited)
+        stages 2/3                  stage2.py        reduce the buckets left (unused parameters),
+                                                     `finish_all`; stage3.py releases every unit
+    engine.step() at the boundary   engine.py        `ZeroOptimizer.step`, then the LR schedule
+      Phase 1 complete()            stage0.py        stages 0/1: `BoundaryPacking.complete` packs
+                                                     param.grad into buckets and reduces them
+                                                     (all-reduce at 0; reduce-scatter at 1)
+                                    zero_optimizer   stages 2/3: nothing (inherited): done in backward
+      Phase 2-3 unscale, norm       zero_optimizer   `_global_norm`; `_sum_over_ranks` is nothing at
+                                    stage0/stage1.py stage 0, an all-reduce from stage 1 on
+                                    loss_scaler.py   `update_scale`; skip on overflow, else clip
+      Phase 4 Adam                  adamw.py         `PartitionedAdam.step` on the masters (on the
+                                                     host with offload_optimizer)
+      Phase 5 publish               stage0.py        `publish_master` per buffer (placement.py copies)
+                                    stage1.py        + `FlatParameterBuffer.publish`: an all-gather
+                                    stage3.py        releases every unit first; a sharded buffer's
+                                    flat_buffer.py   `publish` gathers nothing
+      Phase 6 release               zero_optimizer   `_release_gradients`
 """
 
 from __future__ import annotations
@@ -168,8 +203,8 @@ class ZeroOptimizer:
             self.gradient_partitions[index] = self.placement.zeros("optimizer", numel, torch.float32)
         return self.gradient_partitions[index]
 
-    def after_backward(self, boundary: bool) -> None:
-        """Called by the engine after every loss.backward(); `boundary` ends an accumulation window."""
+    def after_backward(self) -> None:
+        """Called by the engine after every loss.backward(), at the boundary or not."""
         self.gradient_collection.after_backward()
 
     def _release_gradients(self) -> None:
