@@ -114,7 +114,7 @@ def estimate(
     model (a bare parameter count has none). Official DeepSpeed's estimators assume 16-bit training
     (stage 2 in code: 2P + 18P/N), have none for stages 0 and 1, and give host bytes per node.
     Activations need the architecture (a preset or a model directory); the predicted peak counts
-    every model state as if in one memory, as on a CPU (with offload on a GPU, read nano MB).
+    every model state as if in one memory, as on a CPU (with offload on a GPU, read nano states MB).
     The last column is the preflight's verdict for the predicted peak (`run` and `compare` refuse
     "will not fit"): per GPU on a CUDA machine, all of a row's ranks on the host otherwise.
     """
@@ -148,7 +148,8 @@ def estimate(
                            "rows": rows})
         return
     with_host = offload != "none"
-    headers = ["world size", "stage", "ZeRO paper MB", "nano MB", *(["nano host MB"] if with_host else []),
+    headers = ["world size", "stage", "ZeRO paper MB", "nano states MB (step's most)",
+               *(["nano host MB"] if with_host else []),
                "official estimator MB", *(["official host MB / node"] if with_host else []), "activations MB",
                "predicted peak MB", f"fits in {offered_name}"]
     body = [[str(r["world_size"]), str(r["stage"]), fmt(r["paper_mb"]), fmt(r["nano_mb"]),
@@ -160,6 +161,13 @@ def estimate(
     output.print_table(headers, body, title=title)
     if note:
         output.stderr.print(f"note: {note}", markup=False)
+    if any(row["stage"] == 3 for row in rows):
+        output.stderr.print("note: at stage 3 the two columns count different moments: nano states MB is the most "
+                            "the model states reach anywhere in a step (mid-backward: every gradient partition, the "
+                            "root and the largest block gathered); the predicted peak is the largest of its named "
+                            "moments (the turn to backward with the activations, the end of backward, the step), each "
+                            "with the states held then, when fewer blocks are gathered, so it can be the smaller",
+                            markup=False)
     if not cuda_devices():
         output.stderr.print("note: fits: a row's ranks share the host's memory (its world size times the predicted "
                             "peak); `run` and `compare` refuse \"will not fit\" without --force", markup=False)
@@ -267,10 +275,8 @@ def config_official(
 
     device = resolve_device(check_choice(device, "--device", DEVICES))
     config = plan.load_config_file(path)
-    try:
-        from zero_lab.nano.official_config import to_official_config
-    except ImportError:
-        raise BadInput("this checkout's nano engine has no official_config module yet", "update zero-lab")
+    from zero_lab.nano.official_config import to_official_config
+
     official = to_official_config(config, device=device)
     check_value_types(config, where=f"{path}: ")
     print(json.dumps(official, indent=2))
