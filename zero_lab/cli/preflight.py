@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from zero_lab.analysis.memory_fit import KNOBS, Fit, fit, fit_line
+from zero_lab.analysis.memory_fit import KNOBS, TIGHT_FRACTION, Fit, fit, fit_line
 from zero_lab.cli.errors import BadInput
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.log_lines import MB as MIB, size_text
@@ -89,7 +89,7 @@ def check(jobs: list, device: str, device_memory_gb: float | None, force: bool) 
     refused = []
     for _, verdict, line in verdicts(jobs, device, device_memory_gb):
         if verdict is Fit.TIGHT:
-            print(f"warning: {line} (within 10% of the limit)", file=sys.stderr)
+            print(f"warning: {line} (within {TIGHT_FRACTION:.0%} of the limit)", file=sys.stderr)
         elif verdict is Fit.WILL_NOT_FIT and force:
             print(f"warning: {line}; going on (--force)", file=sys.stderr)
         elif verdict is Fit.WILL_NOT_FIT:

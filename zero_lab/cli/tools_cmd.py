@@ -136,11 +136,12 @@ def estimate(
     numel, largest, buffers = parse_param_count(model), None, None
     if numel is None:
         numel, largest, buffers = count_parameters(model)
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda_devices() else "cpu")
+    device = "cuda" if cuda_devices() else "cpu"
+    os.environ.setdefault("DS_ACCELERATOR", device)
     precision = PRECISION_OF_DTYPE_NAME[dtype]
     rows = estimate_rows(numel, world_sizes, stage_list, precision, largest, stage3_buffers=buffers, offload=offload)
     note = activation_figures(model, precision, seq_len, micro_batch, attn_impl, gradient_checkpointing, rows)
-    offered_name = preflight.add_row_verdicts(rows, "cuda" if cuda_devices() else "cpu", device_memory, offload)
+    offered_name = preflight.add_row_verdicts(rows, device, device_memory, offload)
     if format == "json":
         output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "offload": offload,
                            "seq_len": seq_len, "micro_batch": micro_batch, "attn_impl": attn_impl,
@@ -168,7 +169,7 @@ def estimate(
                             "moments (the turn to backward with the activations, the end of backward, the step), each "
                             "with the states held then, when fewer blocks are gathered, so it can be the smaller",
                             markup=False)
-    if not cuda_devices():
+    if device == "cpu":
         output.stderr.print("note: fits: a row's ranks share the host's memory (its world size times the predicted "
                             "peak); `run` and `compare` refuse \"will not fit\" without --force", markup=False)
 
