@@ -32,7 +32,6 @@ import torch
 import torch.distributed
 
 
-
 def _entry(worker: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))

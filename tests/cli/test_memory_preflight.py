@@ -60,8 +60,8 @@ def test_compare_refuses_every_cell_over_the_limit_and_gives_no_verdict_for_offi
     assert "official w2 s3" not in result.stderr  # not modelled: no verdict, no refusal
 
 
-def test_a_limit_on_cpu_is_positive():
-    result = invoke("run", *WORKLOAD, "--device-memory", "0")
+def test_a_limit_on_cpu_is_positive(tmp_path):
+    result = invoke("run", *WORKLOAD, "--device-memory", "0", "--out", str(tmp_path))
     assert result.exit_code == 2 and "--device-memory 0.0 is not above 0" in result.stderr
 
 

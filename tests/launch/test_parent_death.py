@@ -40,8 +40,11 @@ def gone(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie has ended too (its reaper is init)
-        return stat.read().split(")")[-1].split()[0] == "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie has ended too (its reaper is init)
+            return stat.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:  # reaped between the two looks
+        return True
 
 
 def start(tied: bool) -> tuple[subprocess.Popen, int]:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from zero_lab.nano import stages
-from zero_lab.nano.stages import START_ALIGNMENT_FACTOR  # noqa: F401 (its older home; config reads it here)
 
 
 def flat_alignment(stage: int, precision: str, world_size: int) -> int:
