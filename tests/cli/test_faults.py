@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -113,9 +114,14 @@ def start_paused_at(moment: str, *arguments: str) -> subprocess.Popen:
     returned once it says it is there, however fast or slow this machine is."""
     cli = subprocess.Popen([ZERO_LAB, *arguments], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, moments.PAUSE_VARIABLE: moment}, preexec_fn=sigint_as_in_a_terminal)
-    for line in cli.stderr:  # the pause line is the last the paused command prints, so nothing is read past it
-        if line.strip() == f"[paused at {moment}]":
-            return cli
+    hang_guard = threading.Timer(300, cli.kill)  # a bound against a hang (the loop then meets the end), not a speed test
+    hang_guard.start()
+    try:
+        for line in cli.stderr:  # the pause line is the last the paused command prints, so nothing is read past it
+            if line.strip() == f"[paused at {moment}]":
+                return cli
+    finally:
+        hang_guard.cancel()
     cli.wait()
     pytest.fail(f"the command exited {cli.returncode} without reaching {moment}: {cli.stdout.read()}")
 
@@ -266,10 +272,7 @@ def test_a_rank_killed_while_over_the_memory_limit_is_reported_out_of_memory_wit
                             "--report", str(report), "--format", "json"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_sampled_rss(out, rank=0, at_least_mb=300, command=cli)
-    rank0 = [process for process in psutil.Process(cli.pid).children(recursive=True)
-             if process.environ().get("RANK") == "0"]
-    assert len(rank0) == 1
-    rank0[0].kill()  # SIGKILL, as the out-of-memory killer sends it
+    wait_for_worker(cli, rank=0).kill()  # SIGKILL, as the out-of-memory killer sends it
     stdout, stderr = cli.communicate(timeout=120)
     assert cli.returncode == 3, stderr
     assert "Traceback" not in stderr
