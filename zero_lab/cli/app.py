@@ -17,6 +17,7 @@ from zero_lab.analysis.metrics import interrupted_exit_code
 from zero_lab.launch import signals
 from zero_lab.cli.checkpoint_cmd import checkpoint_app
 from zero_lab.cli.compare_cmd import compare
+from zero_lab.cli.exec_cmd import exec_command
 from zero_lab.cli.explain_cmd import explain
 from zero_lab.cli.inspect_cmd import parse, report
 from zero_lab.cli.run_cmd import EXTRA_ARGS, run
@@ -31,6 +32,7 @@ app = typer.Typer(
 )
 app.command(context_settings=EXTRA_ARGS)(run)
 app.command(context_settings=EXTRA_ARGS)(compare)
+app.command("exec", context_settings=EXTRA_ARGS)(exec_command)
 app.command()(parse)
 app.command()(report)
 app.command()(estimate)
