@@ -32,11 +32,11 @@ Layers, each importing only those listed before it:
     errors, stages, dtypes, unit_policy, config_keys -> layout -> config -> config_loading -> official_config,
     memory_formula -> collectives, distributed -> init_partitions -> placement, units -> flat_buffer ->
     gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
-    stage0 -> stage1 -> stage2 -> stage3 -> reshard, checkpoint_files -> checkpoint_contents ->
-    checkpointing, checkpoint_offline -> engine -> initialize, zero (the API re-exported here).
-Checkpoints (docs/checkpoints.md): `engine.save_checkpoint`/`load_checkpoint` write and read
-official DeepSpeed's files, and load them at any world size (partition -> whole parameter ->
-partition, `reshard.py`).
+    stage0 -> stage1 -> stage2 -> stage3 -> checkpoint.reshard, checkpoint.files -> checkpoint.contents ->
+    checkpoint.save_load, checkpoint.offline -> engine -> initialize, zero (the API re-exported here).
+Checkpoints (the `checkpoint` package, off the step's path; docs/checkpoints.md):
+`engine.save_checkpoint`/`load_checkpoint` write and read official DeepSpeed's files, and load them
+at any world size (partition -> whole parameter -> partition, `checkpoint/reshard.py`).
 """
 
 import importlib
