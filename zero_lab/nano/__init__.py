@@ -29,11 +29,13 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, unit_policy, config_keys -> layout -> config -> config_loading -> official_config,
-    memory_formula -> collectives, distributed -> init_partitions -> placement, units -> flat_buffer ->
-    gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
-    stage0 -> stage1 -> stage2 -> stage3 -> reshard, checkpoint_files -> checkpoint_contents ->
-    checkpointing, checkpoint_offline -> engine -> initialize, zero (the API re-exported here).
+    errors, stages, dtypes, unit_policy, config.keys -> layout -> config.schema -> config.loading ->
+    config -> official_config, memory_formula -> collectives, distributed -> init_partitions ->
+    placement, units -> flat_buffer -> gradient_reduction, unit_gathering -> adamw, loss_scaler,
+    lr_schedules -> zero_optimizer -> stage0 -> stage1 -> stage2 -> stage3 -> reshard,
+    checkpoint_files -> checkpoint_contents -> checkpointing, checkpoint_offline -> engine ->
+    initialize, zero (the API re-exported here). `config.keys` is keys.py in the package config/,
+    whose __init__ (`config`) re-exports its names: what is off the step's path is grouped there.
 Checkpoints (docs/checkpoints.md): `engine.save_checkpoint`/`load_checkpoint` write and read
 official DeepSpeed's files, and load them at any world size (partition -> whole parameter ->
 partition, `reshard.py`).
