@@ -32,7 +32,7 @@ from zero_lab.analysis.explain_tables import collectives_table, holdings_table, 
 from zero_lab.analysis.markdown import markdown_table
 from zero_lab.cli import output, plan
 from zero_lab.cli.errors import EXIT_GATE, EXIT_RUN_FAILED, BadInput, check_choice, one_line_errors
-from zero_lab.nano.config_keys import OFFLOAD_SECTIONS
+from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 
 FORMATS = ("table", "json", "markdown")
@@ -43,7 +43,7 @@ MEASURE_TIMEOUT_S = 600
 
 def harness_config(config: Optional[Path], stage: int, dtype: str, offload: str, world_size: int):
     """Phase 1: (the config dict, nano's typed config of it, where it came from)."""
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config
 
     source = config or plan.default_config_path(stage)
     staged = plan.config_for_stage(plan.load_config_file(source), stage)

@@ -19,7 +19,7 @@ from zero_lab.launch import torchrun
 from zero_lab.cli.environment import DEVICES, resolve_device
 from zero_lab.cli.errors import check_choice, check_not_negative, check_positive
 from zero_lab.cli.jobs import SharedSettings
-from zero_lab.nano.config_keys import OFFLOAD_SECTIONS
+from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 
 WORKLOAD = "Workload (identical for every impl)"
 LAUNCH = "Launch (torchrun)"

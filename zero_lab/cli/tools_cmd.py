@@ -42,7 +42,7 @@ def count_parameters(model: str) -> tuple[int, int, list[tuple[int, str]]]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config
     from zero_lab.workload.models import PRESETS, build_model, check_model_name
     from zero_lab.workload.state_formula import flat_buffers
 

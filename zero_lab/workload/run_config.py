@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from zero_lab.workload.errors import WorkloadError
-from zero_lab.nano.config_keys import OFFLOAD_SECTIONS
+from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
 from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN, PRESETS, check_model_name
@@ -113,7 +113,7 @@ def _read_json(path: Path) -> dict:
 
 def build_config(args: argparse.Namespace, world_size: int) -> dict:
     """Phase 3: the nano config of this run (official gets `to_official_config` of it)."""
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config
     from zero_lab.nano.errors import NanoConfigError
 
     stage = args.zero_stage if args.zero_stage is not None else 2

@@ -1,8 +1,8 @@
 """The typed DeepSpeed config that nano honours, with DeepSpeed's own key names.
 
 One pydantic model per section, one line of doc per field, DeepSpeed's defaults; rules that span
-keys are model validators whose messages name the keys. `config_loading.py` reads a source into
-these models.
+keys are model validators whose messages name the keys. `loading.py` reads a source into these
+models.
 """
 
 from __future__ import annotations
