@@ -2,7 +2,7 @@
 impl receives; and every bad-input check that can run before anything expensive starts.
 
 Phase 1: `build_parser` reads the seed's flags (same names) plus `--impl` and `--device`.
-Phase 2: `resolve_device` picks cpu or cuda and refuses more processes than visible GPUs.
+Phase 2: `rank_device` picks cpu or cuda and refuses more processes than visible GPUs.
 Phase 3: `build_config` reads the JSON config and applies the flags that override it
          (`--zero-stage`, `--model-dtype`, `--batch-size`), then validates it as nano does, and
          checks that every value has the JSON type nano's typed config declares.
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_device(requested: str, local_world_size: int) -> "torch.device":
+def rank_device(requested: str, local_world_size: int) -> "torch.device":
     """Phase 2: cpu or cuda; on cuda one device per local process, and no more processes."""
     import torch  # here, not at the top: the CLI builds configs without loading torch
 
@@ -184,7 +184,7 @@ def check_launch(args: argparse.Namespace, world_size: int, local_world_size: in
     if not args.dist_timeout > 0:
         raise WorkloadError(f"--dist-timeout {args.dist_timeout:g} is not a time to wait", "Give seconds, more than 0")
     check_model_name(args.model_name)
-    device = resolve_device(args.device, local_world_size)
+    device = rank_device(args.device, local_world_size)
     config = build_config(args, world_size)
     if args.impl == "official" and device.type == "cpu" and precision_of(config) == "fp16":
         raise WorkloadError("official DeepSpeed rejects fp16 on this CPU ('Type fp16 is not "
