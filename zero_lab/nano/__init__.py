@@ -5,8 +5,8 @@
                                                            config="ds_config.json")
 
 Vocabulary: every tensor a reader meets, and the bytes each takes on one rank (P = parameters of
-a flat buffer, padded as official DeepSpeed pads: to a multiple of 2N at stages 1-3, and a bf16
-buffer at stage 0; N ranks; w = 4 in fp32, 2 in bf16/fp16). What each stage partitions, and what
+a flat buffer, padded to a multiple of 2N at stages 1-3 as official DeepSpeed pads, and a bf16
+buffer at stage 0 (nano's own); N ranks; w = 4 in fp32, 2 in bf16/fp16). What each stage partitions, and what
 follows from it, is the stage table in `stages.py`.
 
 | name                       | what it is                                                     | stage 0 | stage 1 | stage 2   | stage 3   |
