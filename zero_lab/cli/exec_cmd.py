@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from zero_lab.cli.environment import DEVICES, resolve_device
+from zero_lab.cli.environment import DEVICES, resolve_device_name
 from zero_lab.cli.errors import BadInput, check_choice, one_line_errors
 from zero_lab.launch.engine_switch import IMPLS, impl_environment
 
@@ -38,7 +38,7 @@ def exec_command(
     """
     # Phase 1
     check_choice(impl, "--impl", IMPLS)
-    device = resolve_device(check_choice(device, "--device", DEVICES))
+    device = resolve_device_name(check_choice(device, "--device", DEVICES))
     command = list(context.args)
     if not command:
         raise BadInput("zero-lab exec needs a command after `--`",

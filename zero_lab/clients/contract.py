@@ -15,7 +15,6 @@ The same code serves nano's drop-in and official DeepSpeed: the meters watch fro
 from __future__ import annotations
 
 import atexit
-import copy
 import functools
 import inspect
 import os
@@ -25,8 +24,7 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.clients.step_hook import StepHook
-from zero_lab.nano.config_keys import DEEPSPEED_ONLY_TOP_LEVEL, DEEPSPEED_ONLY_ZERO
-from zero_lab.nano.config_loading import load_config, read_config_source
+from zero_lab.nano.config import load_config, read_config_source, without_official_only_keys
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.workload import state_formula
 from zero_lab.workload.comm_meter import CommMeter
@@ -61,11 +59,8 @@ def settings_of(config: Any, world_size: int):
     official run may use them), and so is `steps_per_print`, which accelerate sets to infinity and
     no field reads. None when it still cannot be read (`[zero]` then has the engine's figures only)."""
     try:
-        raw = copy.deepcopy(read_config_source(config))
-        for key in (*DEEPSPEED_ONLY_TOP_LEVEL, "steps_per_print"):
-            raw.pop(key, None)
-        for key in DEEPSPEED_ONLY_ZERO:
-            raw.get("zero_optimization", {}).pop(key, None)
+        raw = without_official_only_keys(read_config_source(config))
+        raw.pop("steps_per_print", None)
         return load_config(raw, world_size=world_size)
     except (NanoConfigError, OSError, ValueError, TypeError):
         return None
