@@ -13,7 +13,7 @@ follows from it, is the stage table in `stages.py`.
 |----------------------------|----------------------------------------------------------------|---------|---------|-----------|-----------|
 | unit                       | parameters laid out together (stages 0-2: the whole model; stage 3: each block, the root, the persistent small parameters) | | | | |
 | flat parameter buffer      | one unit's parameters of one group end to end; param.data views | wP      | wP      | wP        | wP/N between uses (its partition); wP while gathered |
-| gathered parameters        | stage 3: a sharded unit's whole buffer, from before its use to after it | -  | -       | -         | wP per unit in use |
+| gathered parameters        | stage 3: a sharded unit's whole buffer, from before its use (or its prefetch) to after it, or on to a later use the fetch rules keep it for | -  | -       | -         | wP per unit gathered |
 | partition                  | this rank's slice [rank*P/N, (rank+1)*P/N) of a flat buffer     | all of it | P/N   | P/N       | P/N       |
 | fp32 master partition      | fp32 copy of the partition that Adam updates (fp32: none, the partition itself is the master) | 4P | 4P/N | 4P/N | 4P/N |
 | full gradients             | autograd's own param.grad, accumulated over the window         | wP      | wP      | -         | -         |
@@ -29,7 +29,7 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, unit_policy, config_keys -> layout -> config -> config_loading -> official_config,
+    fetch_policy -> errors, stages, dtypes, unit_policy, config_keys -> layout -> config -> config_loading -> official_config,
     memory_formula -> collectives, distributed -> init_partitions -> placement, units -> flat_buffer ->
     gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
     stage0 -> stage1 -> stage2 -> stage3 -> reshard, checkpoint_files -> checkpoint_contents ->
