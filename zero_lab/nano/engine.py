@@ -185,5 +185,5 @@ class NanoEngine(torch.nn.Module):
     def memory_breakdown(self, by_device: bool = False) -> dict:
         """Bytes this rank holds per category: parameters, gradients, fp32_master_partition,
         optimizer_states, gradient_partition, communication_buckets, and their total; with
-        `by_device`, one such dict per device ("cpu", "cuda:0")."""
+        `by_device`, one such dict per place: {"device": {...}, "host": {...}} (offload moves states to the host)."""
         return self.optimizer.memory_breakdown(by_device)
