@@ -132,6 +132,7 @@ class ZeroOptimizer:
         self.collectives = collectives
         self.placement = placement
         self.parameter_names = parameter_names
+        self.group_parameters = [list(group["params"]) for group in parameter_groups]  # as given: checkpoints' order
         self.dtype = torch_dtype(config.precision)
         self.communication_dtype = torch_dtype(config.communication_data_type or config.precision)
         # Phase 1: flat parameter buffers, identical on every rank.
