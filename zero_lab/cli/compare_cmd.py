@@ -75,6 +75,7 @@ def compare(
         resumes = [job for world_size in world_sizes for stage in stage_list for impl in impl_list if resume_check
                    for job in jobs.resume_pair(shared, impl, stage, world_size, compare_dir / "resume"
                                                / rundir.cell_name(impl, stage, world_size))]
+        jobs.warn_passed_to_official(warmups + cells + resumes)
         preflight.check(cells, shared.device, shared.device_memory_gb, common.force)
         # Phase 2
         env = environment(shared.device)

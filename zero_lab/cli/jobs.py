@@ -67,6 +67,16 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     return Job(spec, run_dir, config, official, label)
 
 
+def warn_passed_to_official(prepared: list[Job]) -> None:
+    """One `warning:` line per distinct set of keys only official DeepSpeed knows that `--impl
+    official` passes through (each run's log says it again in a `[warn] kind=config` line)."""
+    from zero_lab.workload.run_config import passed_to_official
+
+    messages = {passed_to_official(job.spec.impl, job.config) for job in prepared} - {None}
+    for message in sorted(messages):
+        output.stderr.print(f"warning: {message}", markup=False, highlight=False)
+
+
 def host_memory_limit(shared: SharedSettings) -> int | None:
     """On CPU --device-memory is the host's: the memory watch's limit for the ranks (bytes)."""
     if shared.device != "cpu" or shared.device_memory_gb is None:

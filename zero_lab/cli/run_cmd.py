@@ -103,6 +103,7 @@ def run(
     default_name = f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}"
     with input_checks.claimed_directory(common.out, common.name, default_name) as run_dir:
         job = jobs.prepare(shared, impl, stage, gpus, run_dir)
+        jobs.warn_passed_to_official([job])
         preflight.check([job], shared.device, shared.device_memory_gb, common.force)
         summaries, interrupted_by = jobs.run_jobs([job], environment(shared.device))
         if not summaries:  # interrupted before torchrun started: the directory goes again

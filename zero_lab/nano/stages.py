@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 START_ALIGNMENT_FACTOR = 2  # official DeepSpeed's nccl_start_alignment_factor: 4 bytes / 2-byte elements
 OPTIMIZER_STATES, GRADIENTS, PARAMETERS = "optimizer states", "gradients", "parameters"
-FLAT, PER_PARAMETER = "flat", "per_parameter"  # the two cuts of a checkpoint's partitions (reshard.py)
+FLAT, PER_PARAMETER = "flat", "per_parameter"  # the two cuts of a checkpoint's partitions (checkpoint/reshard.py)
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,9 @@ class Stage:
 
     def flat_alignment(self, precision: str, world_size: int) -> int:
         """The multiple a group's flat buffer is padded to, as official DeepSpeed pads it: to 2 x
-        world_size where it partitions (each 16-bit partition starts 4-byte aligned), and at stage
-        0 a bf16 group only (its BF16_Optimizer keeps a padded flat buffer; fp32/fp16 keep none)."""
+        world_size where it partitions (each 16-bit partition starts 4-byte aligned). At stage 0 a
+        bf16 group is padded to 2 x world_size too, by nano's own choice: official 0.19.8 runs
+        stage-0 bf16 with FP16_UnfusedOptimizer, which keeps no flat buffer (docs/nano.md)."""
         if self.partitions_optimizer_states or precision == "bf16":
             return START_ALIGNMENT_FACTOR * world_size
         return 1

@@ -5,7 +5,9 @@ Phase 1: `build_parser` reads the seed's flags (same names) plus `--impl` and `-
 Phase 2: `rank_device` picks cpu or cuda and refuses more processes than visible GPUs.
 Phase 3: `build_config` reads the JSON config and applies the flags that override it
          (`--zero-stage`, `--model-dtype`, `--batch-size`), then validates it as nano does, and
-         checks that every value has the JSON type nano's typed config declares.
+         checks that every value has the JSON type nano's typed config declares. For
+         `--impl official` the keys only official DeepSpeed knows are left out of that check and
+         passed through to official as they are (`passed_to_official` names them).
 Phase 4: `check_launch` adds the checks of the workload itself (model name, official on CPU).
 Every problem is a `WorkloadError`, which `harness/train.py` prints as one line and exits 2;
 the CLI can call `check_launch` before it spawns torchrun.
@@ -112,8 +114,9 @@ def _read_json(path: Path) -> dict:
 
 
 def build_config(args: argparse.Namespace, world_size: int) -> dict:
-    """Phase 3: the nano config of this run (official gets `to_official_config` of it)."""
-    from zero_lab.nano.config import load_config
+    """Phase 3: the nano config of this run (official gets `to_official_config` of it, with the keys
+    only official knows, which nano's checks leave out)."""
+    from zero_lab.nano.config import load_config, without_official_only_keys
     from zero_lab.nano.errors import NanoConfigError
 
     stage = args.zero_stage if args.zero_stage is not None else 2
@@ -136,12 +139,25 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict:
         config.pop("train_batch_size", None)  # re-inferred from micro x accumulation x world
     for section in OFFLOAD_SECTIONS[args.offload]:
         zero[section] = {**zero.get(section, {}), "device": "cpu"}
+    checked = without_official_only_keys(config) if args.impl == "official" else config
     try:  # both impls get this config (official through to_official_config), so nano's rules hold
-        load_config(config, world_size=world_size)
+        load_config(checked, world_size=world_size)
     except NanoConfigError as error:
         raise WorkloadError.from_nano(error, where=f"{path}: ") from None
-    check_value_types(config, where=f"{path}: ")
+    check_value_types(checked, where=f"{path}: ")
     return config
+
+
+def passed_to_official(impl: str, config: dict) -> str | None:
+    """With --impl official, the one `[warn]` message naming the keys only official DeepSpeed knows,
+    which it receives as they are (nano implements none of them); None when there are none."""
+    from zero_lab.nano.config import official_only_keys
+
+    keys = official_only_keys(config) if impl == "official" else []
+    if not keys:
+        return None
+    return (f"config keys {', '.join(keys)} are known to official DeepSpeed but not implemented by nano: "
+            "passed through to official DeepSpeed as they are")
 
 
 def check_value_types(config: dict, where: str = "") -> None:

@@ -16,7 +16,8 @@ _NAMES = {
     "schema": ("DEFAULT_BUCKET_SIZE", "Bf16Config", "DataTypesConfig", "Fp16Config", "LeafModuleConfig",
                "NanoConfig", "OffloadConfig", "OffloadOptimizerConfig", "OffloadParamConfig", "OptimizerConfig",
                "OptimizerParams", "SchedulerConfig", "Stage3Settings", "ZeroConfig"),
-    "loading": ("load_config", "read_config_source", "validate_config"),
+    "loading": ("load_config", "official_only_keys", "read_config_source", "validate_config",
+                "without_official_only_keys"),
 }
 _MODULE_OF = {name: module for module, names in _NAMES.items() for name in names}
 __all__ = list(_MODULE_OF)
