@@ -90,7 +90,7 @@ def test_run_impl_official_passes_official_only_keys_through_with_one_warning(tm
 
 
 def test_the_part_nano_checks_is_the_config_less_exactly_the_official_only_keys():
-    from zero_lab.nano.config_loading import official_only_keys, without_official_only_keys
+    from zero_lab.nano.config import official_only_keys, without_official_only_keys
 
     config = {"train_micro_batch_size_per_gpu": 2, "wandb": {"enabled": False}, "bf16": {"enabled": True,
               "bf16_optimizer_states": True}, "zero_optimization": {"stage": 1, "legacy_stage1": False}}

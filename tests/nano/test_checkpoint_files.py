@@ -8,7 +8,7 @@ import torch
 
 from tests.nano.checkpoint_workers import checkpoint_config, snapshot, start, train
 from tests.nano.test_engine_api import single_process  # noqa: F401 (the fixture)
-from zero_lab.nano import checkpoint_files, reshard
+from zero_lab.nano.checkpoint import files as checkpoint_files, reshard
 from zero_lab.nano.errors import CheckpointError
 from zero_lab.nano.layout import FlatLayout
 

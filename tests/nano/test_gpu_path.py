@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from zero_lab.nano import init_partitions, placement as placement_module
 from zero_lab.nano.collectives import Collectives
-from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.config import load_config
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.placement import Placement, host_threads

@@ -44,7 +44,7 @@ def offered_memory(device: str, device_memory_gb: float | None) -> tuple[int | N
 def predicted_peak(job) -> int | None:
     """Phase 2: one rank's predicted peak for a prepared job (zero_lab.cli.jobs.Job)."""
     from zero_lab.analysis.peak_memory import predict_run_peak
-    from zero_lab.nano.config_loading import load_config, without_official_only_keys
+    from zero_lab.nano.config import load_config, without_official_only_keys
     from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
 
     spec = job.spec

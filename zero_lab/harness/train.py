@@ -44,7 +44,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from zero_lab.nano.config_loading import load_config, without_official_only_keys
+from zero_lab.nano.config import load_config, without_official_only_keys
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.data import make_batches

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from zero_lab.nano.config_loading import read_config_source, validate_config, without_official_only_keys
+from zero_lab.nano.config import read_config_source, validate_config, without_official_only_keys
 from zero_lab.nano.errors import NanoConfigError
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 START_ALIGNMENT_FACTOR = 2  # official DeepSpeed's nccl_start_alignment_factor: 4 bytes / 2-byte elements
 OPTIMIZER_STATES, GRADIENTS, PARAMETERS = "optimizer states", "gradients", "parameters"
-FLAT, PER_PARAMETER = "flat", "per_parameter"  # the two cuts of a checkpoint's partitions (reshard.py)
+FLAT, PER_PARAMETER = "flat", "per_parameter"  # the two cuts of a checkpoint's partitions (checkpoint/reshard.py)
 
 
 @dataclass(frozen=True)

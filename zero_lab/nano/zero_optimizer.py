@@ -30,16 +30,18 @@ Optimizer step, at each gradient-accumulation boundary:
 One step, file by file (a window of micro-steps, then the boundary; stage 3 is stage 2 plus what
 it says):
     engine(batch)                   engine.py        the module's forward
-        stage 3                     unit_gathering   `_before_forward` gathers each unit (and
-                                                     prefetches the next), `_after_forward` frees it
+        stage 3                     unit_gathering   `pre_forward` gathers each unit (and what
+                                                     fetch_policy prefetches), `post_forward` frees
+                                                     it unless fetch_policy keeps it
     engine.backward(loss)           engine.py        scale the loss, then autograd's backward
         stages 0/1                  (autograd)       gradients accumulate in param.grad
         stages 2/3                  stage2.py        `ArrivalPacking._on_gradient_ready` adds each
                                                      gradient into its buckets; a full bucket goes
                                     gradient_reduction  to `BucketReducer.launch`: reduced and added
                                                      into this rank's `gradient_partition`
-        stage 3                     unit_gathering   `_before_backward` gathers the unit again; it is
-                                                     freed once the unit's gradients are produced
+        stage 3                     unit_gathering   `pre_backward` gathers the unit again if it was
+                                                     freed; `post_backward` frees it once the unit's
+                                                     gradients are produced
       optimizer.after_backward()    zero_optimizer   the stage's `GradientCollection.after_backward`:
         stages 0/1                  zero_optimizer   nothing (inherited)
         stages 2/3                  stage2.py        reduce the buckets left (unused parameters),

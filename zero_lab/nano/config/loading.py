@@ -1,4 +1,4 @@
-"""Reading a DeepSpeed config into nano's typed config (`config.py`), in phases:
+"""Reading a DeepSpeed config into nano's typed config (`schema.py`), in phases:
 
     Phase 1: read the source (dict, JSON path, or `args.deepspeed_config`).
     Phase 2: reject keys nano does not know, saying whether official DeepSpeed knows them
@@ -17,9 +17,10 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from zero_lab.nano import config_keys, stages
-from zero_lab.nano.config import (DEFAULT_BUCKET_SIZE, Bf16Config, DataTypesConfig, Fp16Config, NanoConfig,
-                                  ZeroConfig)
+from zero_lab.nano import stages
+from zero_lab.nano.config import keys as config_keys
+from zero_lab.nano.config.schema import (DEFAULT_BUCKET_SIZE, Bf16Config, DataTypesConfig, Fp16Config, NanoConfig,
+                                         ZeroConfig)
 from zero_lab.nano.errors import NanoConfigError
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")

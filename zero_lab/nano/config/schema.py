@@ -1,8 +1,8 @@
 """The typed DeepSpeed config that nano honours, with DeepSpeed's own key names.
 
 One pydantic model per section, one line of doc per field, DeepSpeed's defaults; rules that span
-keys are model validators whose messages name the keys. `config_loading.py` reads a source into
-these models.
+keys are model validators whose messages name the keys. `loading.py` reads a source into these
+models.
 """
 
 from __future__ import annotations
@@ -149,8 +149,10 @@ class ZeroConfig(Stage3Settings):
     allgather_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per parameter all-gather "
                                        "where a backend lacks all_gather_into_tensor (nccl and gloo have it: a buffer is "
                                        "gathered in one call, as official does); even, as official DeepSpeed requires.")
-    overlap_comm: StrictBool = Field(False, description="Reduce buckets asynchronously (stage 2: while backward runs; "
-                                     "stages 0/1: while the next bucket is packed), at most two in flight.")
+    overlap_comm: Optional[StrictBool] = Field(None, description="Reduce buckets asynchronously (stages 2/3: while "
+                                               "backward runs; stages 0/1: while the next bucket is packed), at most "
+                                               "two in flight. Unset: true at stage 3, false below, as official "
+                                               "DeepSpeed; it plays no part in stage 3's prefetch.")
     contiguous_gradients: StrictBool = Field(True, description="Accepted as true only: nano always packs gradients contiguously.")
     allgather_partitions: StrictBool = Field(True, description="Accepted as true only: nano always all-gathers whole partitions.")
     ignore_unused_parameters: StrictBool = Field(True, description="Stages 2/3: a parameter with no gradient counts as zero (False: error).")
@@ -194,6 +196,13 @@ class ZeroConfig(Stage3Settings):
         if self.offload_param.enabled and not self.stage_facts.partitions_parameters:
             raise ValueError(f"zero_optimization.offload_param needs stage 3 (stage {self.stage} keeps parameters "
                              "whole on every rank); use stage 3 or remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _overlap_comm_default(self) -> "ZeroConfig":
+        """Official DeepSpeed's default (`runtime/zero/config.py`): true at stage 3, false below."""
+        if self.overlap_comm is None:
+            self.overlap_comm = self.stage_facts.partitions_parameters
         return self
 
     @model_validator(mode="after")

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zero_lab.nano import reshard, stages
+from zero_lab.nano import stages
+from zero_lab.nano.checkpoint import reshard
 from zero_lab.nano.errors import CheckpointError
 
 FORMAT_VERSION = "0.19.8"  # the official DeepSpeed release whose file format nano writes

@@ -1,6 +1,6 @@
 """`engine.save_checkpoint` and `engine.load_checkpoint`: DeepSpeed's calls, DeepSpeed's files.
 
-Save, on every rank (`checkpoint_files.py` tells the safe-write phases):
+Save, on every rank (`files.py` tells the safe-write phases):
     Phase 1: the tag (default `global_step<N>`) and an empty partial directory.
     Phase 2: the model states: rank 0's file below stage 3 (the module is whole on every rank),
              every rank's at stage 3 (parameters are partitions there).
@@ -25,9 +25,10 @@ import time
 
 import torch
 
-from zero_lab.nano import checkpoint_files as files
-from zero_lab.nano import reshard, stages
-from zero_lab.nano.checkpoint_contents import (ENGINE_KEYS, FORMAT_VERSION, MOMENTS, SavedTraining, model_shapes,
+from zero_lab.nano.checkpoint import files
+from zero_lab.nano import stages
+from zero_lab.nano.checkpoint import reshard
+from zero_lab.nano.checkpoint.contents import (ENGINE_KEYS, FORMAT_VERSION, MOMENTS, SavedTraining, model_shapes,
                                                optimizer_states, scaler_fields)
 from zero_lab.nano.errors import CheckpointError
 

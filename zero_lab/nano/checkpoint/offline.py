@@ -1,6 +1,6 @@
 """Checkpoints without an engine or processes: describe one, consolidate its weights, reshard it.
 
-All three read a tag as `load_checkpoint` does (`checkpoint_files.read_file`, then
+All three read a tag as `load_checkpoint` does (`files.read_file`, then
 `SavedTraining.read`: partition -> whole parameter), nano's or official DeepSpeed's alike.
 `reshard` then cuts the whole parameters for M ranks (whole parameter -> partition) and writes a
 new checkpoint directory in the same stage's files, through the same safe write as a save.
@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from zero_lab.nano import checkpoint_files as files
-from zero_lab.nano import reshard, stages
-from zero_lab.nano.checkpoint_contents import MOMENTS, SavedTraining, optimizer_states
+from zero_lab.nano.checkpoint import files
+from zero_lab.nano import stages
+from zero_lab.nano.checkpoint import reshard
+from zero_lab.nano.checkpoint.contents import MOMENTS, SavedTraining, optimizer_states
 from zero_lab.nano.errors import CheckpointError
 from zero_lab.nano.layout import FlatLayout
 
