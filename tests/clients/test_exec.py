@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from zero_lab.launch.engine_switch import DROPIN_DIR
-from zero_lab.workload.log_lines import parse_line
+from zero_lab.workload.log_lines import find_tagged, split_fields
 
 pytestmark = [pytest.mark.slow, pytest.mark.official]
 
@@ -41,7 +41,14 @@ def script_lines(stdout: str, tag: str) -> list[dict]:
 
 
 def contract(stdout: str) -> list[tuple[str, int | None, dict]]:
-    return [parsed for parsed in map(parse_line, stdout.splitlines()) if parsed is not None]
+    """The contract lines, found as the CLI finds them (anywhere in a line: the ranks share stdout)."""
+    found = []
+    for line in stdout.splitlines():
+        tagged = find_tagged(line)
+        fields = split_fields(tagged[2]) if tagged else None
+        if fields is not None:
+            found.append((tagged[0], tagged[1], fields))
+    return found
 
 
 WHICH_DEEPSPEED = ("import os, sys, deepspeed; print('script-deepspeed', 'file=' + deepspeed.__file__, "

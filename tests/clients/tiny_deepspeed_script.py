@@ -31,6 +31,12 @@ class TinyModel(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), input_ids[:, 1:].reshape(-1))
 
 
+def say(line: str) -> None:
+    """One line in one write: the ranks share the terminal, and print() writes the newline apart."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--deepspeed_config", required=True)
@@ -38,8 +44,7 @@ def main() -> int:
     parser.add_argument("--exit-code", type=int, default=0)
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
-    print(f"script-deepspeed rank={rank} file={deepspeed.__file__} accelerator={os.environ.get('DS_ACCELERATOR')}",
-          flush=True)
+    say(f"script-deepspeed rank={rank} file={deepspeed.__file__} accelerator={os.environ.get('DS_ACCELERATOR')}")
     with open(args.deepspeed_config) as handle:
         config = json.load(handle)
     torch.manual_seed(0)
@@ -54,7 +59,7 @@ def main() -> int:
             loss = engine(input_ids=input_ids)
             engine.backward(loss)
             engine.step()
-            print(f"script-loss rank={rank} step={step} micro={micro} loss={loss.item():.9g}", flush=True)
+            say(f"script-loss rank={rank} step={step} micro={micro} loss={loss.item():.9g}")
     return args.exit_code
 
 
