@@ -245,7 +245,8 @@ class NanoConfig(_Strict):
     gradient_allreduce_op: Literal["mean", "sum"] = Field(
         "mean", description="Average gradients over ranks (mean) or add them up (sum).")
     data_types: DataTypesConfig = Field(default_factory=DataTypesConfig, description="dtype of gradient accumulation.")
-    steps_per_print: int = Field(10, ge=1, description="Rank 0 prints a progress line every this many steps.")
+    steps_per_print: float = Field(10, ge=1, allow_inf_nan=True, description="Rank 0 prints a progress line every "
+                                   "this many steps; accelerate writes infinity (never), as official accepts it.")
     wall_clock_breakdown: Literal[False] = Field(False, description="Accepted as false only (nano has no timers).")
 
     @field_validator("gradient_allreduce_op", mode="before")
