@@ -29,7 +29,7 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, unit_policy, config.keys -> layout -> config.schema -> config.loading ->
+    fetch_policy -> errors, stages, dtypes, unit_policy, config.keys -> layout -> config.schema -> config.loading ->
     config -> official_config, memory_formula -> collectives, distributed -> init_partitions ->
     placement, units -> flat_buffer -> gradient_reduction, unit_gathering -> adamw, loss_scaler,
     lr_schedules -> zero_optimizer -> stage0 -> stage1 -> stage2 -> stage3 -> checkpoint ->
