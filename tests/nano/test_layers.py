@@ -59,3 +59,20 @@ def test_every_module_is_listed_and_imports_only_lower_layers():
         for imported in nano_imports(path):
             assert layers[imported] < layers[module], f"{module} (layer {layers[module]}) imports {imported} " \
                                                       f"(layer {layers[imported]})"
+
+
+def test_each_stage_reduces_its_gradients_where_its_row_of_the_stage_table_says():
+    """Step Phase 1 is explicit: a stage reducing during backward collects by arrival (stage 2's
+    `ArrivalPacking`), the others at the boundary (stage 0's `BoundaryPacking`), and each of the two
+    says in both of its methods what it does then, rather than inheriting a silent no-op."""
+    from zero_lab.nano import stages
+    from zero_lab.nano.initialize import STAGE_OPTIMIZERS
+    from zero_lab.nano.stage0 import BoundaryPacking
+    from zero_lab.nano.stage2 import ArrivalPacking
+
+    for number, optimizer in STAGE_OPTIMIZERS.items():
+        expected = ArrivalPacking if stages.of(number).reduces_during_backward else BoundaryPacking
+        assert issubclass(optimizer.GradientCollection, expected), \
+            f"stage {number} collects with {optimizer.GradientCollection.__name__}, not {expected.__name__}"
+    for collection in (BoundaryPacking, ArrivalPacking):
+        assert {"after_backward", "reduce_at_boundary"} <= set(vars(collection)), collection.__name__

@@ -128,6 +128,7 @@ class MicroStep:
     forward_gathers: list[str]
     backward_gathers: list[str]
     whole_after_forward: set[str]
+    largest_prefetch: int = 0  # elements of the largest set of units one prefetch started in the forward
 
 
 def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules | None,
@@ -144,12 +145,18 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
             whole.add(unit)
             gathers.append(unit)
 
+    largest_prefetch = 0
+
     def use(position: int, unit: str | None) -> None:
+        nonlocal largest_prefetch
         gather(unit)
         if schedule is not None:
             live = sum(unit_numel[name] for name in whole)
-            for started in schedule.prefetch(position, whole.__contains__, live):
-                gather(started)
+            started = schedule.prefetch(position, whole.__contains__, live)
+            for name in started:
+                gather(name)
+            if position < len(forward):
+                largest_prefetch = max(largest_prefetch, sum(unit_numel[name] for name in started))
 
     def release(position: int, unit: str | None) -> None:
         if unit is not None and unit != held and not (schedule is not None and schedule.keep(unit, position)):
@@ -166,4 +173,4 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
         traced = order[position]
         use(position, traced.unit)
         release(position, traced.unit)
-    return MicroStep(forward_gathers, gathers, whole_after_forward)
+    return MicroStep(forward_gathers, gathers, whole_after_forward, largest_prefetch)

@@ -46,6 +46,12 @@ class Stage:
     partitions: tuple[str, ...]  # what each rank holds only 1/N of
     checkpoint: CheckpointLayout
     implemented: bool = True
+    # A reduce-scattered bucket is divided by the world size before the sum (official's stage-1/2
+    # `average_tensor`), not the sum after it (its stages 0 and 3, and every all-reduce path).
+    predivides: bool = False
+    # bf16's `check_grad_overflow: false` lets a step with non-finite gradients through: official's
+    # stage-1/2 optimizer honours it; its stage-0 bf16 and its stage-3 optimizers check every step.
+    applies_unchecked_bf16_steps: bool = False
 
     @property
     def partitions_optimizer_states(self) -> bool:
@@ -88,8 +94,8 @@ class Stage:
 
 STAGES = (
     Stage(0, (), FLAT_FILES),  # plain data parallelism: every rank holds everything
-    Stage(1, (OPTIMIZER_STATES,), FLAT_FILES),
-    Stage(2, (OPTIMIZER_STATES, GRADIENTS), FLAT_FILES),
+    Stage(1, (OPTIMIZER_STATES,), FLAT_FILES, predivides=True, applies_unchecked_bf16_steps=True),
+    Stage(2, (OPTIMIZER_STATES, GRADIENTS), FLAT_FILES, predivides=True, applies_unchecked_bf16_steps=True),
     Stage(3, (OPTIMIZER_STATES, GRADIENTS, PARAMETERS), PER_PARAMETER_FILES),  # gathered for each use
 )
 BY_NUMBER = {row.number: row for row in STAGES}
