@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from zero_lab.analysis.explain import explain
 from zero_lab.analysis.explain_check import disagreements
 from zero_lab.cli.app import app
-from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.config import load_config
 from zero_lab.workload.model_shapes import preset_blocks, preset_parameters
 from zero_lab.workload.wire_bytes import wire_bytes
 

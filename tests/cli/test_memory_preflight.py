@@ -101,10 +101,10 @@ def test_on_a_cuda_machine_each_rank_has_a_gpu_of_its_own_and_the_least_free_one
     world size 2 fits where on CPU its two ranks would share one memory and not."""
     import torch
 
-    from zero_lab.cli import tools_cmd
+    from zero_lab.cli import estimate_cmd
 
     free = {0: 80 * 2**20, 1: 50 * 2**20}
-    monkeypatch.setattr(tools_cmd, "cuda_devices", lambda: ["GPU 0", "GPU 1"])
+    monkeypatch.setattr(estimate_cmd, "cuda_devices", lambda: ["GPU 0", "GPU 1"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (free[index], 96 * 2**30))
@@ -114,6 +114,6 @@ def test_on_a_cuda_machine_each_rank_has_a_gpu_of_its_own_and_the_least_free_one
     peaks = [row["predicted_peak_mb"] for row in payload["rows"]]
     assert all(peak < 0.9 * 50 for peak in peaks) and 2 * peaks[1] > 50
     assert [row["fit"] for row in payload["rows"]] == ["fits", "fits"]
-    monkeypatch.setattr(tools_cmd, "cuda_devices", lambda: [])
+    monkeypatch.setattr(estimate_cmd, "cuda_devices", lambda: [])
     on_cpu = json.loads(invoke(*arguments, "--device-memory", str(50 / 1024)).stdout)
     assert [row["fit"] for row in on_cpu["rows"]] == ["fits", "will not fit"]

@@ -194,7 +194,7 @@ def hf_checkpointing_worker(rank: int, world_size: int) -> list[str]:
 def formula(config: dict, model, world_size: int, moment: str, gathered: set[str]) -> dict[str, int]:
     """nano's documented bytes for every flat buffer the unit policy makes of this model, summed;
     `gathered` names the units whole at the moment."""
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config
     from zero_lab.nano.memory_formula import model_state_bytes, total
     from zero_lab.nano.units import choose_units, split_groups_by_unit
 

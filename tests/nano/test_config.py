@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.config import load_config
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.official_config import to_official_config
 

@@ -44,12 +44,12 @@ def offered_memory(device: str, device_memory_gb: float | None) -> tuple[int | N
 def predicted_peak(job) -> int | None:
     """Phase 2: one rank's predicted peak for a prepared job (zero_lab.cli.jobs.Job)."""
     from zero_lab.analysis.peak_memory import predict_run_peak
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config, without_official_only_keys
     from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
 
     spec = job.spec
     world_size = spec.multi_node.world_size(spec.nproc) or spec.nproc
-    settings = load_config(job.config, world_size=world_size)
+    settings = load_config(without_official_only_keys(job.config), world_size=world_size)  # as nano reads it
     model = {"name": spec.workload.model, "seq_len": spec.workload.seq_len or DEFAULT_SEQ_LEN,
              "micro_batch": int(job.config["train_micro_batch_size_per_gpu"])}
     zero = {"impl": spec.impl, "reduce_bucket_size": settings.zero_optimization.reduce_bucket_size,

@@ -22,8 +22,7 @@ import torch.distributed
 
 from zero_lab.nano import init_partitions
 from zero_lab.nano.collectives import Collectives
-from zero_lab.nano.config import NanoConfig
-from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.config import NanoConfig, load_config
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.engine import NanoEngine
 from zero_lab.nano.errors import NanoConfigError

@@ -23,6 +23,7 @@ import torch
 
 from zero_lab.nano.fetch_policy import FetchRules
 from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer
+from zero_lab.nano.placement import TensorKind
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.unit_gathering import GatheredUnit, UnitGathering
 from zero_lab.nano.units import Unit
@@ -30,8 +31,6 @@ from zero_lab.nano.units import Unit
 
 class Stage3Optimizer(Stage2Optimizer):
     stage = 3
-    predivides = False  # official stage 3 divides the reduce-scattered sum (post-scale), unlike 1/2
-    applies_unchecked_bf16_steps = False  # official's stage 3 checks every step
 
     def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names):
         super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names)
@@ -46,8 +45,8 @@ class Stage3Optimizer(Stage2Optimizer):
         if not unit.sharded:
             return super()._flat_buffer(unit, parameters, group_index)
         layout = self._layout(parameters)
-        full = self.placement.empty("compute", layout.padded_numel, self.dtype)
-        partition = self.placement.empty("partition", layout.partition_numel, self.dtype)
+        full = self.placement.empty(TensorKind.COMPUTE, layout.padded_numel, self.dtype)
+        partition = self.placement.empty(TensorKind.PARTITION, layout.partition_numel, self.dtype)
         return ShardedFlatBuffer(parameters, layout, self.collectives, group_index, full, partition,
                                  self.placement.stage_in)
 

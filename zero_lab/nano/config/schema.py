@@ -1,8 +1,8 @@
 """The typed DeepSpeed config that nano honours, with DeepSpeed's own key names.
 
 One pydantic model per section, one line of doc per field, DeepSpeed's defaults; rules that span
-keys are model validators whose messages name the keys. `config_loading.py` reads a source into
-these models.
+keys are model validators whose messages name the keys. `loading.py` reads a source into these
+models.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Bf16Config(_Strict):
     check_grad_overflow: StrictBool = Field(True, description="Skip a step whose gradients hold an inf or NaN (false: "
                                             "apply it at stages 1 and 2; stages 0 and 3 skip it anyway, as official).")
     immediate_grad_update: StrictBool = Field(False, description="Move each gradient into fp32 as soon as it is "
-                                              "produced; official's stage-0 bf16 optimizer only (see NanoConfig).")
+                                              "produced; true is refused at stage 0 bf16 (see NanoConfig).")
 
 
 class Stage3Settings(_Strict):
@@ -263,9 +263,10 @@ class NanoConfig(_Strict):
     def _gradients_accumulate_where_nano_keeps_them(self) -> "NanoConfig":
         """Stages 0/1 accumulate in autograd's param.grad (the parameters' dtype), stages 2/3 in their
         fp32 gradient partitions (the stage says: `gradient_accumulation_precision`); a config asking
-        for anything else cannot be honoured. Official DeepSpeed honours immediate_grad_update only in
-        its stage-0 bf16 optimizer (its partitioned stages ignore it), and nano's stage 0 keeps bf16
-        param.grad until the boundary."""
+        for anything else cannot be honoured. immediate_grad_update true asks for fp32 accumulation
+        during backward, which nano's stage 0 bf16 does not do (it keeps bf16 param.grad until the
+        boundary). Official 0.19.8 reads the key only in its BF16_Optimizer (stage 1 with
+        grad_accum_dtype fp32, which nano refuses) and ignores it at stage 0 (docs/nano.md)."""
         stage, precision = self.zero_optimization.stage_facts, self.precision
         if self.bf16.immediate_grad_update and not stage.partitions_optimizer_states and precision == "bf16":
             raise ValueError("bf16.immediate_grad_update true asks for fp32 accumulation during backward, but nano's "

@@ -1,0 +1,34 @@
+"""A user's plain DeepSpeed script, unchanged for either engine: `import deepspeed`, initialize, train.
+
+    torchrun --nproc_per_node 2 plain_initialize.py --deepspeed_config ds.json
+Rank 0 prints one line, `RESULT {"losses": [...]}`: each micro-step's loss, averaged over ranks (4 optimizer
+steps of 2 micro-steps).
+"""
+
+import argparse
+import json
+import os
+
+import deepspeed
+import torch
+
+parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+args = parser.parse_args()
+deepspeed.init_distributed()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+rank, world_size = deepspeed.comm.get_rank(), deepspeed.comm.get_world_size()
+generator = torch.Generator().manual_seed(1)
+losses = []
+for micro_step in range(8):
+    inputs = torch.randn(world_size, 4, 8, generator=generator)[rank]
+    loss = (engine(inputs) - inputs.sum(dim=1, keepdim=True)).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    mean = loss.detach().clone()
+    deepspeed.comm.all_reduce(mean)
+    losses.append(mean.item() / world_size)
+if rank == 0:
+    print("RESULT " + json.dumps({"losses": losses}), flush=True)

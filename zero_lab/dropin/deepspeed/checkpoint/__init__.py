@@ -1,0 +1,1 @@
+"""`deepspeed.checkpoint`: helpers clients use when they save weights themselves."""
