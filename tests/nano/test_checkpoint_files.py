@@ -9,6 +9,7 @@ import torch
 from tests.nano.checkpoint_workers import checkpoint_config, snapshot, start, train
 from tests.nano.test_engine_api import single_process  # noqa: F401 (the fixture)
 from zero_lab.nano.checkpoint import files as checkpoint_files, reshard
+from zero_lab.nano import stages
 from zero_lab.nano.errors import CheckpointError
 from zero_lab.nano.layout import FlatLayout
 
@@ -74,7 +75,7 @@ def test_missing_truncated_and_corrupt_files_are_refused_in_one_line(single_proc
     _refused(directory, "truncated or corrupt")
     with open(optimizer_file, "wb") as handle:
         handle.write(whole)
-    os.remove(os.path.join(tag_directory, checkpoint_files.model_states_name(2, 0)))
+    os.remove(os.path.join(tag_directory, checkpoint_files.model_states_name(stages.FLAT_FILES, 0)))
     _refused(directory, "is missing")
     os.remove(optimizer_file)
     _refused(directory, "has no *_optim_states.pt files")

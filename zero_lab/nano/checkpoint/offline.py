@@ -83,11 +83,11 @@ def consolidate(checkpoint: OpenCheckpoint) -> dict[str, torch.Tensor]:
     shapes, states = checkpoint.shapes(), checkpoint.model_states
     weights = {name: states["module"][name].float() if states["module"][name].is_floating_point()
                else states["module"][name] for name in states.get("buffer_names", [])}
-    per_rank = stages.of(checkpoint.saved.stage).checkpoint.model_states_per_rank  # frozen parameters cut per rank
+    layout = stages.of(checkpoint.saved.stage).checkpoint
     for name, shape in (states.get("frozen_param_shapes") or {}).items():
-        if per_rank:
+        if layout.model_states_per_rank:  # frozen parameters are cut per rank there
             fragments = [files.read_file(os.path.join(checkpoint.directory, checkpoint.tag,
-                                                      files.model_states_name(3, rank)))["frozen_param_fragments"][name]
+                                                      files.model_states_name(layout, rank)))["frozen_param_fragments"][name]
                          for rank in range(checkpoint.saved.world_size)]
             weights[name] = torch.cat([part.reshape(-1) for part in fragments])[:torch.Size(shape).numel()] \
                 .view(shape).float()
@@ -140,7 +140,7 @@ def reshard_checkpoint(checkpoint: OpenCheckpoint, world_size: int, out: str) ->
                 name: reshard.per_parameter_partition([values.reshape(-1).float()], world_size, rank)
                 for name, values in consolidate(checkpoint).items()
                 if name in (checkpoint.model_states.get("frozen_param_shapes") or {})}
-        files.write_file(model_states, os.path.join(partial, files.model_states_name(stage, rank)))
+        files.write_file(model_states, os.path.join(partial, files.model_states_name(facts.checkpoint, rank)))
     sub_group_size = int(((checkpoint.model_states.get("ds_config") or {}).get("zero_optimization") or {})
                          .get("sub_group_size", OFFICIAL_SUB_GROUP_SIZE))
     for rank in range(world_size):

@@ -158,7 +158,7 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     # Phase 2
     if stage.checkpoint.model_states_per_rank or rank == 0:
         states = {**_module_states(engine, stage), **(client_state or {})}
-        written += files.write_file(states, os.path.join(directory, files.model_states_name(stage.number, rank)))
+        written += files.write_file(states, os.path.join(directory, files.model_states_name(stage.checkpoint, rank)))
     # Phase 3
     masters, moments, steps, group_of = [], [], [], []
     for group_index, (buffer_indices, order) in enumerate(zip(_groups(optimizer), _file_order(optimizer))):
@@ -239,7 +239,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
         for key, value in saved.loss_scaler.items():  # whether scaling is dynamic is the config's to say
             if key != "dynamic" and hasattr(optimizer.loss_scaler, key):
                 setattr(optimizer.loss_scaler, key, value)
-    _restore_module_extras(engine, model_states, load_dir, tag)
+    _restore_module_extras(engine, model_states, load_dir, tag, stages.of(saved.stage).checkpoint)
     if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None \
             and model_states.get("lr_scheduler") is not None:
         engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
@@ -256,7 +256,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
 
 
 @torch.no_grad()
-def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str) -> None:
+def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str,
+                           layout: stages.CheckpointLayout) -> None:
     """Buffers and frozen parameters, which live outside the optimizer's partitions."""
     module = engine.module
     buffers = dict(module.named_buffers())
@@ -269,8 +270,8 @@ def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str) 
     parameters = dict(module.named_parameters())
     count = int(model_states.get("dp_world_size", 1))
     per_rank = None
-    if files.model_states_name(3, 0) in os.listdir(os.path.join(load_dir, tag)):
-        per_rank = [files.read_file(os.path.join(load_dir, tag, files.model_states_name(3, rank)))
+    if layout.model_states_per_rank:  # each rank's file holds its cut of the frozen parameters
+        per_rank = [files.read_file(os.path.join(load_dir, tag, files.model_states_name(layout, rank)))
                     ["frozen_param_fragments"] for rank in range(count)]
     for name, shape in (model_states.get("frozen_param_shapes") or {}).items():
         if name not in parameters:
