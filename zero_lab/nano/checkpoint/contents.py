@@ -151,6 +151,22 @@ class SavedTraining:
         return saved
 
 
+def module_parameters(model_states: dict, path: str) -> SavedTraining:
+    """The parameters only, from the model states' `module` (in the model's dtype), for a load of the
+    module without optimizer files, as official's load_module_only reads them."""
+    zero = (model_states.get("ds_config") or {}).get("zero_optimization") or {}
+    saved = SavedTraining(int(zero.get("stage", 0)), int(model_states.get("dp_world_size", 1)))
+    for group in model_states["param_shapes"]:
+        for name, shape in group.items():
+            values = model_states["module"].get(name)
+            if values is None or values.numel() != _numel(shape):
+                raise CheckpointError(f"{path} holds no whole values of parameter {name} (ZeRO-3 keeps them only in "
+                                      f"the *_optim_states.pt files); copy those files beside it, or load the "
+                                      f"weights `zero-lab checkpoint consolidate` writes")
+            saved.whole[name] = values.detach().float().reshape(-1)
+    return saved
+
+
 def _group_names(param_shapes: list[dict], param_groups: list[dict]) -> list[list[str]]:
     """Each parameter group's names. A file stores one tensor an entry of param_shapes, and each of
     its param_groups lists its tensors (several at official's stage 3: its sub-groups). A file that

@@ -184,13 +184,14 @@ def read_file(path: str) -> dict:
     return state
 
 
-def read_tag(load_dir: str, tag: str) -> tuple[str, dict, list[dict], list[str]]:
-    """A tag's files, read: (model-states path, model states, every optimizer file, their paths)."""
+def read_tag(load_dir: str, tag: str, parameters_only: bool = False) -> tuple[str, dict, list[dict], list[str]]:
+    """A tag's files, read: (model-states path, model states, every optimizer file, their paths).
+    `parameters_only`: a tag without optimizer files is read too (no optimizer files then)."""
     directory = os.path.join(load_dir, tag)
     names = sorted(os.listdir(directory))
     optimizer_paths = [os.path.join(directory, name) for name in names if name.endswith("_optim_states.pt")
                        and "zero_pp_rank_" in name]
-    if not optimizer_paths:
+    if not optimizer_paths and not parameters_only:
         raise CheckpointError(f"{directory} has no *_optim_states.pt files (official stage 0 keeps its optimizer "
                               f"elsewhere, which nano cannot convert); load a ZeRO stage 1-3 checkpoint")
     optimizer_paths.sort(key=lambda path: int(os.path.basename(path).split("zero_pp_rank_")[1].split("_")[0]))

@@ -30,7 +30,7 @@ from zero_lab.nano.checkpoint import files
 from zero_lab.nano import stages
 from zero_lab.nano.checkpoint import reshard
 from zero_lab.nano.checkpoint.contents import (ENGINE_KEYS, FORMAT_VERSION, MOMENTS, SavedTraining, model_shapes,
-                                               optimizer_states, scaler_fields)
+                                               module_parameters, optimizer_states, scaler_fields)
 from zero_lab.nano.errors import CheckpointError
 
 
@@ -217,8 +217,12 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
     tag = files.resolve_tag(load_dir, tag)
     if tag is None:
         return None, None
-    model_path, model_states, optimizer_files, optimizer_paths = files.read_tag(load_dir, tag)
-    saved = SavedTraining.read(optimizer_files, model_states["param_shapes"], optimizer_paths)
+    parameters_only = load_module_only or not load_optimizer_states
+    model_path, model_states, optimizer_files, optimizer_paths = files.read_tag(load_dir, tag, parameters_only)
+    if optimizer_files:
+        saved = SavedTraining.read(optimizer_files, model_states["param_shapes"], optimizer_paths)
+    else:  # the module only, from the model states (a ZeRO-3 file holds no values: refused there)
+        saved = module_parameters(model_states, model_path)
     shapes = {name: shape for group in model_states["param_shapes"] for name, shape in group.items()}
     # Phase 2
     _check_shapes(engine, saved, shapes, model_path)
