@@ -103,6 +103,7 @@ class SavedTraining:
     moments: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # name -> exp_avg, exp_avg_sq
     step_of: dict[str, int] = field(default_factory=dict)
     param_groups: list[dict] = field(default_factory=list)
+    group_names: list[list[str]] = field(default_factory=list)  # each parameter group's names, in file order
     loss_scaler: dict = field(default_factory=dict)
 
     @classmethod
@@ -120,6 +121,7 @@ class SavedTraining:
         saved = cls(stage, world_size, loss_scaler=loss_scaler if isinstance(loss_scaler, dict)
                     else scaler_fields(loss_scaler) if loss_scaler is not None else {})
         saved.param_groups = list(states[0][moments_key(stage)].get("param_groups", []))
+        saved.group_names = _group_names(param_shapes, saved.param_groups)
         names = [[name for name in shapes] for shapes in param_shapes]
         numels = [[_numel(shapes[name]) for name in shapes] for shapes in param_shapes]
         # Stage 3 cuts per parameter across every group (official may split a group into several
@@ -147,6 +149,33 @@ class SavedTraining:
             for position, name in enumerate(group_names):
                 saved.moments[name] = {key: per_name[key][position] for key in MOMENTS}
         return saved
+
+
+def module_parameters(model_states: dict, path: str) -> SavedTraining:
+    """The parameters only, from the model states' `module` (in the model's dtype), for a load of the
+    module without optimizer files, as official's load_module_only reads them."""
+    zero = (model_states.get("ds_config") or {}).get("zero_optimization") or {}
+    saved = SavedTraining(int(zero.get("stage", 0)), int(model_states.get("dp_world_size", 1)))
+    for group in model_states["param_shapes"]:
+        for name, shape in group.items():
+            values = model_states["module"].get(name)
+            if values is None or values.numel() != _numel(shape):
+                raise CheckpointError(f"{path} holds no whole values of parameter {name} (ZeRO-3 keeps them only in "
+                                      f"the *_optim_states.pt files); copy those files beside it, or load the "
+                                      f"weights `zero-lab checkpoint consolidate` writes")
+            saved.whole[name] = values.detach().float().reshape(-1)
+    return saved
+
+
+def _group_names(param_shapes: list[dict], param_groups: list[dict]) -> list[list[str]]:
+    """Each parameter group's names. A file stores one tensor an entry of param_shapes, and each of
+    its param_groups lists its tensors (several at official's stage 3: its sub-groups). A file that
+    does not say so holds one group an entry."""
+    entries = [list(shapes) for shapes in param_shapes]
+    owned = [list(group.get("params", [])) for group in param_groups]
+    if sorted(index for group in owned for index in group) != list(range(len(entries))):
+        return entries
+    return [[name for index in group for name in entries[index]] for group in owned]
 
 
 def _numel(shape) -> int:

@@ -30,7 +30,7 @@ from zero_lab.nano.checkpoint import files
 from zero_lab.nano import stages
 from zero_lab.nano.checkpoint import reshard
 from zero_lab.nano.checkpoint.contents import (ENGINE_KEYS, FORMAT_VERSION, MOMENTS, SavedTraining, model_shapes,
-                                               optimizer_states, scaler_fields)
+                                               module_parameters, optimizer_states, scaler_fields)
 from zero_lab.nano.errors import CheckpointError
 
 
@@ -40,11 +40,20 @@ def _groups(optimizer) -> list[list[int]]:
             for group in range(len(optimizer.adam.param_groups))]
 
 
-def _file_order(optimizer) -> list[list[str]]:
-    """Each group's parameter names in the group's own order, the order official's files hold them
-    (official's load copies its partitions by position). Below stage 3 one buffer holds each group
-    in that order; at stage 3 the units reorder it, so the save recuts it (Phase 3)."""
-    return [[optimizer.parameter_names[parameter] for parameter in group] for group in optimizer.group_parameters]
+def _stored_tensors(engine, stage: stages.Stage) -> list[tuple[int, list[str]]]:
+    """(parameter group, names) of each tensor the optimizer files store, in order, as official
+    stores them: one a group in the flat cut; in the per-parameter cut one an official sub-group
+    (`sub_group_size`). Each group in its own order: official's load copies partitions by position.
+    Below stage 3 one buffer holds each group in that order; at stage 3 the units reorder it, so the
+    save recuts it (Phase 3)."""
+    optimizer, stored = engine.optimizer, []
+    for group_index, group in enumerate(optimizer.group_parameters):
+        numels = [torch.Size(getattr(parameter, "zero_lab_shape", parameter.shape)).numel() for parameter in group]
+        names = [optimizer.parameter_names[parameter] for parameter in group]
+        stored += [(group_index, part) for part in reshard.stored_tensor_names(
+            names, numels, stage.checkpoint.cut, engine.collectives.world_size,
+            engine.config.zero_optimization.sub_group_size)]
+    return stored
 
 
 def _moments_of(optimizer, index: int) -> tuple[int, dict[str, torch.Tensor]]:
@@ -79,11 +88,11 @@ def _flat_group(optimizer, buffer_indices: list[int]) -> tuple[list[torch.Tensor
     return [master], [moments], step
 
 
-def _per_parameter_group(optimizer, buffer_indices: list[int], order: list[str],
-                         sub_group_size: int) -> tuple[list[torch.Tensor], list[dict], int]:
+def _per_parameter_group(optimizer, buffer_indices: list[int],
+                         parts: list[list[str]]) -> tuple[list[torch.Tensor], list[dict], int]:
     """Phase 3, official's per-parameter cut (stage 3): each unit's master and moments gathered whole,
-    one unit at a time, and this rank's chunk of every parameter kept; then the chunks in the group's
-    order, one stored tensor per official sub-group."""
+    one unit at a time, and this rank's chunk of every parameter kept; then one stored tensor for
+    each of `parts` (the group's sub-groups), its parameters' chunks end to end."""
     rank, world_size = optimizer.collectives.rank, optimizer.collectives.world_size
     steps, chunks = [], {key: {} for key in ("master", *MOMENTS)}
     for index in buffer_indices:
@@ -93,19 +102,17 @@ def _per_parameter_group(optimizer, buffer_indices: list[int], order: list[str],
         for key, values in (("master", optimizer.master_partitions[index]), *moments.items()):
             for name, whole in zip(names, _whole_buffer(optimizer, index, values)):
                 chunks[key][name] = reshard.per_parameter_partition([whole], world_size, rank)
-    sub_groups = reshard.official_sub_groups([chunks["master"][name].numel() for name in order], sub_group_size)
-    stored = [{key: torch.cat([chunks[key][order[position]] for position in sub_group]) for key in chunks}
-              for sub_group in sub_groups]
+    stored = [{key: torch.cat([chunks[key][name] for name in part]) for key in chunks} for part in parts]
     return [tensors.pop("master") for tensors in stored], stored, max(steps, default=0)
 
 
-def _module_states(engine, stage: stages.Stage) -> dict:
+def _module_states(engine, stage: stages.Stage, stored: list[tuple[int, list[str]]]) -> dict:
     """Phase 2: the module's state_dict and the names and shapes zero_to_fp32 reads (with partitioned
     parameters the module holds them as empty tensors, and frozen ones are cut as the masters are)."""
     optimizer, module = engine.optimizer, engine.module
     named = module.state_dict(keep_vars=True)
     parameter_names = optimizer.parameter_names
-    trainable = {name for group in _file_order(optimizer) for name in group}
+    trainable = {name for _, names in stored for name in names}
     state, buffer_names, shared, frozen_shapes, frozen = {}, [], {}, {}, {}
     rank, world_size = engine.collectives.rank, engine.collectives.world_size
     for name, value in named.items():
@@ -128,7 +135,7 @@ def _module_states(engine, stage: stages.Stage) -> dict:
     shapes = {name: parameter.zero_lab_shape if hasattr(parameter, "zero_lab_shape") else parameter.shape
               for parameter, name in parameter_names.items()}
     return {"module": state, "buffer_names": buffer_names,
-            "param_shapes": model_shapes(_file_order(optimizer), shapes),
+            "param_shapes": model_shapes([names for _, names in stored], shapes),  # one entry a stored tensor
             "shared_params": shared, "frozen_param_shapes": frozen_shapes, "frozen_param_fragments": frozen,
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
@@ -154,23 +161,23 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
         files.start_directory(save_dir, tag)
     collectives.barrier()
     directory = files.partial_directory(save_dir, tag)
-    written = 0
+    written, stored_tensors = 0, _stored_tensors(engine, stage)
     # Phase 2
     if stage.checkpoint.model_states_per_rank or rank == 0:
-        states = {**_module_states(engine, stage), **(client_state or {})}
-        written += files.write_file(states, os.path.join(directory, files.model_states_name(stage.number, rank)))
+        states = {**_module_states(engine, stage, stored_tensors), **(client_state or {})}
+        written += files.write_file(states, os.path.join(directory, files.model_states_name(stage.checkpoint, rank)))
     # Phase 3
     masters, moments, steps, group_of = [], [], [], []
-    for group_index, (buffer_indices, order) in enumerate(zip(_groups(optimizer), _file_order(optimizer))):
+    for group_index, buffer_indices in enumerate(_groups(optimizer)):
+        parts = [names for owner, names in stored_tensors if owner == group_index]
         if stage.checkpoint.cut == reshard.PER_PARAMETER:
-            stored, stored_moments, step = _per_parameter_group(
-                optimizer, buffer_indices, order, engine.config.zero_optimization.sub_group_size)
+            group_masters, group_moments, step = _per_parameter_group(optimizer, buffer_indices, parts)
         else:
-            stored, stored_moments, step = _flat_group(optimizer, buffer_indices)
-        masters += stored
-        moments += stored_moments
-        steps += [step] * len(stored)
-        group_of += [group_index] * len(stored)
+            group_masters, group_moments, step = _flat_group(optimizer, buffer_indices)
+        masters += group_masters
+        moments += group_moments
+        steps += [step] * len(parts)
+        group_of += [group_index] * len(parts)
     if rank < stage.partition_count(collectives.world_size):  # each partition's owner writes its file
         hyper = [{key: value for key, value in group.items() if key != "params"}
                  for group in optimizer.adam.param_groups]
@@ -210,8 +217,12 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
     tag = files.resolve_tag(load_dir, tag)
     if tag is None:
         return None, None
-    model_path, model_states, optimizer_files, optimizer_paths = files.read_tag(load_dir, tag)
-    saved = SavedTraining.read(optimizer_files, model_states["param_shapes"], optimizer_paths)
+    parameters_only = load_module_only or not load_optimizer_states
+    model_path, model_states, optimizer_files, optimizer_paths = files.read_tag(load_dir, tag, parameters_only)
+    if optimizer_files:
+        saved = SavedTraining.read(optimizer_files, model_states["param_shapes"], optimizer_paths)
+    else:  # the module only, from the model states (a ZeRO-3 file holds no values: refused there)
+        saved = module_parameters(model_states, model_path)
     shapes = {name: shape for group in model_states["param_shapes"] for name, shape in group.items()}
     # Phase 2
     _check_shapes(engine, saved, shapes, model_path)
@@ -239,7 +250,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
         for key, value in saved.loss_scaler.items():  # whether scaling is dynamic is the config's to say
             if key != "dynamic" and hasattr(optimizer.loss_scaler, key):
                 setattr(optimizer.loss_scaler, key, value)
-    _restore_module_extras(engine, model_states, load_dir, tag)
+    _restore_module_extras(engine, model_states, load_dir, tag, stages.of(saved.stage).checkpoint)
     if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None \
             and model_states.get("lr_scheduler") is not None:
         engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
@@ -256,7 +267,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
 
 
 @torch.no_grad()
-def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str) -> None:
+def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str,
+                           layout: stages.CheckpointLayout) -> None:
     """Buffers and frozen parameters, which live outside the optimizer's partitions."""
     module = engine.module
     buffers = dict(module.named_buffers())
@@ -269,8 +281,8 @@ def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str) 
     parameters = dict(module.named_parameters())
     count = int(model_states.get("dp_world_size", 1))
     per_rank = None
-    if files.model_states_name(3, 0) in os.listdir(os.path.join(load_dir, tag)):
-        per_rank = [files.read_file(os.path.join(load_dir, tag, files.model_states_name(3, rank)))
+    if layout.model_states_per_rank:  # each rank's file holds its cut of the frozen parameters
+        per_rank = [files.read_file(os.path.join(load_dir, tag, files.model_states_name(layout, rank)))
                     ["frozen_param_fragments"] for rank in range(count)]
     for name, shape in (model_states.get("frozen_param_shapes") or {}).items():
         if name not in parameters:
