@@ -31,7 +31,7 @@ into buckets, gradient partitions from the window's first reduction until the op
 Layers, each importing only those listed before it:
     errors, stages, dtypes, unit_policy, config_keys -> layout -> config -> config_loading -> official_config,
     memory_formula -> collectives, distributed -> init_partitions -> placement, units -> flat_buffer ->
-    gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules -> zero_optimizer ->
+    gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules, client_optimizers -> zero_optimizer ->
     stage0 -> stage1 -> stage2 -> stage3 -> reshard, checkpoint_files -> checkpoint_contents ->
     checkpointing, checkpoint_offline -> engine -> initialize, zero (the API re-exported here).
 Checkpoints (docs/checkpoints.md): `engine.save_checkpoint`/`load_checkpoint` write and read

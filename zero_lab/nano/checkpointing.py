@@ -114,7 +114,7 @@ def _module_states(engine, stage: stages.Stage) -> dict:
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
             "skipped_steps": engine.skipped_steps, "dp_world_size": world_size, "mp_world_size": 1,
-            "ds_config": engine.config.model_dump(mode="json", by_alias=True, exclude_unset=True),
+            "ds_config": engine.nano_config.model_dump(mode="json", by_alias=True, exclude_unset=True),
             "ds_version": FORMAT_VERSION, "zero_lab_nano": True}
 
 
@@ -124,7 +124,7 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     """Write one checkpoint; returns {"tag", "bytes" (this rank's files), "seconds"}."""
     started = time.perf_counter()
     optimizer, collectives = engine.optimizer, engine.collectives
-    rank, stage, precision = collectives.rank, stages.of(engine.zero_optimization_stage()), engine.config.precision
+    rank, stage, precision = collectives.rank, stages.of(engine.zero_optimization_stage()), engine.nano_config.precision
     # Phase 1
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     reserved = ENGINE_KEYS & set(client_state or {})

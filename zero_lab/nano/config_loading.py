@@ -2,7 +2,7 @@
 
     Phase 1: read the source (dict, JSON path, or `args.deepspeed_config`).
     Phase 2: reject keys nano does not know, saying whether official DeepSpeed knows them.
-    Phase 3: resolve "auto" values that can be derived; reject the rest.
+    Phase 3: resolve "auto" values that can be derived; reject the rest; map legacy offload switches.
     Phase 4: validate types and ranges (pydantic), turning the first error into one line.
     Phase 5: infer and check train_batch_size = micro batch x accumulation steps x world size.
 Every error is a `NanoConfigError` whose message names the field and the fix.
@@ -66,7 +66,8 @@ def _reject_unknown_keys(raw: dict) -> None:
         refused = stages.refusal(zero.get("stage", 0))
         if refused:
             raise NanoConfigError(f"zero_optimization.stage: {refused}")
-        check(zero, set(ZeroConfig.model_fields), config_keys.DEEPSPEED_ONLY_ZERO, "zero_optimization.")
+        check(zero, set(ZeroConfig.model_fields) | set(config_keys.LEGACY_OFFLOAD_KEYS), config_keys.DEEPSPEED_ONLY_ZERO,
+              "zero_optimization.")
     for section, names in (("optimizer", config_keys.DEEPSPEED_ONLY_OPTIMIZERS),
                            ("scheduler", config_keys.DEEPSPEED_ONLY_SCHEDULERS)):
         kind = raw.get(section, {}).get("type") if isinstance(raw.get(section), dict) else None
@@ -99,6 +100,25 @@ def _resolve_auto(raw: dict, hidden_size: Optional[int]) -> None:
     if leftover:
         raise NanoConfigError(f"config value '{leftover}' is \"auto\", which only the Hugging Face Trainer fills in; "
                               "give an explicit value")
+
+
+def _map_legacy_offload(raw: dict) -> None:
+    """Phase 3: `cpu_offload: true` is `offload_optimizer: {device: cpu}` (and `cpu_offload_param`
+    `offload_param`), as official DeepSpeed maps them; false asks for nothing."""
+    zero = raw.get("zero_optimization")
+    if not isinstance(zero, dict):
+        return
+    for legacy, section in config_keys.LEGACY_OFFLOAD_KEYS.items():
+        if legacy not in zero:
+            continue
+        if section in zero:
+            raise NanoConfigError(f"zero_optimization.{legacy} and zero_optimization.{section} are both given; "
+                                  f"keep {section} ({legacy} is its deprecated switch)")
+        value = zero.pop(legacy)
+        if not isinstance(value, bool):
+            raise NanoConfigError(f"config field 'zero_optimization.{legacy}': must be true or false (got {value!r})")
+        if value:
+            zero[section] = {"device": "cpu"}
 
 
 def _first_error_line(error: ValidationError) -> str:
@@ -146,6 +166,7 @@ def validate_config(config: Any = None, args: Any = None, hidden_size: Optional[
         raise NanoConfigError("config must be a JSON object at the top level; wrap the keys in {}")
     _reject_unknown_keys(raw)
     _resolve_auto(raw, hidden_size)
+    _map_legacy_offload(raw)
     try:
         return NanoConfig.model_validate(raw)
     except ValidationError as error:
