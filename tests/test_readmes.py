@@ -37,3 +37,24 @@ def test_same_commands():
 def test_terms_stay_as_users_know_them():
     for term in ("ZeRO", "all-gather", "offload", "stage 3"):
         assert term in CHINESE
+
+
+def layout_rows(text: str) -> list[tuple[str, ...]]:
+    """Each row of the layout table as its backticked paths and file names, in order."""
+    table = text.split("\n## ")[[heading.split("\n")[0] for heading in text.split("\n## ")].index(
+        "Layout" if "## Layout" in text else "目录结构")]
+    return [tuple(re.findall(r"`([\w./|-]+)`", line)) for line in table.splitlines() if line.startswith("| `")]
+
+
+def test_the_layout_tables_name_the_same_paths_row_for_row():
+    english, chinese = layout_rows(ENGLISH), layout_rows(CHINESE)
+    assert len(english) >= 8 and english == chinese, [pair for pair in zip(english, chinese) if pair[0] != pair[1]]
+
+
+def test_every_path_the_layout_names_exists():
+    ignored = (REPO / ".gitignore").read_text().split()
+    for folder, *names in layout_rows(ENGLISH):
+        assert (REPO / folder).is_dir() or folder in ignored or f"/{folder}" in ignored, f"no {folder} here"
+        for name in names:
+            if name.endswith(".py") and "/" not in name:
+                assert (REPO / folder / name).is_file(), f"the layout names {folder}{name}, which is not here"

@@ -6,8 +6,10 @@ Layers, each importing only the ones below it:
     zero_lab.harness    the torchrun entry that runs the workload under nano or official DeepSpeed
                         (the checkout's harness/train.py is its documented script)
     zero_lab.analysis   pure functions on finished runs: log parsing, metrics, verdicts, reports, estimates
-    zero_lab.launch     starting, watching and stopping one torchrun job (command, port, stall, signals)
+    zero_lab.launch     starting, watching and stopping one torchrun job (command, port, stall, memory)
     zero_lab.cli        the `zero-lab` command: run, compare, parse, report, estimate, explain, doctor
+Below them all, importing none: zero_lab.signals, the stop signals a command obeys (Ctrl-C, SIGTERM,
+SIGHUP) and the exit code each ends it with (analysis reports it, launch and cli act on it).
 
 For notebooks, logs and comparisons as pandas DataFrames (docs/analysis.md):
     zero_lab.load_steps(paths_or_globs)   one row per (run, rank-0 optimizer step)

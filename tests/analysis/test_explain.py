@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from zero_lab.analysis.explain import explain
 from zero_lab.analysis.explain_check import disagreements
 from zero_lab.cli.app import app
-from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.config import load_config
 from zero_lab.workload.model_shapes import preset_blocks, preset_parameters
 from zero_lab.workload.wire_bytes import wire_bytes
 
@@ -56,12 +56,14 @@ def test_stage_2_reduces_during_backward_and_stage_1_at_the_boundary():
 
 
 def test_stage_3_gathers_each_block_again_for_backward_unless_reuse_keeps_it():
-    freed = walk(3, stage3_max_reuse_distance=0)
-    kept = walk(3, stage3_max_reuse_distance=10**9)
+    freed = walk(3, stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0)
+    kept = walk(3, stage3_max_reuse_distance=10**9, stage3_prefetch_bucket_size=0)
+    prefetched = walk(3, stage3_max_reuse_distance=0)  # official's rule: what the prefetch reached is kept
     blocks = [buffer for buffer in freed.buffers if buffer.sharded and buffer.unit != "root"]
     block_bytes = sum(buffer.layout.padded_numel * 2 for buffer in blocks)
     assert total(freed, "backward", "all_gather") == block_bytes
     assert total(kept, "backward", "all_gather") == 0
+    assert total(prefetched, "backward", "all_gather") == 0  # small's 23M elements fit in one prefetch
     assert total(freed, "forward", "all_gather") == total(kept, "forward", "all_gather")
     end_of_forward = {moment["name"]: moment["bytes"] for moment in kept.to_json()["moments"]}["end_of_forward"]
     root_bytes = sum(buffer.layout.padded_numel * 2 for buffer in kept.buffers if buffer.unit == "root")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from zero_lab.workload.errors import WorkloadError
-from zero_lab.workload.run_config import resolve_device
+from zero_lab.workload.run_config import rank_device
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "harness" / "train.py"  # the documented script
@@ -102,10 +102,10 @@ def test_more_processes_than_cuda_devices(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(WorkloadError, match="2 processes per node but only 1 visible CUDA"):
-        resolve_device("auto", local_world_size=2)
+        rank_device("auto", local_world_size=2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(WorkloadError, match="torch sees no CUDA device"):
-        resolve_device("cuda", local_world_size=1)
+        rank_device("cuda", local_world_size=1)
 
 
 def test_the_script_itself_exits_2_without_a_traceback():

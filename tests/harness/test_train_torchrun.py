@@ -208,7 +208,7 @@ def test_official_stage2_moves_the_formulas_bytes(run):
 def stage3_buffers() -> list[tuple[int, str]]:
     """(padded fp32 elements, unit) of every flat buffer nano makes of tiny at stage 3 with the
     harness's zero3.json: the unit policy, read from nano, applied to the harness's model."""
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config
     from zero_lab.nano.units import choose_units, flat_buffer_roles
 
     settings = load_config(json.loads((REPO / "harness" / "configs" / "zero3.json").read_text()),

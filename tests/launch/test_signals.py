@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from zero_lab.launch import signals
+from zero_lab import signals
 
 
 def test_a_ctrl_c_inside_the_block_is_raised_once_the_block_is_done():

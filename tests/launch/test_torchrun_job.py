@@ -35,7 +35,7 @@ def test_a_stop_signal_before_torchrun_starts_ends_the_run_with_its_exit_code(tm
 
     from typer.testing import CliRunner
 
-    from zero_lab.launch import signals
+    from zero_lab import signals
     from zero_lab.cli.app import app
 
     def sigterm_now():

@@ -237,7 +237,7 @@ def killed_mid_save_worker(rank: int, world_size: int, root: str) -> list[str]:
     one rank dies: rank 1 by SIGKILL halfway through writing its optimizer file, rank 0 by SIGKILL
     once it has written all of its own files, before the rename."""
     import signal
-    from zero_lab.nano import checkpoint_files
+    from zero_lab.nano.checkpoint import files as checkpoint_files
     engine = start(checkpoint_config(2, scheduler=False))
     train(engine, range(1), rank)
     engine.save_checkpoint(root)
@@ -261,7 +261,7 @@ def killed_mid_save_worker(rank: int, world_size: int, root: str) -> list[str]:
 def resume_after_kill_worker(rank: int, world_size: int, root: str) -> list[str]:
     """After the killed save: `latest` still names global_step1, which loads; saving global_step2
     again replaces the partial directory."""
-    from zero_lab.nano import checkpoint_files
+    from zero_lab.nano.checkpoint import files as checkpoint_files
     failures = []
     engine = start(checkpoint_config(2, scheduler=False), seed=1)
     path, _ = engine.load_checkpoint(root)

@@ -85,7 +85,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     """Bytes by place (device, host) at the end of backward, while Adam runs and between steps equal
     the documented formula: memory_breakdown(by_device=True) per place, and the live storage
     tracked from outside in total (host and device are one memory on this CPU)."""
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config
     from zero_lab.nano.memory_formula import model_state_bytes_by_place
     from zero_lab.nano.units import choose_units, split_groups_by_unit
     from zero_lab.workload.memory_meter import LiveStorageTracker

@@ -194,7 +194,7 @@ def hf_checkpointing_worker(rank: int, world_size: int) -> list[str]:
 def formula(config: dict, model, world_size: int, moment: str, gathered: set[str]) -> dict[str, int]:
     """nano's documented bytes for every flat buffer the unit policy makes of this model, summed;
     `gathered` names the units whole at the moment."""
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config
     from zero_lab.nano.memory_formula import model_state_bytes, total
     from zero_lab.nano.units import choose_units, split_groups_by_unit
 
@@ -218,6 +218,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     failures = []
     for precision in ("fp32", "bf16"):
         config = stage3_config(precision=precision, bucket=11)
+        config["zero_optimization"]["stage3_prefetch_bucket_size"] = 0  # only the unit in use is gathered
         with LiveStorageTracker("cpu") as tracker:
             model = build_trapnet()
             engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY), config=config)
@@ -263,40 +264,48 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
 
 
 def knobs_worker(rank: int, world_size: int) -> list[str]:
-    """What is gathered when, under DeepSpeed's stage-3 keys (measured at block 1's forward and right
-    after the forward): overlap_comm prefetches the next block within stage3_prefetch_bucket_size,
-    never past stage3_max_live_parameters; stage3_max_reuse_distance keeps blocks used again soon."""
+    """Under DeepSpeed's stage-3 keys the engine gathers what `fetch_policy` says for the trace it
+    recorded at the first step: the units gathered in the second step's forward and backward, in
+    order, and those whole right after its forward. overlap_comm plays no part."""
+    from zero_lab.nano.fetch_policy import FetchRules, simulate_micro_step
+
     failures = []
-    cases = [  # (overlap, prefetch, max_live, reuse distance) -> block 2 gathered at block 1's forward, after forward
-        ((False, 50_000_000, 1_000_000_000, 0), (False, {"root"})),
-        ((True, 50_000_000, 1_000_000_000, 0), (True, {"root"})),
-        ((True, 1, 1_000_000_000, 0), (True, {"root"})),  # a budget of 1 element still fetches the next unit
-        ((True, 50_000_000, 66 + 2 * 36, 0), (False, {"root"})),  # root + blocks 0/1: no room for block 2
-        ((False, 50_000_000, 1_000_000_000, 1_000_000_000), (False, {"root", "blocks.0", "blocks.1", "blocks.2"})),
+    cases = [  # (overlap, prefetch, max_live, reuse distance)
+        (False, 50_000_000, 1_000_000_000, 0), (True, 50_000_000, 1_000_000_000, 0), (True, 1, 1_000_000_000, 0),
+        (True, 50_000_000, 66 + 2 * 36, 0), (False, 0, 1_000_000_000, 1_000_000_000), (False, 0, 1_000_000_000, 0),
+        (False, 0, 1_000_000_000, 100), (True, 40, 1_000_000_000, 0),
     ]
-    for (overlap, prefetch, max_live, reuse), (want_prefetched, want_after_forward) in cases:
+    for overlap, prefetch, max_live, reuse in cases:
         config = stage3_config(overlap=overlap)
         config["zero_optimization"].update(stage3_prefetch_bucket_size=prefetch, stage3_max_live_parameters=max_live,
                                            stage3_max_reuse_distance=reuse)
         model = build_trapnet()
         engine, *_ = nano.initialize(model=model, config=config)
-        entries = {entry.unit.name: entry for entry in engine.optimizer.gathering.entries}
-        seen = {}
-
-        def at_block_1(module, args):
-            seen.setdefault("block 2", entries["blocks.2"].gathered)
-
-        model.blocks[1].register_forward_pre_hook(at_block_1)
-        for step in range(2):  # the second step has the first one's order to prefetch by
-            seen.clear()
+        gathering = engine.optimizer.gathering
+        gathered: list[str] = []
+        for entry in gathering.entries:
+            def counting(collectives, *args, entry=entry, original=entry.buffers[0].unshard, **kwargs):
+                if not entry.gathered:
+                    gathered.append(entry.unit.name)
+                return original(collectives, *args, **kwargs)
+            entry.buffers[0].unshard = counting
+        for step in range(2):  # the second step follows the first one's trace
+            gathered.clear()
             loss = token_loss(engine, token_batch(step, 0, rank, MICRO_SIZE))
-            after_forward = {name for name, entry in entries.items() if entry.gathered}
+            forward, after_forward = list(gathered), {entry.unit.name for entry in gathering.entries if entry.gathered}
+            gathered.clear()
             engine.backward(loss)
+            backward = list(gathered)
+            if step == 0:
+                trace = list(gathering.trace or gathering.recording)
             engine.step()
+        expected = simulate_micro_step(trace, {entry.unit.name: entry.numel for entry in gathering.entries},
+                                       FetchRules(prefetch, max_live, reuse), held="root")
         label = f"overlap={overlap} prefetch={prefetch} max_live={max_live} reuse={reuse}"
-        if seen["block 2"] != want_prefetched or after_forward != want_after_forward:
-            failures.append(f"{label}: block 2 gathered at block 1's forward: {seen['block 2']}, gathered after the "
-                            f"forward: {sorted(after_forward)}")
+        if (forward, backward, after_forward) != (expected.forward_gathers, expected.backward_gathers,
+                                                  expected.whole_after_forward):
+            failures.append(f"{label}: gathered forward {forward}, backward {backward}, whole after forward "
+                            f"{sorted(after_forward)}; the policy says {expected}")
     return failures
 
 

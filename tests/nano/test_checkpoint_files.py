@@ -8,7 +8,7 @@ import torch
 
 from tests.nano.checkpoint_workers import checkpoint_config, snapshot, start, train
 from tests.nano.test_engine_api import single_process  # noqa: F401 (the fixture)
-from zero_lab.nano import checkpoint_files, reshard
+from zero_lab.nano.checkpoint import files as checkpoint_files, reshard
 from zero_lab.nano.errors import CheckpointError
 from zero_lab.nano.layout import FlatLayout
 
@@ -21,7 +21,7 @@ def test_partition_to_whole_to_partition_gives_every_element_back(world_size, cu
     wholes = [torch.randn(numel) for numel in NUMELS]
     layout = FlatLayout.for_stage(tuple(NUMELS), 2, "fp32", world_size)
     if cut == reshard.FLAT:
-        stored = [reshard.stored_flat(reshard.flat_partition(wholes, layout, rank), layout, rank)
+        stored = [reshard.stored_flat(reshard.flat_partition(wholes, layout, rank), layout, rank, True)
                   for rank in range(world_size)]
         assert sum(tensor.numel() for tensor in stored) == sum(NUMELS)  # padding is not stored
     else:
@@ -105,3 +105,53 @@ def test_a_checkpoint_loads_into_another_stage_and_precision(single_process, tmp
     loaded = snapshot(engine)
     assert engine.global_steps == 2
     assert all(torch.equal(loaded[name], expected[name].to(torch.bfloat16)) for name in expected)
+
+
+def _fp16_stage3_saved(tmp_path) -> tuple[object, str]:
+    """fp16 at stage 3 trained until the dynamic scaler has overflowed and moved; saved."""
+    engine = start(checkpoint_config(3, "fp16"))
+    train(engine, range(3), 0)
+    assert engine.skipped_steps > 0, "no overflow: the scaler's state would go untested"
+    engine.save_checkpoint(str(tmp_path))
+    return engine, os.path.join(str(tmp_path), f"global_step{engine.global_steps}",
+                                checkpoint_files.optim_states_name("fp16", 0))
+
+
+def test_the_loss_scaler_is_written_as_officials_object_and_old_dict_files_still_load(single_process, tmp_path):
+    from zero_lab.nano.checkpoint.contents import scaler_fields
+    saver, optimizer_file = _fp16_stage3_saved(tmp_path)
+    expected = scaler_fields(saver.optimizer.loss_scaler)
+    stored = checkpoint_files.read_file(optimizer_file)["optimizer_state_dict"]["loss_scaler"]
+    assert isinstance(stored, checkpoint_files.OfficialDynamicLossScaler)
+    assert {key: value for key, value in vars(stored).items() if key in expected} == expected
+    for old_format in (False, True):  # nano's files before this change held the scaler's fields as a dict
+        if old_format:
+            states = checkpoint_files.read_file(optimizer_file)
+            states["optimizer_state_dict"]["loss_scaler"] = scaler_fields(stored)
+            checkpoint_files.write_file(states, optimizer_file)
+        engine = start(checkpoint_config(3, "fp16"), seed=1)
+        engine.load_checkpoint(str(tmp_path))
+        assert scaler_fields(engine.optimizer.loss_scaler) == expected, f"old format: {old_format}"
+        engine.destroy()
+    saver.destroy()
+
+
+@pytest.mark.official
+def test_official_unpickles_the_loss_scaler_as_its_own_class_and_can_call_it(single_process, tmp_path):
+    """Official's load takes the scaler object as it is and calls it (a dict broke its first backward)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    saver, optimizer_file = _fp16_stage3_saved(tmp_path)
+    scale = saver.current_loss_scale()
+    stored = torch.load(optimizer_file, weights_only=False)["optimizer_state_dict"]["loss_scaler"]
+    assert type(stored) is DynamicLossScaler and stored.loss_scale == scale
+    assert stored.scale_loss(torch.tensor(3.0)).item() == 3.0 * scale
+    stored.update_scale(False)  # every field its update reads is there
+    saver.destroy()
+    fp32 = start(checkpoint_config(3))
+    train(fp32, range(1), 0)
+    fp32.save_checkpoint(str(tmp_path / "fp32"))
+    stored = torch.load(str(tmp_path / "fp32" / "global_step1" / checkpoint_files.optim_states_name("fp32", 0)),
+                        weights_only=False)["optimizer_state_dict"]["loss_scaler"]
+    assert type(stored) is LossScaler and stored.scale_loss(torch.tensor(3.0)).item() == 3.0
+    fp32.destroy()

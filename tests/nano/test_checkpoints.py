@@ -9,7 +9,7 @@ from tests.nano.checkpoint_workers import (RESUME_CASES, killed_mid_save_worker,
                                            resume_after_kill_worker, reshard_resume_worker, reshard_save_worker,
                                            resume_worker, save_worker, zero_to_fp32_worker)
 from tests.spawn import run_distributed
-from zero_lab.nano import checkpoint_files
+from zero_lab.nano.checkpoint import files as checkpoint_files
 
 pytestmark = pytest.mark.slow
 

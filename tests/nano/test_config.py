@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.config import load_config
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.official_config import to_official_config
 
@@ -164,3 +164,11 @@ def test_official_gets_nanos_adam_defaults_spelled_out():
     assert official["lr"] == 1e-3
     explicit = to_official_config(with_(optimizer__params__weight_decay=0.1), device="cuda")["optimizer"]["params"]
     assert explicit["weight_decay"] == 0.1
+
+
+@pytest.mark.parametrize("stage, given, expected", [(3, None, True), (2, None, False), (0, None, False),
+                                                    (3, False, False), (1, True, True)])
+def test_overlap_comm_defaults_to_true_at_stage_3_as_official_does(stage, given, expected):
+    """deepspeed/runtime/zero/config.py: overlap_comm unset is true at stage 3 (weights) only."""
+    zero = {"stage": stage} | ({} if given is None else {"overlap_comm": given})
+    assert load_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}).zero_optimization.overlap_comm is expected

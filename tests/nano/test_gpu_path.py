@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from zero_lab.nano import init_partitions, placement as placement_module
 from zero_lab.nano.collectives import Collectives
-from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.config import load_config
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.placement import Placement, host_threads
@@ -73,7 +73,7 @@ def test_every_gradient_bucket_goes_to_collectives_on_the_communication_device(s
     inputs = micro_batch(0, 0, 0, 2).to(next(model.parameters()).dtype)
     loss_of(model, inputs).backward()
     optimizer.after_backward()
-    optimizer.gradient_collection.complete()
+    optimizer.gradient_collection.reduce_at_boundary()
     reductions = [entry for entry in seen if entry[0] in ("all_reduce", "reduce_scatter")]
     assert reductions, "no bucket was reduced"
     assert {device.type for _, device in reductions} == {"cpu"}, reductions

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zero_lab.cli.tools_cmd import toolkit_checks
+from zero_lab.cli.doctor_cmd import toolkit_checks
 from zero_lab.workload.cuda_toolkit import cuda_home, toolkit_problems
 
 

@@ -8,9 +8,10 @@ Phase 1 (buffers): the harness's weight-decay groups and, at stage 3, the unit p
          each laid out as the engine lays it out.
 Phase 2 (moments): the memory formula for every buffer at each moment, summed by category.
 Phase 3 (collectives), phase by phase, as the stage modules describe them:
-    forward           stage 3: every sharded unit is gathered, the root first (held until the end
-                      of backward), then each block (freed after its forward unless
-                      `stage3_max_reuse_distance` keeps it for its backward);
+    forward           stage 3: the root is gathered (held until the end of backward), then each
+                      block as `fetch_policy`'s rules over the recorded trace say: at its use or
+                      ahead of it (prefetch), freed after it unless the prefetch reached its
+                      backward use or `stage3_max_reuse_distance` keeps it;
     backward          stage 3: each block freed after its forward is gathered again; stages 2
                       and 3: every gradient bucket is reduce-scattered (all-reduced with
                       `reduce_scatter: false`) as its gradients arrive, in every micro-step;
@@ -31,7 +32,8 @@ from typing import TYPE_CHECKING
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
-from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, plan_units, used_again_soon
+from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
+from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units
 from zero_lab.workload.model_shapes import decays
 from zero_lab.workload.wire_bytes import wire_bytes
 
@@ -144,28 +146,30 @@ def flat_buffers(entries: list[ParameterEntry], blocks: list[str], config: NanoC
     return buffers
 
 
-def kept_blocks(buffers: list[Buffer], max_reuse_distance: int) -> set[str]:
-    """Stage 3's blocks that stay gathered from their forward to their backward in a steady step:
-    the recorded order is the root, then the blocks; the backward walks it in reverse."""
-    units: dict[str, int] = {}
+def stage3_micro_step(entries: list[ParameterEntry], blocks: list[str], buffers: list[Buffer],
+                      config: NanoConfig) -> MicroStep:
+    """Stage 3's gathers in a steady micro-step: `fetch_policy`'s rules over the trace the engine
+    records (`unit_policy.forward_trace`), the root held from the forward to the end of the backward."""
+    zero = config.zero_optimization
+    units = plan_units(entries, blocks, zero.stage3_param_persistence_threshold, zero.stage3_model_persistence_threshold)
+    unit_numel: dict[str, int] = {}
     for buffer in buffers:
         if buffer.sharded:
-            units[buffer.unit] = units.get(buffer.unit, 0) + buffer.layout.padded_numel
-    trace = ["root"] * ("root" in units) + [unit for unit in units if unit != "root"]
-    order = trace + trace[::-1]
-    return {unit for position, unit in enumerate(trace) if unit != "root"
-            and used_again_soon(unit, order, position, units.__getitem__, max_reuse_distance)}
+            unit_numel[buffer.unit] = unit_numel.get(buffer.unit, 0) + buffer.layout.padded_numel
+    rules = FetchRules(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters, zero.stage3_max_reuse_distance)
+    return simulate_micro_step(forward_trace(entries, blocks, units), unit_numel, rules,
+                               held="root" if "root" in unit_numel else None)
 
 
-def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, kept: set[str]) -> dict:
+def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_after_forward: set[str]) -> dict:
     """Phase 2: bytes per place and category at each moment. Nothing is gathered at the end of
-    backward, in the step or between steps; at the end of forward the root and the kept blocks are."""
+    backward, in the step or between steps; at the end of forward the units the policy left whole are."""
     zero = config.zero_optimization
     figures = {}
     for name, formula_moment in MOMENTS.items():
         total = {place: dict.fromkeys(CATEGORIES, 0) for place in ("device", "host")}
         for buffer in buffers:
-            gathered = name == "end_of_forward" and buffer.sharded and (buffer.unit == "root" or buffer.unit in kept)
+            gathered = name == "end_of_forward" and buffer.sharded and buffer.unit in whole_after_forward
             places = model_state_bytes_by_place(zero.stage, config.precision, buffer.layout.numel, world_size,
                                                 formula_moment, sharded=buffer.sharded, gathered=gathered,
                                                 offload_optimizer=zero.offload_optimizer.device == "cpu",
@@ -177,7 +181,8 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, kept: se
     return figures
 
 
-def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int, kept: set[str]) -> list[Collective]:
+def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
+                micro_step: MicroStep | None) -> list[Collective]:
     """Phase 3: every collective of one steady optimizer step, phase by phase."""
     if world_size == 1:
         return []
@@ -202,13 +207,12 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int, kept
         return [moved(phase, "all_gather", buffer.layout.padded_numel * width, buffer.name)
                 for unit in units for buffer in buffers if buffer.unit == unit and buffer.sharded]
 
-    blocks = list(dict.fromkeys(buffer.unit for buffer in buffers if buffer.sharded and buffer.unit != "root"))
-    root = ["root"] if any(buffer.unit == "root" for buffer in buffers) else []
     found: list[Collective] = []
     if stage >= 2:  # every micro-step gathers (stage 3) and reduces as backward goes
         for _ in range(config.gradient_accumulation_steps):
-            found += gathers("forward", root + blocks)
-            found += gathers("backward", [block for block in reversed(blocks) if block not in kept])
+            if micro_step is not None:
+                found += gathers("forward", micro_step.forward_gathers)
+                found += gathers("backward", micro_step.backward_gathers)
             found += reductions("backward", buffers)
     else:  # once, at the boundary
         found += reductions("reduce_gradients", buffers)
@@ -231,8 +235,9 @@ def explain(model: str, entries: list[ParameterEntry], blocks: list[str], config
     offload) on `world_size` ranks, for a model given as its parameter table and blocks."""
     buffers = flat_buffers(entries, blocks, config, world_size)
     zero = config.zero_optimization
-    kept = kept_blocks(buffers, zero.stage3_max_reuse_distance) if zero.stage == 3 else set()
+    micro_step = stage3_micro_step(entries, blocks, buffers, config) if zero.stage == 3 else None
+    whole = micro_step.whole_after_forward if micro_step is not None else set()
     walk = Walkthrough(model, sum(entry.numel for entry in entries), zero.stage, world_size, config.precision,
-                       config.gradient_accumulation_steps, buffers, moments(buffers, config, world_size, kept))
-    walk.collectives = collectives(buffers, config, world_size, kept)
+                       config.gradient_accumulation_steps, buffers, moments(buffers, config, world_size, whole))
+    walk.collectives = collectives(buffers, config, world_size, micro_step)
     return walk

@@ -175,7 +175,7 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
             "step (activations and temporary buffers included; see docs/log-format.md); the formulas count "
             "model states only: parameters, gradients and optimizer states. The predicted peak adds the "
             "activations of one micro-batch, the loss's temporaries and the gradient buckets to nano's formula "
-            "(official DeepSpeed at stages 1-2: its staging buffer and fp32 copy; its stage 3 is not modelled; "
+            "(official DeepSpeed at stages 1-2: its staging buffer and fp32 copy; at stage 3: its gradient partitions and reduce bucket, allocated at start; "
             "`zero-lab estimate`, docs/cli.md); its error is (predicted - measured) / measured.", "",
             markdown_table(*estimate_table(rows)), ""]
     failures = failure_section(rows)

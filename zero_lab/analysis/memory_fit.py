@@ -6,7 +6,7 @@ where they share the host's; one on a GPU, which each rank has to itself. Agains
   more than offered                          -> will not fit (run and compare refuse; --force goes on)
   within TIGHT_FRACTION (10%) of the offered  -> tight (a warning)
   otherwise                                  -> fits
-  no prediction (official stage 3, a model whose architecture cannot be read) or nothing offered
+  no prediction (a model whose architecture cannot be read) or nothing offered
   known -> no verdict.
 """
 

@@ -6,14 +6,13 @@ The numbers they judge (per-run summaries, deltas, per-step loss gaps) are compu
     `loss_parity`: a cell's losses agree when its largest per-step gap is within the tolerance;
     `memory_regressions`: the memory figures whose increase over the baseline exceeds the gate;
     `verdict`: the gates together: 3 a run failed, 1 a gate failed, 0 fine; an interruption (with
-               the exit code the command ends with: 128 + the signal's number) overrides them all.
+               the exit code the command ends with: `signals.interrupted_exit_code`) overrides them all.
 """
 
 from __future__ import annotations
 
-import signal
-
 from zero_lab.analysis.logparse import MEMORY_FIELDS
+from zero_lab.signals import interrupted_exit_code
 
 # Default loss tolerance per precision: fp32 engines agree to ~1e-6 here, half precision to ~1e-2.
 DEFAULT_LOSS_TOL = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 5e-2}
@@ -31,11 +30,6 @@ def memory_regressions(delta: dict, threshold_pct: float) -> list[str]:
         for name in MEMORY_FIELDS
         if (pct := delta.get(f"{name}_delta_pct")) is not None and pct > threshold_pct
     ]
-
-
-def interrupted_exit_code(signal_name: str) -> int:
-    """128 + the signal's number, as a shell reports a process it ended: SIGINT 130, SIGTERM 143, SIGHUP 129."""
-    return 128 + signal.Signals[signal_name].value
 
 
 def verdict(

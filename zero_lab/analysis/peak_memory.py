@@ -24,8 +24,14 @@ Official DeepSpeed (0.19, `stage_1_and_2.py`) holds more at stages 1 and 2, and 
 it adds that to the turn: an fp32 copy of its partition even in fp32 training (nano's fp32
 partition is its own master), and, with `contiguous_gradients` (its default), a staging buffer of
 `reduce_bucket_size` elements from the start of every backward (`setup_buckets`; fp32 at stage 1,
-which accumulates in fp32, the parameters' dtype at stage 2) instead of nano's first bucket. Its
-stage 3 (persistent buckets, prefetching) is not modelled: no prediction.
+which accumulates in fp32, the parameters' dtype at stage 2) instead of nano's first bucket. At
+stage 3 (`stage3.py`) it allocates its fp32 gradient partitions and a reduce bucket of
+`reduce_bucket_size` elements when it starts, for good, and keeps the persistent parameters whole
+beside their partitions (`official_stage3_bytes`).
+
+At stage 3 both impls gather by official's fetch rules (`zero_lab/nano/fetch_policy.py`): the turn
+holds the root and the layers those rules keep whole after the forward (`layers_whole_after_forward`,
+from the run's `stage3_*` keys; the harness's small models with the default prefetch: every layer).
 """
 
 from __future__ import annotations
@@ -35,7 +41,10 @@ from dataclasses import dataclass
 from zero_lab.analysis.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES, DecoderShape,
                                                 activation_bytes, decoder_shape)
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
+from zero_lab.nano.fetch_policy import FetchRules, MicroStep, TracedUse, simulate_micro_step
 from zero_lab.nano.memory_formula import model_state_bytes
+
+DEEPSPEED_FETCH_RULES = FetchRules(50_000_000, 1_000_000_000, 1_000_000_000)  # its stage3_* defaults
 
 
 @dataclass(frozen=True)
@@ -63,15 +72,36 @@ def unit_parameters(shape: DecoderShape) -> tuple[int, int]:
     return layer, root
 
 
-def model_states_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape) -> int:
-    """Model-state bytes per rank at one of nano's moments (at stage 3 the root gathered in the forward)."""
+def decoder_micro_step(shape: DecoderShape, rules: FetchRules) -> MicroStep:
+    """Stage 3: `fetch_policy`'s rules over the trace of a decoder (embedding, layers, final norm,
+    head) in a steady step."""
+    layer, root = unit_parameters(shape)
+    head = shape.vocab_size * shape.hidden_size
+    trace = ([TracedUse("model", None, 0), TracedUse("embedding", "root", head)]
+             + [TracedUse(index, f"layer {index}", layer) for index in range(shape.layers)]
+             + [TracedUse("norm", None, shape.hidden_size), TracedUse("head", "root", head)])
+    numel = {f"layer {index}": layer for index in range(shape.layers)} | {"root": root}
+    return simulate_micro_step(trace, numel, rules, held="root")
+
+
+def layers_whole_after_forward(shape: DecoderShape, rules: FetchRules) -> int:
+    """Stage 3: the decoder layers whole when the backward starts."""
+    return len(decoder_micro_step(shape, rules).whole_after_forward - {"root"})
+
+
+def model_states_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape,
+                    rules: FetchRules = DEEPSPEED_FETCH_RULES) -> int:
+    """Model-state bytes per rank at one of nano's moments (at stage 3 the root, and the layers the
+    fetch rules keep, gathered in the forward)."""
     layer, root = unit_parameters(shape)
     if stage != 3:
         figures = model_state_bytes(stage, precision, shape.layers * layer + root, world_size, moment)
         return sum(figures.values())
-    root_gathered = moment == "forward"
-    figures = [model_state_bytes(3, precision, layer, world_size, moment, sharded=True)] * shape.layers
-    figures.append(model_state_bytes(3, precision, root, world_size, moment, sharded=True, gathered=root_gathered))
+    in_forward = moment == "forward"
+    whole = layers_whole_after_forward(shape, rules) if in_forward else 0
+    figures = [model_state_bytes(3, precision, layer, world_size, moment, sharded=True, gathered=index < whole)
+               for index in range(shape.layers)]
+    figures.append(model_state_bytes(3, precision, root, world_size, moment, sharded=True, gathered=in_forward))
     return sum(sum(figure.values()) for figure in figures)
 
 
@@ -107,21 +137,65 @@ def official_turn_bytes(shape: DecoderShape, stage: int, precision: str, world_s
     return master_copy + (reduce_bucket_size or 0) * staging_width
 
 
+def layer_parameter_sizes(shape: DecoderShape) -> list[int]:
+    """The elements of each parameter of one decoder layer."""
+    h, i, a, k, d = shape.hidden_size, shape.intermediate_size, shape.heads, shape.kv_heads, shape.head_dim
+    norms = [d, d] if shape.family == "qwen3" else []
+    return [h * a * d, h * k * d, h * k * d, a * d * h, *norms, h * i, h * i, i * h, h, h]
+
+
+def official_stage3_bytes(shape: DecoderShape, precision: str, world_size: int, moment: str,
+                          reduce_bucket_size: int | None, persistence_threshold: int,
+                          communication_precision: str, rules: FetchRules) -> int:
+    """What official DeepSpeed's stage 3 (0.19) holds beyond nano's model states at a moment:
+    - from initialization on (`stage3.py`): the fp32 gradient partitions (nano's exist from the
+      first gradient on); the reduce bucket, `reduce_bucket_size` elements in the communication
+      dtype; and a zeroed fp32 buffer of the largest sub-group's partition (here the matrices'
+      group, `sub_group_size` being larger), left in place as the fp32 partition's `.grad` by
+      `initialize_optimizer_states`;
+    - the persistent parameters whole, beside their partitions;
+    - in the forward (`partition_parameters.py`, `AllGatherCoalescedHandle`): a prefetch lands in
+      one flat buffer that every parameter is then copied out of; the buffer lives until the last
+      of those parameters is used, near the end of the forward, so the turn holds the largest
+      prefetch twice."""
+    layer, root = unit_parameters(shape)
+    numel = shape.layers * layer + root
+    width = BYTES_OF_PRECISION[precision]
+    gradient_partition = model_state_bytes(3, precision, numel, world_size, "step")["gradient_partition"]
+    sizes = layer_parameter_sizes(shape)
+    matrices = shape.layers * sum(size for size in sizes if size not in (shape.hidden_size, shape.head_dim)) \
+        + shape.vocab_size * shape.hidden_size * (1 if shape.tied_embeddings else 2)
+    persistent = (shape.layers * sum(size for size in sizes if size <= persistence_threshold)
+                  + (shape.hidden_size if shape.hidden_size <= persistence_threshold else 0))
+    prefetched = decoder_micro_step(shape, rules).largest_prefetch if moment == "forward" else 0
+    return ((gradient_partition if moment == "forward" else 0)
+            + (reduce_bucket_size or 0) * BYTES_OF_PRECISION[communication_precision]
+            + -(-matrices // world_size) * FP32_BYTES
+            + persistent * width + prefetched * width)
+
+
 def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: int, seq_len: int, micro_batch: int,
                  attention: str = "sdpa", gradient_checkpointing: bool = False,
                  accumulation: int = 1, reduce_bucket_size: int | None = None,
-                 communication_precision: str | None = None, impl: str = "nano") -> PeakPrediction | None:
+                 communication_precision: str | None = None, impl: str = "nano",
+                 fetch_rules: FetchRules = DEEPSPEED_FETCH_RULES,
+                 persistence_threshold: int = 100_000) -> PeakPrediction | None:
     """Phases 1-2 for one rank of a run. With gradient accumulation the last micro-step's forward
-    runs beside the gradients the earlier ones left (nano's "backward" moment). None for what is
-    not modelled: official DeepSpeed at stage 3, an impl other than nano and official."""
-    if impl not in ("nano", "official") or (impl == "official" and stage == 3):
+    runs beside the gradients the earlier ones left (nano's "backward" moment). At stage 3
+    `fetch_rules` decide which layers are gathered at the turn (both impls follow official's
+    rules). None for an impl other than nano and official."""
+    if impl not in ("nano", "official"):
         return None
     activations = activation_bytes(shape, seq_len, micro_batch, precision, attention, gradient_checkpointing)
+    communication = communication_precision or precision
 
     def states(moment: str) -> int:
-        return model_states_at(moment, stage, precision, world_size, shape)
+        held = model_states_at(moment, stage, precision, world_size, shape, fetch_rules)
+        if impl == "official" and stage == 3:
+            held += official_stage3_bytes(shape, precision, world_size, moment, reduce_bucket_size,
+                                          persistence_threshold, communication, fetch_rules)
+        return held
 
-    communication = communication_precision or precision
     turn = states("forward" if accumulation == 1 else "backward") + activations.saved
     if impl == "nano":
         turn += first_bucket_bytes(shape, stage, reduce_bucket_size, communication)
@@ -140,7 +214,7 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
 def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_size: int) -> PeakPrediction | None:
     """The prediction for a run of the impl its `[zero]` line names, from its `[model]` and `[zero]`
     lines (docs/log-format.md); None when the model's architecture cannot be read here, the lines
-    lack a figure, or the impl and stage are not modelled."""
+    lack a figure, or the impl is neither nano nor official."""
     try:
         shape = decoder_shape(str(model.get("name")))
     except ValueError:
@@ -151,10 +225,19 @@ def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_
     attention = model.get("attn_impl") if model.get("attn_impl") in ATTENTION_IMPLEMENTATIONS else "sdpa"
     communication = zero.get("communication_data_type")  # "auto": the parameters' dtype
     bucket = zero.get("reduce_bucket_size")
+
+    def stage3_key(key: str, default: int) -> int:
+        value = zero.get(f"stage3_{key}")
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    rules = FetchRules(stage3_key("prefetch_bucket_size", DEEPSPEED_FETCH_RULES.prefetch_bucket_size),
+                       stage3_key("max_live_parameters", DEEPSPEED_FETCH_RULES.max_live_parameters),
+                       stage3_key("max_reuse_distance", DEEPSPEED_FETCH_RULES.max_reuse_distance))
     return predict_peak(shape, stage, precision, world_size, seq_len, micro_batch, attention,
                         model.get("gradient_checkpointing") is True, int(zero.get("gradient_accumulation_steps") or 1),
                         bucket if isinstance(bucket, int) else None,
-                        communication if communication in BYTES_OF_PRECISION else None, str(zero.get("impl", "nano")))
+                        communication if communication in BYTES_OF_PRECISION else None, str(zero.get("impl", "nano")),
+                        rules, stage3_key("param_persistence_threshold", 100_000))
 
 
 def error_percent(predicted: float | None, measured: float | None) -> float | None:

@@ -1,4 +1,4 @@
-"""The layout of a run directory, and reading it back (for `report` and `compare`).
+"""The layout of a run directory: writing its summary.json, and reading it back (`report`, `compare`).
 
     runs/<run-id>/
         command.txt        the exact torchrun command, shell-quoted
@@ -13,6 +13,10 @@
 
     runs/<compare-id>/compare.json, and one run directory per cell under runs/<compare-id>/cells/.
 
+The launcher moves the rank logs in (`collect_rank_logs`) and hands over how the run ended;
+`summarize` parses rank 0's log, writes metrics.csv and builds the summary: status, measured
+figures, nano's predictions beside them; `write_summary` saves it.
+
 A run or comparison gets its directory from `claim`, which creates it and fails if it exists, so
 two commands started in the same second can never share one.
 """
@@ -26,13 +30,21 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from zero_lab.analysis.logparse import STEP_FIELDS, ParsedLog
+from zero_lab.analysis.logparse import STEP_FIELDS, ParsedLog, is_number, parse_file
+from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
+from zero_lab.analysis.step_phases import last_step_phases
+from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
+from zero_lab.workload.log_lines import MB
+from zero_lab.workload.out_of_memory import EXIT_OUT_OF_MEMORY, MESSAGE_PREFIX
 
 SUMMARY = "summary.json"
 COMPARE = "compare.json"
+# The launcher's verdict on a rank it saw killed: (failed rank, its exit code) -> why, or None.
+KilledForMemory = Callable[[int | None, int | None], "str | None"]
 
 
 def timestamp(now: datetime | None = None) -> str:
@@ -142,3 +154,107 @@ def rank0_log(run_dir: Path) -> Path:
     off before its rank logs were gathered)."""
     rank0 = run_dir / "logs" / "rank0.stdout.log"
     return rank0 if rank0.is_file() else run_dir / "console.log"
+
+
+def harness_line(rank_logs: list[Path], prefix: str, rank: int | None = None) -> str | None:
+    """The last line starting with prefix in the first rank stderr log that has one (rank's own first)."""
+    for path in sorted(rank_logs, key=lambda path: (not path.name.startswith(f"rank{rank}."), path.name)):
+        if path.name.endswith(".stderr.log"):
+            lines = [line for line in path.read_text(errors="replace").splitlines() if line.startswith(prefix)]
+            if lines:
+                return lines[-1]
+    return None
+
+
+def bad_input_message(rank_logs: list[Path], rank_exit_code: int | None) -> str | None:
+    """The harness's own one-line `error: ...` when it refused its input (exit code 2)."""
+    if rank_exit_code != 2:
+        return None
+    line = harness_line(rank_logs, "error:")
+    return line.removeprefix("error:").strip() if line else None
+
+
+def out_of_memory_message(rank_logs: list[Path], failure: dict,
+                          killed_for_memory: KilledForMemory | None = None) -> str | None:
+    """Why a rank ran out of memory: the harness's own `out of memory: ...` line (exit code
+    EXIT_OUT_OF_MEMORY: the allocator refused), or the launcher's verdict on a rank killed by SIGKILL."""
+    if failure["rank_exit_code"] == EXIT_OUT_OF_MEMORY:
+        return harness_line(rank_logs, MESSAGE_PREFIX, failure["failed_rank"])
+    return killed_for_memory(failure["failed_rank"], failure["rank_exit_code"]) if killed_for_memory else None
+
+
+def number_or_none(value: object) -> float | None:
+    return float(value) if is_number(value) else None
+
+
+def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dtype: str, offload: str,
+              launched_world_size: int, exit_code: int, interrupted_by: str | None, duration_s: float,
+              stalled: str | None = None, killed_for_memory: KilledForMemory | None = None,
+              rss_max_mb: float | None = None) -> dict:
+    """A finished run's summary.json, from its directory (rank 0's log, console.log) and how it ended.
+
+    Phase 1: parse rank 0's log; write metrics.csv.
+    Phase 2: the status: interrupted_by (the signal that stopped it), stalled (the stall watch's
+             message), else the exit code; a failed run's bad input or out-of-memory cause, from
+             the harness's own lines or killed_for_memory(failed rank, its exit code), the
+             launcher's verdict on a rank killed by SIGKILL.
+    Phase 3: the measured figures (analysis.tables) beside nano's predictions (the peak, the
+             model-state formula)."""
+    from zero_lab.analysis.tables import summarize_run  # pandas: once the run has ended
+
+    parsed = parse_file(rank0_log(run_dir))  # Phase 1
+    write_metrics_csv(run_dir / "metrics.csv", parsed)
+    failure = failure_from_console((run_dir / "console.log").read_text(errors="replace"))  # Phase 2
+    status = "interrupted" if interrupted_by else "stalled" if stalled else "ok" if exit_code == 0 else "failed"
+    bad_input = bad_input_message(rank_logs, failure["rank_exit_code"]) if status == "failed" else None
+    if bad_input:
+        status = "bad_input"
+    out_of_memory = out_of_memory_message(rank_logs, failure, killed_for_memory) if status == "failed" else None
+    params = parsed.model.get("params")  # Phase 3
+    world_size = parsed.zero.get("world_size") or parsed.rank.get("world_size") or launched_world_size
+    precision = PRECISION_OF_DTYPE_NAME.get(dtype, dtype)
+    prediction = predict_run_peak(parsed.model, parsed.zero, stage, precision, int(world_size))
+    measured = summarize_run(parsed)
+    predicted_peak_mb = prediction.peak / MB if prediction else None
+    elsewhere = parsed.rank.get("global_rank") not in (None, 0, 0.0)
+    return {
+        "world_size": int(world_size),
+        "note": (f"global rank 0 ran on another node: its [opt_step] lines and losses are in that node's run "
+                 f"directory (this node ran global rank {int(parsed.rank['global_rank'])} and its local peers)")
+        if elsewhere else None,
+        "stage": stage,
+        "impl": impl,
+        "status": status,
+        **measured,
+        "predicted_peak_mb": predicted_peak_mb,
+        "peak_error_pct": error_percent(predicted_peak_mb, measured["peak_alloc_max_mb"]),
+        "exit_code": exit_code,
+        **(failure if status in ("failed", "bad_input") else {"failed_rank": None, "rank_exit_code": None}),
+        "interrupted_by": interrupted_by,
+        "error": bad_input or stalled or out_of_memory,
+        "failure": "out_of_memory" if out_of_memory else None,
+        # the largest resident set of any local rank, sampled while the run lasted (memory.csv)
+        "rss_max_mb": rss_max_mb,
+        "log_tail": "" if status in ("ok", "interrupted") else log_tail(rank_logs or [run_dir / "console.log"]),
+        "params": params if isinstance(params, int) and not isinstance(params, bool) else None,
+        # the torch optimizer the impl stepped with (the harness's [model] line): FusedAdam, torch.optim.AdamW, ...
+        "optimizer": parsed.model.get("optimizer"),
+        "precision": precision,
+        "offload": offload,
+        # nano's model-state formula for this workload, per rank (the harness's [model] line)
+        "states_formula_mb": number_or_none(parsed.model.get("states_formula_mb")),
+        "states_formula_host_mb": number_or_none(parsed.model.get("states_formula_host_mb")),
+        "duration_s": round(duration_s, 1),
+        "run_dir": str(run_dir),
+        "skipped_lines": parsed.skipped_lines,
+        "warnings": parsed.warnings,
+        "zero": parsed.zero,
+        "model": parsed.model,
+        "comm": parsed.comm,
+        "phases": last_step_phases(parsed.phases),
+        "losses": {str(step): loss for step, loss in parsed.losses().items()},
+    }
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    write_json(run_dir / SUMMARY, summary)

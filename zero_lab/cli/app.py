@@ -13,14 +13,15 @@ import sys
 
 import typer
 
-from zero_lab.analysis.metrics import interrupted_exit_code
-from zero_lab.launch import signals
+from zero_lab import signals
 from zero_lab.cli.checkpoint_cmd import checkpoint_app
 from zero_lab.cli.compare_cmd import compare
+from zero_lab.cli.config_cmd import config_app
+from zero_lab.cli.doctor_cmd import doctor
+from zero_lab.cli.estimate_cmd import estimate
 from zero_lab.cli.explain_cmd import explain
 from zero_lab.cli.inspect_cmd import parse, report
 from zero_lab.cli.run_cmd import EXTRA_ARGS, run
-from zero_lab.cli.tools_cmd import config_app, doctor, estimate
 
 app = typer.Typer(
     name="zero-lab",
@@ -49,7 +50,7 @@ def main() -> None:
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except (typer.Abort, KeyboardInterrupt, signals.Stopped) as interrupt:
-        sys.exit(interrupted_exit_code(signals.signal_name(interrupt)))
+        sys.exit(signals.interrupted_exit_code(signals.signal_name(interrupt)))
     except typer.TyperException as error:  # Click's usage errors
         if type(error).__name__ == "NoArgsIsHelpError":
             error.show()

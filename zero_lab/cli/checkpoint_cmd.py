@@ -43,7 +43,7 @@ def _show(facts: dict, format: str) -> None:
 def inspect(directory: Directory, tag: Tag = None, format: Format = "table") -> None:
     """Stage, world size, precision, steps, parameter count, bytes per rank file, and the config."""
     check_choice(format, "--format", FORMATS)
-    from zero_lab.nano.checkpoint_offline import OpenCheckpoint, describe
+    from zero_lab.nano.checkpoint.offline import OpenCheckpoint, describe
     _show(describe(OpenCheckpoint.open(str(directory), tag)), format)
 
 
@@ -63,7 +63,7 @@ def consolidate(directory: Directory,
         raise BadInput(f"--out {out} exists", "choose another path (nothing was overwritten)")
     from safetensors.torch import save_file
 
-    from zero_lab.nano.checkpoint_offline import OpenCheckpoint, consolidate as whole_weights
+    from zero_lab.nano.checkpoint.offline import OpenCheckpoint, consolidate as whole_weights
     checkpoint = OpenCheckpoint.open(str(directory), tag)
     weights = whole_weights(checkpoint)
     aliases = set((checkpoint.model_states.get("shared_params") or {}))
@@ -100,5 +100,5 @@ def reshard_command(directory: Directory,
     check_choice(format, "--format", FORMATS)
     if world_size < 1:
         raise BadInput(f"--world-size {world_size} is not a number of ranks", "pass 1 or more")
-    from zero_lab.nano.checkpoint_offline import OpenCheckpoint, reshard_checkpoint
+    from zero_lab.nano.checkpoint.offline import OpenCheckpoint, reshard_checkpoint
     _show(reshard_checkpoint(OpenCheckpoint.open(str(directory), tag), world_size, str(out)), format)

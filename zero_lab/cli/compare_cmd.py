@@ -21,7 +21,7 @@ import typer
 
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import cell_table, render_report, run_table, verdict_lines
-from zero_lab.cli import jobs, options, output, plan, preflight
+from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli.environment import environment
 from zero_lab.cli.errors import check_choice, check_not_negative, one_line_errors, parse_int_list
 from zero_lab.cli.reporting import write_report
@@ -58,11 +58,11 @@ def compare(
     check_not_negative(loss_tol, "--loss-tol")
     check_not_negative(fail_on_regression, "--fail-on-regression")
     world_sizes = parse_int_list(gpus, "--gpus")
-    stage_list = [plan.check_stage(stage, "--stages") for stage in parse_int_list(stages, "--stages")]
+    stage_list = [input_checks.check_stage(stage, "--stages") for stage in parse_int_list(stages, "--stages")]
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
     shared = common.shared
     jobs.check(shared, impl_list, world_sizes)
-    with plan.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
+    with input_checks.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
         warmups = [
             jobs.prepare(shared, impl, stage_list[0], world_sizes[0],
                          compare_dir / "warmup" / rundir.cell_name(impl, stage_list[0], world_sizes[0]), steps=warmup_steps)
@@ -75,6 +75,7 @@ def compare(
         resumes = [job for world_size in world_sizes for stage in stage_list for impl in impl_list if resume_check
                    for job in jobs.resume_pair(shared, impl, stage, world_size, compare_dir / "resume"
                                                / rundir.cell_name(impl, stage, world_size))]
+        jobs.warn_passed_to_official(warmups + cells + resumes)
         preflight.check(cells, shared.device, shared.device_memory_gb, common.force)
         # Phase 2
         env = environment(shared.device)

@@ -44,7 +44,7 @@ def cuda_devices() -> list[str]:
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def resolve_device(device: str) -> str:
+def resolve_device_name(device: str) -> str:
     """auto: cuda when a CUDA device is visible, else cpu (device already checked against DEVICES)."""
     if device != "auto":
         return device

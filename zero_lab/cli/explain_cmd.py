@@ -30,9 +30,9 @@ from zero_lab.analysis.explain_check import (collectives_comparison, disagreemen
                                              recorded_sequence)
 from zero_lab.analysis.explain_tables import collectives_table, holdings_table, phases_table, render_markdown, title
 from zero_lab.analysis.markdown import markdown_table
-from zero_lab.cli import output, plan
+from zero_lab.cli import input_checks, output
 from zero_lab.cli.errors import EXIT_GATE, EXIT_RUN_FAILED, BadInput, check_choice, one_line_errors
-from zero_lab.nano.config_keys import OFFLOAD_SECTIONS
+from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 
 FORMATS = ("table", "json", "markdown")
@@ -41,14 +41,15 @@ MEASURE_SEQ_LEN = 32
 MEASURE_TIMEOUT_S = 600
 
 
-def harness_config(config: Optional[Path], stage: int, dtype: str, offload: str, world_size: int):
+def explained_config(config: Optional[Path], stage: int, dtype: str, offload: str, world_size: int):
     """Phase 1: (the config dict, nano's typed config of it, where it came from)."""
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config
 
-    source = config or plan.default_config_path(stage)
-    staged = plan.config_for_stage(plan.load_config_file(source), stage)
+    source = config or input_checks.default_config_path(stage)
+    staged = input_checks.config_for_stage(input_checks.load_config_file(source), stage)
     flags = ["--zero-stage", str(stage), "--model-dtype", dtype, "--offload", offload]
-    built = plan.harness_config(staged, lambda path: ["--deepspeed_config", str(path), *flags], world_size, source)
+    built = input_checks.built_by_harness(staged, lambda path: ["--deepspeed_config", str(path), *flags], world_size,
+                                          source)
     typed = load_config(built, world_size=world_size)
     if typed.zero_optimization.leaf_module is not None:
         raise BadInput(f"{source} sets zero_optimization.leaf_module, which explain does not model",
@@ -119,10 +120,10 @@ def explain(
     check_choice(format, "--format", FORMATS)
     check_choice(dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
     check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS))
-    plan.check_stage(stage, "--stage")
+    input_checks.check_stage(stage, "--stage")
     if gpus < 1:
         raise BadInput(f"--gpus must be 1 or more, not {gpus}", "give the world size, e.g. --gpus 4")
-    built, typed, source = harness_config(config, stage, dtype, offload, gpus)
+    built, typed, source = explained_config(config, stage, dtype, offload, gpus)
     entries, blocks = model_table(model)
     walk = walk_through(model, entries, blocks, typed, gpus)
     result = walk.to_json()

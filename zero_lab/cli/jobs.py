@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from zero_lab import signals
 from zero_lab.analysis import rundir
-from zero_lab.cli import output, plan
-from zero_lab.launch import signals, torchrun
+from zero_lab.cli import input_checks, output
+from zero_lab.launch import torchrun
 
 
 @dataclass
@@ -43,27 +44,37 @@ class SharedSettings:
 
 def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> None:
     """Before any config is read: known impls, processes the device can hold, a workload the harness accepts."""
-    plan.check_impls(impls)
+    input_checks.check_impls(impls)
     for world_size in world_sizes:
-        plan.check_processes(world_size, shared.device, shared.multi_node)
-    plan.check_workload(shared.workload, shared.device, impls)
+        input_checks.check_processes(world_size, shared.device, shared.multi_node)
+    input_checks.check_workload(shared.workload, shared.device, impls)
 
 
 def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None,
             note: str | None = None) -> Job:
     """Phase 1 for one run: the config as the harness will build it, validated, and its launch
     (`steps` overrides the workload's; `note` labels it, "warm-up" when `steps` is given)."""
-    source = shared.config_path or plan.default_config_path(stage)
-    staged = plan.config_for_stage(plan.load_config_file(source), stage)
-    spec = plan.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
+    source = shared.config_path or input_checks.default_config_path(stage)
+    staged = input_checks.config_for_stage(input_checks.load_config_file(source), stage)
+    spec = input_checks.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
                           shared.extra_torchrun_args, steps=steps, stall_timeout_s=shared.stall_timeout_s,
                           host_memory_limit=host_memory_limit(shared))
-    config = plan.received_config(staged, spec, source)
-    official = plan.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
+    config = input_checks.received_config(staged, spec, source)
+    official = input_checks.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     world_size = shared.multi_node.world_size(nproc) or nproc
     note = note or ("warm-up" if steps is not None else None)
     label = f"{impl} w{world_size} s{stage}" + (f" ({note})" if note else "")
     return Job(spec, run_dir, config, official, label)
+
+
+def warn_passed_to_official(prepared: list[Job]) -> None:
+    """One `warning:` line per distinct set of keys only official DeepSpeed knows that `--impl
+    official` passes through (each run's log says it again in a `[warn] kind=config` line)."""
+    from zero_lab.workload.run_config import passed_to_official
+
+    messages = {passed_to_official(job.spec.impl, job.config) for job in prepared} - {None}
+    for message in sorted(messages):
+        output.stderr.print(f"warning: {message}", markup=False, highlight=False)
 
 
 def host_memory_limit(shared: SharedSettings) -> int | None:

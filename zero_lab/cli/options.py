@@ -16,10 +16,10 @@ from typing import Annotated, Optional
 import typer
 
 from zero_lab.launch import torchrun
-from zero_lab.cli.environment import DEVICES, resolve_device
+from zero_lab.cli.environment import DEVICES, resolve_device_name
 from zero_lab.cli.errors import check_choice, check_not_negative, check_positive
 from zero_lab.cli.jobs import SharedSettings
-from zero_lab.nano.config_keys import OFFLOAD_SECTIONS
+from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 
 WORKLOAD = "Workload (identical for every impl)"
 LAUNCH = "Launch (torchrun)"
@@ -104,7 +104,7 @@ def common(context: typer.Context, device, config, model, steps, batch_size, seq
     work = torchrun.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
                            dataset_path=dataset_path, offload=check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS)))
     node = torchrun.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
-    device = resolve_device(check_choice(device, "--device", DEVICES))
+    device = resolve_device_name(check_choice(device, "--device", DEVICES))
     check_not_negative(stall_timeout, "--stall-timeout")
     check_positive(device_memory, "--device-memory")
     return Common(SharedSettings(config, device, work, node, list(context.args), stall_timeout, device_memory),

@@ -6,7 +6,7 @@ Phase 1: `offered_memory`: what the device offers - `--device-memory GB` when gi
          the machine and its container (zero_lab.launch.memory_watch).
 Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its report will carry
          (`peak_memory.predict_run_peak`, from the same `[model]` and `[zero]` fields the harness
-         will log); None where there is none (official stage 3, an unreadable architecture).
+         will log); None where there is none (an unreadable architecture).
 Phase 3: `check`: the verdict per job (analysis.memory_fit); a tight one is a warning, one that
          will not fit stops the command with exit 2 and the knobs that would help, unless --force.
          On CUDA with offload there is no verdict: the prediction counts every model state on the device.
@@ -44,12 +44,12 @@ def offered_memory(device: str, device_memory_gb: float | None) -> tuple[int | N
 def predicted_peak(job) -> int | None:
     """Phase 2: one rank's predicted peak for a prepared job (zero_lab.cli.jobs.Job)."""
     from zero_lab.analysis.peak_memory import predict_run_peak
-    from zero_lab.nano.config_loading import load_config
+    from zero_lab.nano.config import load_config, without_official_only_keys
     from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
 
     spec = job.spec
     world_size = spec.multi_node.world_size(spec.nproc) or spec.nproc
-    settings = load_config(job.config, world_size=world_size)
+    settings = load_config(without_official_only_keys(job.config), world_size=world_size)  # as nano reads it
     model = {"name": spec.workload.model, "seq_len": spec.workload.seq_len or DEFAULT_SEQ_LEN,
              "micro_batch": int(job.config["train_micro_batch_size_per_gpu"])}
     zero = {"impl": spec.impl, "reduce_bucket_size": settings.zero_optimization.reduce_bucket_size,

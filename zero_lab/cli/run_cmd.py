@@ -14,10 +14,10 @@ from typing import Annotated
 
 import typer
 
+from zero_lab import signals
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import run_table
-from zero_lab.analysis.metrics import interrupted_exit_code
-from zero_lab.cli import jobs, options, output, plan, preflight
+from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli.environment import environment
 from zero_lab.cli.errors import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, BadInput, check_choice, check_not_negative,
                                  one_line_errors)
@@ -33,7 +33,7 @@ def stage_of(config: dict) -> int:
 def exit_code_of(summaries: list[dict], interrupted_by: str | None) -> int | None:
     """Exit code decided by the runs alone (None: they all finished; the caller's gates decide)."""
     if interrupted_by:
-        return interrupted_exit_code(interrupted_by)
+        return signals.interrupted_exit_code(interrupted_by)
     statuses = {summary["status"] for summary in summaries}
     if "bad_input" in statuses:
         return EXIT_BAD_INPUT
@@ -98,11 +98,12 @@ def run(
     jobs.check(shared, [impl], [gpus])
     config = shared.config_path
     if stage is None:
-        stage = plan.check_stage(stage_of(plan.load_config_file(config)), f"zero_optimization.stage of {config}") if config else 2
-    plan.check_stage(stage, "--stage")
+        stage = input_checks.check_stage(stage_of(input_checks.load_config_file(config)), f"zero_optimization.stage of {config}") if config else 2
+    input_checks.check_stage(stage, "--stage")
     default_name = f"{rundir.timestamp()}-{rundir.cell_name(impl, stage, gpus)}"
-    with plan.claimed_directory(common.out, common.name, default_name) as run_dir:
+    with input_checks.claimed_directory(common.out, common.name, default_name) as run_dir:
         job = jobs.prepare(shared, impl, stage, gpus, run_dir)
+        jobs.warn_passed_to_official([job])
         preflight.check([job], shared.device, shared.device_memory_gb, common.force)
         summaries, interrupted_by = jobs.run_jobs([job], environment(shared.device))
         if not summaries:  # interrupted before torchrun started: the directory goes again

@@ -44,7 +44,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from zero_lab.nano.config_loading import load_config
+from zero_lab.nano.config import load_config, without_official_only_keys
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.data import make_batches
@@ -58,8 +58,7 @@ from zero_lab.workload.models import build_model, load_tokenizer, parameter_grou
 from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Phase, StepPhase, allocator_figures,
                                              is_out_of_memory, out_of_memory_line)
 from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
-from zero_lab.workload.run_config import (build_parser, check_launch,
-                                          precision_of)
+from zero_lab.workload.run_config import build_parser, check_launch, passed_to_official, precision_of
 from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
 
 
@@ -200,7 +199,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     model = build_model(args.model_name, args.seed, args.model_dtype, args.attn_impl,
                         args.gradient_checkpointing, args.trust_remote_code).to(device)
     weight_decay = config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
-    settings = load_config(config, world_size=world_size)  # the config with DeepSpeed's defaults
+    # The config with DeepSpeed's defaults, as nano reads it (less what only official knows).
+    settings = load_config(without_official_only_keys(config), world_size=world_size)
     formula = state_formula.peak_bytes(model, settings, world_size)  # nano's, for the same workload
     impl_config, notes = engine_config(args.impl, config, device)
     engine, _, _, _ = engine_module.initialize(
@@ -221,6 +221,9 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         emit(rank, "warn", {"kind": "engine", "message": message})
     for message in notes:
         emit(rank, "warn", {"kind": "optimizer", "message": message})
+    passed = passed_to_official(args.impl, config)
+    if passed:
+        emit(rank, "warn", {"kind": "config", "message": passed})
 
     # Phase 4: the steps (after --resume's, from the checkpoint's). Initialization's broadcasts
     # and checkpoints' collectives are not part of any step.

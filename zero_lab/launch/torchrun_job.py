@@ -3,16 +3,17 @@
 Phase 1: write what the run is given (command, configs, environment) before it starts.
 Phase 2: pick a free port, then at once start torchrun in its own session (a port picked earlier
          could have been taken by a concurrent comparison), with stop signals deferred until its
-         process is known (zero_lab.launch.signals.deferred). Stream rank 0's output: to
+         process is known (zero_lab.signals.deferred). Stream rank 0's output: to
          console.log, and each `[opt_step k]` line to the progress bar with its loss, and to the stall watch
          (zero_lab.launch.stall), which stops the run when no step comes for --stall-timeout seconds.
          The memory watch (zero_lab.launch.memory_watch) samples every rank's resident memory.
-Phase 3: on Ctrl-C, SIGTERM or SIGHUP (zero_lab.launch.signals), stop torchrun's process group and
+Phase 3: on Ctrl-C, SIGTERM or SIGHUP (zero_lab.signals), stop torchrun's process group and
          every worker's (torchrun starts each worker in a session of its own), SIGTERM then
          SIGKILL, within seconds.
-Phase 4: gather every rank's log, parse rank 0's, and write metrics.csv and summary.json - also
-         for a failed or interrupted run, so its partial results stay; a rank that ran out of
-         memory is named with the figures (`failure: out_of_memory`).
+Phase 4: gather every rank's log, and have `analysis.rundir` parse rank 0's and write
+         metrics.csv and summary.json - also for a failed or interrupted run, so its partial
+         results stay; a rank that ran out of memory is named with the figures
+         (`failure: out_of_memory`), from the harness's own line or the memory watch's verdict.
 Phases 3 and 4 run with those signals held off, so a second one cannot cut them short.
 """
 
@@ -29,16 +30,12 @@ from pathlib import Path
 import psutil
 from rich.progress import Progress
 
+from zero_lab import signals
 from zero_lab.analysis import rundir
-from zero_lab.analysis.logparse import is_number, parse_file, step_and_loss
-from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
-from zero_lab.analysis.step_phases import last_step_phases
-from zero_lab.launch import moments, ports, signals, torchrun
+from zero_lab.analysis.logparse import step_and_loss
+from zero_lab.launch import moments, ports, torchrun
 from zero_lab.launch.memory_watch import MemoryWatch
 from zero_lab.launch.stall import StallWatch
-from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
-from zero_lab.workload.log_lines import MB
-from zero_lab.workload.out_of_memory import EXIT_OUT_OF_MEMORY, MESSAGE_PREFIX
 
 STOP_GRACE_S = 5.0
 
@@ -83,32 +80,6 @@ def stream(process: subprocess.Popen, console_log: Path, progress: Progress | No
                 loss_text = f"{loss:.4f}" if loss is not None else "?"
                 progress.update(task, completed=step, loss=loss_text)
     process.wait()
-
-
-def harness_line(rank_logs: list[Path], prefix: str, rank: int | None = None) -> str | None:
-    """The last line starting with prefix in the first rank stderr log that has one (rank's own first)."""
-    for path in sorted(rank_logs, key=lambda path: (not path.name.startswith(f"rank{rank}."), path.name)):
-        if path.name.endswith(".stderr.log"):
-            lines = [line for line in path.read_text(errors="replace").splitlines() if line.startswith(prefix)]
-            if lines:
-                return lines[-1]
-    return None
-
-
-def bad_input_message(rank_logs: list[Path], rank_exit_code: int | None) -> str | None:
-    """The harness's own one-line `error: ...` when it refused its input (exit code 2)."""
-    if rank_exit_code != 2:
-        return None
-    line = harness_line(rank_logs, "error:")
-    return line.removeprefix("error:").strip() if line else None
-
-
-def out_of_memory_message(rank_logs: list[Path], failure: dict, memory: MemoryWatch | None) -> str | None:
-    """Why a rank ran out of memory: the harness's own `out of memory: ...` line (exit code
-    EXIT_OUT_OF_MEMORY: the allocator refused), or the memory watch's verdict on a rank killed by SIGKILL."""
-    if failure["rank_exit_code"] == EXIT_OUT_OF_MEMORY:
-        return harness_line(rank_logs, MESSAGE_PREFIX, failure["failed_rank"])
-    return memory.out_of_memory(failure["failed_rank"], failure["rank_exit_code"]) if memory is not None else None
 
 
 def execute(
@@ -162,73 +133,21 @@ def execute(
         summary = summarize(spec, run_dir, process.returncode, interrupted_by, time.monotonic() - started,
                             stalled=watch.message if watch is not None else None, memory=memory)
         summary.update(config=official_config or config, env=environment, command=torchrun.shell_quote(command))
-        rundir.write_json(run_dir / rundir.SUMMARY, summary)
+        rundir.write_summary(run_dir, summary)
     if interrupt is not None:
         raise interrupt
     return summary
 
 
-def number_or_none(value: object) -> float | None:
-    return float(value) if is_number(value) else None
-
-
 def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrupted_by: str | None,
               duration_s: float, stalled: str | None = None, memory: MemoryWatch | None = None) -> dict:
-    """The run's summary.json; interrupted_by: the signal that stopped it (SIGINT, SIGTERM, SIGHUP);
-    stalled: the stall watch's message when it stopped the run; memory: the run's memory watch."""
-    from zero_lab.analysis.tables import summarize_run  # pandas: once the run has ended
-
+    """The run's summary (`rundir.summarize`, which owns its format) from what this launch knows:
+    the spec, how the run ended (interrupted_by: the signal that stopped it; stalled: the stall
+    watch's message) and the memory watch (its verdict on a killed rank, the largest resident set)."""
     rank_logs = rundir.collect_rank_logs(spec.log_dir, run_dir / "logs")
-    parsed = parse_file(rundir.rank0_log(run_dir))
-    rundir.write_metrics_csv(run_dir / "metrics.csv", parsed)
-    failure = rundir.failure_from_console((run_dir / "console.log").read_text(errors="replace"))
-    status = "interrupted" if interrupted_by else "stalled" if stalled else "ok" if exit_code == 0 else "failed"
-    bad_input = bad_input_message(rank_logs, failure["rank_exit_code"]) if status == "failed" else None
-    if bad_input:
-        status = "bad_input"
-    out_of_memory = out_of_memory_message(rank_logs, failure, memory) if status == "failed" else None
-    params = parsed.model.get("params")
-    world_size = parsed.zero.get("world_size") or parsed.rank.get("world_size") \
-        or spec.multi_node.world_size(spec.nproc) or spec.nproc
-    precision = PRECISION_OF_DTYPE_NAME.get(spec.workload.dtype, spec.workload.dtype)
-    prediction = predict_run_peak(parsed.model, parsed.zero, spec.stage, precision, int(world_size))
-    measured = summarize_run(parsed)
-    predicted_peak_mb = prediction.peak / MB if prediction else None
-    elsewhere = parsed.rank.get("global_rank") not in (None, 0, 0.0)
-    return {
-        "world_size": int(world_size),
-        "note": (f"global rank 0 ran on another node: its [opt_step] lines and losses are in that node's run "
-                 f"directory (this node ran global rank {int(parsed.rank['global_rank'])} and its local peers)")
-        if elsewhere else None,
-        "stage": spec.stage,
-        "impl": spec.impl,
-        "status": status,
-        **measured,
-        "predicted_peak_mb": predicted_peak_mb,
-        "peak_error_pct": error_percent(predicted_peak_mb, measured["peak_alloc_max_mb"]),
-        "exit_code": exit_code,
-        **(failure if status in ("failed", "bad_input") else {"failed_rank": None, "rank_exit_code": None}),
-        "interrupted_by": interrupted_by,
-        "error": bad_input or stalled or out_of_memory,
-        "failure": "out_of_memory" if out_of_memory else None,
-        # the largest resident set of any local rank, sampled while the run lasted (memory.csv)
-        "rss_max_mb": memory.record.rss_max_mb() if memory is not None else None,
-        "log_tail": "" if status in ("ok", "interrupted") else rundir.log_tail(rank_logs or [run_dir / "console.log"]),
-        "params": params if isinstance(params, int) and not isinstance(params, bool) else None,
-        # the torch optimizer the impl stepped with (the harness's [model] line): FusedAdam, torch.optim.AdamW, ...
-        "optimizer": parsed.model.get("optimizer"),
-        "precision": precision,
-        "offload": spec.workload.offload,
-        # nano's model-state formula for this workload, per rank (the harness's [model] line)
-        "states_formula_mb": number_or_none(parsed.model.get("states_formula_mb")),
-        "states_formula_host_mb": number_or_none(parsed.model.get("states_formula_host_mb")),
-        "duration_s": round(duration_s, 1),
-        "run_dir": str(run_dir),
-        "skipped_lines": parsed.skipped_lines,
-        "warnings": parsed.warnings,
-        "zero": parsed.zero,
-        "model": parsed.model,
-        "comm": parsed.comm,
-        "phases": last_step_phases(parsed.phases),
-        "losses": {str(step): loss for step, loss in parsed.losses().items()},
-    }
+    return rundir.summarize(
+        run_dir, rank_logs, impl=spec.impl, stage=spec.stage, dtype=spec.workload.dtype, offload=spec.workload.offload,
+        launched_world_size=spec.multi_node.world_size(spec.nproc) or spec.nproc, exit_code=exit_code,
+        interrupted_by=interrupted_by, duration_s=duration_s, stalled=stalled,
+        killed_for_memory=memory.out_of_memory if memory is not None else None,
+        rss_max_mb=memory.record.rss_max_mb() if memory is not None else None)

@@ -5,8 +5,8 @@
                                                            config="ds_config.json")
 
 Vocabulary: every tensor a reader meets, and the bytes each takes on one rank (P = parameters of
-a flat buffer, padded as official DeepSpeed pads: to a multiple of 2N at stages 1-3, and a bf16
-buffer at stage 0; N ranks; w = 4 in fp32, 2 in bf16/fp16). What each stage partitions, and what
+a flat buffer, padded to a multiple of 2N at stages 1-3 as official DeepSpeed pads, and a bf16
+buffer at stage 0 (nano's own); N ranks; w = 4 in fp32, 2 in bf16/fp16). What each stage partitions, and what
 follows from it, is the stage table in `stages.py`.
 
 | name                       | what it is                                                     | stage 0 | stage 1 | stage 2   | stage 3   |
@@ -29,14 +29,18 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, unit_policy, config_keys -> layout -> config -> config_loading -> official_config,
-    memory_formula -> collectives, distributed -> init_partitions -> placement, units -> flat_buffer ->
-    gradient_reduction, unit_gathering -> adamw, loss_scaler, lr_schedules, client_optimizers -> zero_optimizer ->
-    stage0 -> stage1 -> stage2 -> stage3 -> reshard, checkpoint_files -> checkpoint_contents ->
-    checkpointing, checkpoint_offline -> engine -> initialize, zero (the API re-exported here).
-Checkpoints (docs/checkpoints.md): `engine.save_checkpoint`/`load_checkpoint` write and read
-official DeepSpeed's files, and load them at any world size (partition -> whole parameter ->
-partition, `reshard.py`).
+    errors, stages, dtypes, fetch_policy, config.keys -> unit_policy, layout -> config.schema ->
+    config.loading -> config -> official_config, memory_formula -> collectives, distributed ->
+    init_partitions -> placement, units -> flat_buffer -> gradient_reduction, unit_gathering ->
+    adamw, loss_scaler, lr_schedules, client_optimizers -> zero_optimizer -> stage0 -> stage1 -> stage2 ->
+    stage3 -> checkpoint ->
+    checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save_load,
+    checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
+    sub-package goes by its dotted name (`config.keys` is keys.py in the package config/), and the
+    package's __init__ by the package's name (`config` re-exports the names of config/'s modules).
+Checkpoints (the `checkpoint` package, off the step's path; docs/checkpoints.md):
+`engine.save_checkpoint`/`load_checkpoint` write and read official DeepSpeed's files, and load them
+at any world size (partition -> whole parameter -> partition, `checkpoint/reshard.py`).
 """
 
 import importlib

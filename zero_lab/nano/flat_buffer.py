@@ -15,10 +15,11 @@ States and verbs:
                `full`'s storage is resized to 0 bytes. The parameters keep their shapes and stay
                views of `full`, so autograd's references to them stay valid across the states
                (FSDP2's way); touching one while sharded is an error, never stale values.
-    A `FlatParameterBuffer` is always UNSHARDED: after Adam, `gather_partitions()` all-gathers every
-               rank's updated partition into every rank's `full` (in place: the partition is a
-               slice of it). A `ShardedFlatBuffer` moves between the states: `unshard()` gathers
-               into `full`'s re-allocated storage, `reshard()` frees it again.
+    A `FlatParameterBuffer` is always UNSHARDED: after Adam, `after_step()` runs
+               `gather_partitions()`, which all-gathers every rank's updated partition into every
+               rank's `full` (in place: the partition is a slice of it). A `ShardedFlatBuffer`
+               moves between the states: `unshard()` gathers into `full`'s re-allocated storage,
+               `reshard()` frees it again; its `after_step()` gathers nothing (its next use does).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.init_partitions import is_partitioned, whole_values
 from zero_lab.nano.layout import FlatLayout
+from zero_lab.nano.placement import TensorKind
 
 
 class BufferState(str, Enum):
@@ -44,7 +46,7 @@ class BufferState(str, Enum):
 class FlatParameterBuffer:
     """One unit's parameters of one parameter group, as views into a single padded flat buffer."""
 
-    partition_kind = "compute"  # the partition is a slice of `full` (placement.py's kinds)
+    partition_kind = TensorKind.COMPUTE  # the partition is a slice of `full`
 
     def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, collectives: Collectives,
                  group_index: int, full: torch.Tensor):
@@ -73,15 +75,15 @@ class FlatParameterBuffer:
         low = max(start, self.partition_start)
         return low, max(low, min(end, self.partition_end))
 
-    def gather_partitions(self, collectives: Collectives, bucket_numel: int = 0) -> None:
+    def gather_partitions(self, collectives: Collectives) -> None:
         """Every rank's partition into every rank's `full`, in place: one `all_gather_into_tensor`
         from this rank's partition (a view of `full`) into `full` itself, so no temporary at all.
         (The buffer stays UNSHARDED: this refreshes `full` after the partitions changed.)
 
         Official DeepSpeed does the same wherever the backend has all_gather_into_tensor (nccl and
         gloo do); its `allgather_bucket_size` pieces exist only for backends without it, and there
-        the list form gathers through a flat temporary per piece, which no memory formula counts.
-        So `bucket_numel` is accepted and not used. A buffer with one partition is whole already
+        the list form gathers through a flat temporary per piece, which no memory formula counts,
+        so nano gathers whole buffers everywhere. A buffer with one partition is whole already
         (stage 0), unless a world of one is asked to run its collectives anyway."""
         if self.layout.partition_count < collectives.world_size or collectives.alone:
             return
@@ -91,9 +93,9 @@ class FlatParameterBuffer:
         """Rank 0's values on every rank, so all ranks start equal."""
         collectives.broadcast(self.full, source_rank=0)
 
-    def publish(self, collectives: Collectives, bucket_numel: int) -> None:
+    def after_step(self, collectives: Collectives) -> None:
         """After Adam updated the partitions: every rank's parameters whole again."""
-        self.gather_partitions(collectives, bucket_numel)
+        self.gather_partitions(collectives)
 
     def parameter_bytes(self) -> int:
         """Bytes of parameter storage this rank keeps between uses."""
@@ -112,7 +114,7 @@ class ShardedFlatBuffer(FlatParameterBuffer):
     0's values and leaves the buffer SHARDED.
     """
 
-    partition_kind = "partition"  # storage of its own, on the host with offload_param
+    partition_kind = TensorKind.PARTITION  # storage of its own, on the host with offload_param
 
     def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, collectives: Collectives,
                  group_index: int, full: torch.Tensor, partition: torch.Tensor,
@@ -130,7 +132,7 @@ class ShardedFlatBuffer(FlatParameterBuffer):
         self.partition.copy_(self.partition_of(self.full))
         self.reshard()
 
-    def unshard(self, collectives: Collectives, bucket_numel: int = 0, asynchronous: bool = False) -> None:
+    def unshard(self, collectives: Collectives, asynchronous: bool = False) -> None:
         if self.state != BufferState.SHARDED:
             return
         self.full.untyped_storage().resize_(self.full_nbytes)
@@ -154,7 +156,7 @@ class ShardedFlatBuffer(FlatParameterBuffer):
             self.full.untyped_storage().resize_(0)
             self.state = BufferState.SHARDED
 
-    def publish(self, collectives: Collectives, bucket_numel: int) -> None:
+    def after_step(self, collectives: Collectives) -> None:
         """Nothing to gather: the partitions are the parameters, and each use gathers them anew."""
 
     def parameter_bytes(self) -> int:

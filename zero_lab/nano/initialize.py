@@ -26,8 +26,7 @@ import torch.distributed
 from zero_lab.nano import init_partitions
 from zero_lab.nano.client_optimizers import adopt_groups, client_optimizer
 from zero_lab.nano.collectives import Collectives
-from zero_lab.nano.config import NanoConfig
-from zero_lab.nano.config_loading import load_config, read_config_source
+from zero_lab.nano.config import NanoConfig, load_config, read_config_source
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.engine import NanoEngine
 from zero_lab.nano.errors import NanoConfigError

@@ -1,6 +1,7 @@
 """Turn a nano config into one official DeepSpeed accepts, so the same JSON drives both engines.
 
-Phase 1: validate it as nano would (so a bad config fails here, with nano's one-line error).
+Phase 1: validate it as nano would (so a bad config fails here, with nano's one-line error),
+         all but the keys only official knows, which are official's to read.
 Phase 2: copy it, dropping nothing DeepSpeed knows (nano's keys are a subset of DeepSpeed's), and
          spell out the Adam hyper-parameters nano resolved: the optimizer official builds may have
          other defaults (torch.optim.AdamW's weight_decay is 0.01, DeepSpeed's and nano's 0).
@@ -16,14 +17,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from zero_lab.nano.config_loading import read_config_source, validate_config
+from zero_lab.nano.config import read_config_source, validate_config, without_official_only_keys
 from zero_lab.nano.errors import NanoConfigError
 
 
 def to_official_config(config: Any, device: str = "cuda") -> dict:
     """A dict official DeepSpeed accepts, derived from a nano config (dict or JSON path)."""
     raw = read_config_source(config)
-    nano = validate_config(raw)  # Phase 1 (batch sizes are checked by each engine, which knows the world size)
+    nano = validate_config(without_official_only_keys(raw))  # Phase 1 (batch sizes: each engine checks them)
     official = copy.deepcopy(raw)  # Phase 2
     if nano.optimizer is not None:
         resolved = nano.optimizer.params

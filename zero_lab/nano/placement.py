@@ -17,11 +17,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import Enum
 from typing import Mapping
 
 import torch
 
 HOST = torch.device("cpu")
+
+
+class TensorKind(str, Enum):
+    """The kinds of tensor the module docstring places; equal to its old string names."""
+
+    COMPUTE = "compute"
+    PARTITION = "partition"
+    OPTIMIZER = "optimizer"
 
 
 def host_threads(environ: Mapping[str, str] = os.environ, cores: int | None = None) -> int:
@@ -40,12 +49,13 @@ class Placement:
     offload_parameters: bool = False
     pin_memory: bool = False  # asked for; honoured only when the run's device is a CUDA device
 
-    def place(self, kind: str) -> str:
+    def place(self, kind: TensorKind) -> str:
         """'device' or 'host' for a kind of tensor."""
-        offloaded = {"compute": False, "partition": self.offload_parameters, "optimizer": self.offload_optimizer}[kind]
+        offloaded = {TensorKind.COMPUTE: False, TensorKind.PARTITION: self.offload_parameters,
+                     TensorKind.OPTIMIZER: self.offload_optimizer}[kind]
         return "host" if offloaded else "device"
 
-    def torch_device(self, kind: str) -> torch.device:
+    def torch_device(self, kind: TensorKind) -> torch.device:
         return HOST if self.place(kind) == "host" else self.device
 
     @property
@@ -55,20 +65,20 @@ class Placement:
         GPU 0 in every rank for copies that never leave the host."""
         return self.pin_memory and self.device.type == "cuda"
 
-    def empty(self, kind: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def empty(self, kind: TensorKind, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A new uninitialised tensor of `kind`, where that kind lives."""
         pinned = self.pins and self.place(kind) == "host"
         return torch.empty(numel, dtype=dtype, device=self.torch_device(kind), pin_memory=pinned)
 
-    def zeros(self, kind: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def zeros(self, kind: TensorKind, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return self.empty(kind, numel, dtype).zero_()
 
-    def master_for(self, partition: torch.Tensor, partition_kind: str) -> torch.Tensor:
+    def master_for(self, partition: torch.Tensor, partition_kind: TensorKind) -> torch.Tensor:
         """The fp32 master Adam updates: the partition itself when it is fp32 and lives where
         optimizer tensors live (no copy), else an fp32 copy in the optimizer's place."""
-        if partition.dtype == torch.float32 and self.place(partition_kind) == self.place("optimizer"):
+        if partition.dtype == torch.float32 and self.place(partition_kind) == self.place(TensorKind.OPTIMIZER):
             return partition
-        return self.empty("optimizer", partition.numel(), torch.float32).copy_(partition)
+        return self.empty(TensorKind.OPTIMIZER, partition.numel(), torch.float32).copy_(partition)
 
     def copy(self, destination: torch.Tensor, source: torch.Tensor) -> None:
         """destination <- source across places (asynchronous from pinned host memory).
@@ -116,7 +126,7 @@ class Placement:
     def stage_in(self, partition: torch.Tensor) -> torch.Tensor:
         """A parameter partition where a gather can send it from: itself on the device, or a device
         copy of an offloaded one (freed by the caller once the gather is done)."""
-        if self.place("partition") == "device":
+        if self.place(TensorKind.PARTITION) == "device":
             return partition
         local = torch.empty(partition.numel(), dtype=partition.dtype, device=self.device)
         self.copy(local, partition)

@@ -21,23 +21,27 @@ from __future__ import annotations
 
 import torch
 
+from zero_lab.nano.placement import TensorKind
 from zero_lab.nano.zero_optimizer import GradientCollection, ZeroOptimizer
 
 
 class BoundaryPacking(GradientCollection):
     """Gradients stay in autograd's param.grad until the boundary, then travel in buckets."""
 
-    def complete(self) -> None:
-        """At the boundary: pack every bucket from param.grad, reduce it, wait for all of them."""
+    def after_backward(self) -> None:
+        """Nothing: autograd accumulates into param.grad, which waits for the boundary."""
+
+    def reduce_at_boundary(self) -> None:
+        """Step Phase 1: pack every bucket from param.grad, reduce it, wait for all of them."""
         optimizer = self.optimizer
         bucket_numel = optimizer.config.zero_optimization.reduce_bucket_size
         for index, buffer in enumerate(optimizer.buffers):
             partition = optimizer.gradient_partition(index)
             in_place = (buffer.layout.partition_count == 1 and optimizer.communication_dtype == torch.float32
-                        and optimizer.placement.place("optimizer") == "device")
+                        and optimizer.placement.place(TensorKind.OPTIMIZER) == "device")
             for start, end in buffer.layout.bucket_ranges(bucket_numel):
                 bucket = partition[start:end] if in_place else optimizer.placement.zeros(
-                    "compute", end - start, optimizer.communication_dtype)
+                    TensorKind.COMPUTE, end - start, optimizer.communication_dtype)
                 for piece in buffer.layout.pieces(start, end):
                     parameter = buffer.parameters[piece.parameter_index]
                     if parameter.grad is not None:
@@ -75,4 +79,4 @@ class Stage0Optimizer(ZeroOptimizer):
 
     def _publish_parameters(self) -> None:
         for index in range(len(self.buffers)):
-            self.publish_master(index)
+            self.copy_master_into_partition(index)

@@ -5,26 +5,27 @@ The diff from stage 0, each part a method below:
             count); its fp32 master, optimizer states and fp32 gradient partition cover that slice.
     reduce: gradients still accumulate in full-size `param.grad` during backward (stage 1
             partitions optimizer states, not gradients) and are still collected by stage 0's
-            `BoundaryPacking` (inherited); at the boundary each bucket is reduce-scattered (or
-            all-reduced and scattered back, with `reduce_scatter: false`), so each rank keeps only
-            its partition's average. A reduce-scattered bucket is divided by the world size before
-            the sum, as official DeepSpeed's stage 1/2 does (`predivides`).
+            `BoundaryPacking` (kept, as its `GradientCollection` line says); at the boundary each
+            bucket is reduce-scattered (or all-reduced and scattered back, with
+            `reduce_scatter: false`), so each rank keeps only its partition's average. A
+            reduce-scattered bucket is divided by the world size before the sum, as official
+            DeepSpeed's stage 1/2 does (the stage table's `predivides`).
     norm:   each rank squares only its partition, so the sum is completed over ranks.
     publish: after Adam updates the partitions, every rank gathers everyone's into its full
-            buffer, one in-place `all_gather_into_tensor` per buffer (as official DeepSpeed).
+            buffer (`after_step`), one in-place `all_gather_into_tensor` per buffer (as official
+            DeepSpeed).
 """
 
 from __future__ import annotations
 
 import torch
 
-from zero_lab.nano.stage0 import Stage0Optimizer
+from zero_lab.nano.stage0 import BoundaryPacking, Stage0Optimizer
 
 
 class Stage1Optimizer(Stage0Optimizer):
     stage = 1
-    predivides = True
-    applies_unchecked_bf16_steps = True  # official's stage 1/2 optimizer honours check_grad_overflow: false
+    GradientCollection = BoundaryPacking  # stage 0's: gradients wait in param.grad until the boundary
 
     def _uses_reduce_scatter(self) -> bool:
         return self.config.zero_optimization.reduce_scatter
@@ -35,4 +36,4 @@ class Stage1Optimizer(Stage0Optimizer):
     def _publish_parameters(self) -> None:
         super()._publish_parameters()
         for buffer in self.buffers:
-            buffer.publish(self.collectives, self.config.zero_optimization.allgather_bucket_size)
+            buffer.after_step(self.collectives)

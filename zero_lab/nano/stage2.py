@@ -28,6 +28,7 @@ import torch
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.gradient_reduction import optional_bytes
 from zero_lab.nano.layout import ParameterPiece
+from zero_lab.nano.placement import TensorKind
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.zero_optimizer import GradientCollection
 
@@ -83,7 +84,7 @@ class ArrivalPacking(GradientCollection):
 
     def _values(self, bucket: GradientBucket) -> torch.Tensor:
         if bucket.values is None:
-            bucket.values = self.optimizer.placement.zeros("compute", bucket.end - bucket.start,
+            bucket.values = self.optimizer.placement.zeros(TensorKind.COMPUTE, bucket.end - bucket.start,
                                                            self.optimizer.communication_dtype)
         return bucket.values
 
@@ -113,6 +114,9 @@ class ArrivalPacking(GradientCollection):
         for bucket in self.buckets:
             bucket.arrived.clear()
             bucket.launched = False
+
+    def reduce_at_boundary(self) -> None:
+        """Step Phase 1: nothing left to reduce: every bucket was reduced during backward (Phase 3)."""
 
     def release(self) -> None:
         self.window_reduced = False

@@ -6,8 +6,9 @@ The diff from stage 2:
              in a `ShardedFlatBuffer`: between uses a rank keeps only its partition (fp32: that
              partition is also the master; bf16/fp16: plus an fp32 master partition). The
              persistent unit keeps stage 2's always-whole buffers.
-    gather:  `UnitGathering` gathers each sharded unit for its forward and again for its
-             backward, and frees it after each (see its module for the phases, prefetch and reuse).
+    gather:  `UnitGathering` gathers each sharded unit for its forward and, unless official
+             DeepSpeed's release rule kept it (`fetch_policy`: prefetch, reuse distance), again for
+             its backward, and frees it after each use (see its module for the hooks).
     publish: after Adam, the masters become the partitions (mixed precision) and the persistent
              buffers are all-gathered as at stage 2; no sharded unit stays gathered, so the next
              forward gathers the new values.
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from zero_lab.nano.fetch_policy import FetchRules
 from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer
+from zero_lab.nano.placement import TensorKind
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.unit_gathering import GatheredUnit, UnitGathering
 from zero_lab.nano.units import Unit
@@ -28,8 +31,6 @@ from zero_lab.nano.units import Unit
 
 class Stage3Optimizer(Stage2Optimizer):
     stage = 3
-    predivides = False  # official stage 3 divides the reduce-scattered sum (post-scale), unlike 1/2
-    applies_unchecked_bf16_steps = False  # official's stage 3 checks every step
 
     def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names):
         super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names)
@@ -37,16 +38,15 @@ class Stage3Optimizer(Stage2Optimizer):
         entries = [GatheredUnit(unit, [buffer for buffer, owner in zip(self.buffers, self.unit_of_buffer)
                                        if owner == index]) for index, unit in enumerate(units) if unit.sharded]
         self.gathering = UnitGathering(model, entries, collectives,
-                                       prefetch_numel=zero.stage3_prefetch_bucket_size if zero.overlap_comm else 0,
-                                       max_live_numel=zero.stage3_max_live_parameters,
-                                       max_reuse_distance=zero.stage3_max_reuse_distance)
+                                       FetchRules(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters,
+                                                  zero.stage3_max_reuse_distance))
 
     def _flat_buffer(self, unit: Unit, parameters: list[torch.nn.Parameter], group_index: int) -> FlatParameterBuffer:
         if not unit.sharded:
             return super()._flat_buffer(unit, parameters, group_index)
         layout = self._layout(parameters)
-        full = self.placement.empty("compute", layout.padded_numel, self.dtype)
-        partition = self.placement.empty("partition", layout.partition_numel, self.dtype)
+        full = self.placement.empty(TensorKind.COMPUTE, layout.padded_numel, self.dtype)
+        partition = self.placement.empty(TensorKind.PARTITION, layout.partition_numel, self.dtype)
         return ShardedFlatBuffer(parameters, layout, self.collectives, group_index, full, partition,
                                  self.placement.stage_in)
 

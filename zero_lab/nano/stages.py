@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 START_ALIGNMENT_FACTOR = 2  # official DeepSpeed's nccl_start_alignment_factor: 4 bytes / 2-byte elements
 OPTIMIZER_STATES, GRADIENTS, PARAMETERS = "optimizer states", "gradients", "parameters"
-FLAT, PER_PARAMETER = "flat", "per_parameter"  # the two cuts of a checkpoint's partitions (reshard.py)
+FLAT, PER_PARAMETER = "flat", "per_parameter"  # the two cuts of a checkpoint's partitions (checkpoint/reshard.py)
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,12 @@ class Stage:
     partitions: tuple[str, ...]  # what each rank holds only 1/N of
     checkpoint: CheckpointLayout
     implemented: bool = True
+    # A reduce-scattered bucket is divided by the world size before the sum (official's stage-1/2
+    # `average_tensor`), not the sum after it (its stages 0 and 3, and every all-reduce path).
+    predivides: bool = False
+    # bf16's `check_grad_overflow: false` lets a step with non-finite gradients through: official's
+    # stage-1/2 optimizer honours it; its stage-0 bf16 and its stage-3 optimizers check every step.
+    applies_unchecked_bf16_steps: bool = False
 
     @property
     def partitions_optimizer_states(self) -> bool:
@@ -67,8 +73,9 @@ class Stage:
 
     def flat_alignment(self, precision: str, world_size: int) -> int:
         """The multiple a group's flat buffer is padded to, as official DeepSpeed pads it: to 2 x
-        world_size where it partitions (each 16-bit partition starts 4-byte aligned), and at stage
-        0 a bf16 group only (its BF16_Optimizer keeps a padded flat buffer; fp32/fp16 keep none)."""
+        world_size where it partitions (each 16-bit partition starts 4-byte aligned). At stage 0 a
+        bf16 group is padded to 2 x world_size too, by nano's own choice: official 0.19.8 runs
+        stage-0 bf16 with FP16_UnfusedOptimizer, which keeps no flat buffer (docs/nano.md)."""
         if self.partitions_optimizer_states or precision == "bf16":
             return START_ALIGNMENT_FACTOR * world_size
         return 1
@@ -87,8 +94,8 @@ class Stage:
 
 STAGES = (
     Stage(0, (), FLAT_FILES),  # plain data parallelism: every rank holds everything
-    Stage(1, (OPTIMIZER_STATES,), FLAT_FILES),
-    Stage(2, (OPTIMIZER_STATES, GRADIENTS), FLAT_FILES),
+    Stage(1, (OPTIMIZER_STATES,), FLAT_FILES, predivides=True, applies_unchecked_bf16_steps=True),
+    Stage(2, (OPTIMIZER_STATES, GRADIENTS), FLAT_FILES, predivides=True, applies_unchecked_bf16_steps=True),
     Stage(3, (OPTIMIZER_STATES, GRADIENTS, PARAMETERS), PER_PARAMETER_FILES),  # gathered for each use
 )
 BY_NUMBER = {row.number: row for row in STAGES}

@@ -1,24 +1,28 @@
-"""Stage 3's gathering of units around their uses: module hooks, holds, prefetch, reuse.
+"""Stage 3's gathering of units around their uses: module hooks, holds, and the fetch rules.
 
-For each sharded unit (a block, or the root) one micro-step runs in phases:
-    1. forward pre-hook: gather the unit (all-gather into a full buffer allocated for this use;
-       the parameters are views of it); with `overlap_comm`, start gathering the next units of
-       the forward order recorded at the previous micro-step (prefetch).
-    2. forward post-hook: release the unit: its full buffer is freed unless another use still
-       holds it, or `stage3_max_reuse_distance` says it is used again soon. The root unit (the
-       model's own parameters: embeddings, final norm, head) is held from the model's forward
-       to the end of its backward instead: the head's backward comes first, the embedding's
-       last, so freeing it between them would only gather it twice.
-    3. before the unit's backward (a hook on the gradients of its outputs): gather it again;
-       with `overlap_comm`, start gathering the units before it (the reverse order).
+Which unit is gathered or freed when is decided by `fetch_policy` (official DeepSpeed's rules over
+the trace recorded at the previous micro-step); this module is the mechanism that applies them.
+The traced modules are the model itself, each block (a sharded unit's module) and each module
+outside the blocks that owns parameters (the embedding, the final norm, the head). For each use of
+a traced module, one micro-step runs in phases, each in the hook named for its moment:
+    1. pre_forward: note the use in the trace being recorded; gather the module's block (all-gather
+       into a full buffer allocated for this use; the parameters are views of it); start gathering
+       the units the prefetch rule reaches. The model's own pre_forward gathers the root unit (the
+       model's own parameters: embeddings, final norm, head) and holds it to the end of the
+       backward: the head's backward comes first, the embedding's last.
+    2. post_forward: free the block unless another use still holds it or the release rule keeps it
+       (reached by the prefetch, or reused within `stage3_max_reuse_distance`).
+    3. pre_backward (a hook on the gradients of the use's outputs): gather the block again if it
+       was freed, and prefetch along the backward's order.
     4. (stage 2's post-accumulate-grad hooks reduce-scatter the gradients into partitions.)
-    5. after the unit's backward (an identity autograd function on its inputs, whose backward
-       runs once their gradients exist): release the unit.
+    5. post_backward (an identity autograd function on the block's inputs, whose backward runs once
+       their gradients exist): free the block unless the release rule keeps it.
 A use holds a unit and releases it once, so a module called twice, the recomputation of
-activation checkpointing inside backward, and a prefetch compose: the buffer is freed when the
-last holder lets go. Without autograd (`torch.no_grad()`, eval) phases 3-5 do not happen and the
-forward releases all it gathered, the root included. `release_all()` (after each backward and
-before each optimizer step) frees whatever is still gathered.
+activation checkpointing inside backward (gathered and freed again, outside the trace) and a
+prefetch compose: the buffer is freed when the last holder lets go. Without autograd
+(`torch.no_grad()`, eval) phases 3-5 do not happen and the forward releases all it gathered, the
+root included. `release_all()` (after each backward and before each optimizer step) frees whatever
+is still gathered, and the micro-step's trace becomes the one the next micro-step follows.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.fetch_policy import FetchRules, FetchSchedule, TracedUse
 from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
-from zero_lab.nano.unit_policy import used_again_soon
+from zero_lab.nano.init_partitions import numel_of
 from zero_lab.nano.units import Unit
 
 
@@ -42,7 +47,7 @@ class GatheredUnit:
     buffers: list[ShardedFlatBuffer]
     holds: int = 0
     prefetched: bool = False  # gathered ahead of its use; the use takes the prefetch's hold
-    kept: bool = False  # not freed at its last release: reused soon
+    kept: bool = False  # not freed at its last release: the release rule keeps it
     numel: int = field(init=False)
 
     def __post_init__(self):
@@ -51,6 +56,24 @@ class GatheredUnit:
     @property
     def gathered(self) -> bool:
         return any(buffer.state != BufferState.SHARDED for buffer in self.buffers)
+
+
+@dataclass
+class TracedModule:
+    """A module the trace notes: its block (None for the model and the modules outside blocks,
+    whose parameters are the root's or persistent) and the elements official's reuse walk counts."""
+
+    index: int
+    module: torch.nn.Module
+    block: GatheredUnit | None
+    numel: int
+    owns_root: bool = False  # some of its own parameters are the root unit's
+    position: int | None = None  # of its current forward use in the trace (None: outside the trace)
+    backward_position: int | None = None  # of its current backward use
+
+    def use(self, root: GatheredUnit | None) -> TracedUse:
+        unit = self.block if self.block is not None else root if self.owns_root else None
+        return TracedUse(self.index, unit.unit.name if unit is not None else None, self.numel)
 
 
 class _ReleaseAfterBackward(torch.autograd.Function):
@@ -67,27 +90,44 @@ class _ReleaseAfterBackward(torch.autograd.Function):
         return (None, *gradients)
 
 
+def traced_modules(model: torch.nn.Module, entries: list[GatheredUnit]) -> list[TracedModule]:
+    """The model, every block, and every module outside the blocks owning parameters, in the model's order."""
+    blocks = {id(entry.unit.module): entry for entry in entries if entry.unit.module is not model}
+    root = next((entry for entry in entries if entry.unit.module is model), None)
+    root_parameters = set(root.unit.parameters) if root is not None else set()
+    inside = {id(module) for entry in blocks.values() for module in entry.unit.module.modules()}
+    traced = []
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if id(module) in blocks:
+            block = blocks[id(module)]
+            traced.append(TracedModule(len(traced), module, block,
+                                       sum(numel_of(parameter) for parameter in module.parameters())))
+        elif module is model or (own and id(module) not in inside):
+            traced.append(TracedModule(len(traced), module, None, sum(numel_of(parameter) for parameter in own),
+                                       owns_root=any(parameter in root_parameters for parameter in own)))
+    return traced
+
+
 class UnitGathering:
     """Holds, gathers and frees the sharded units of one model (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, entries: list[GatheredUnit], collectives: Collectives,
-                 prefetch_numel: int, max_live_numel: int, max_reuse_distance: int):
+                 rules: FetchRules):
         self.model = model
         self.entries = entries
         self.collectives = collectives
-        self.prefetch_numel = prefetch_numel  # 0: no prefetch (overlap_comm false)
-        self.max_live_numel = max_live_numel
-        self.max_reuse_distance = max_reuse_distance
-        self.trace: list[GatheredUnit] = []  # the forward order of the previous micro-step
-        self.recording: list[GatheredUnit] = []
-        self.backward_uses = 0
-        self.handles = [model.register_forward_pre_hook(self._root_before_forward),
-                        model.register_forward_hook(self._root_after_forward)]
-        for entry in entries:
-            if entry.unit.module is not model:
-                self.handles += [entry.unit.module.register_forward_pre_hook(self._before_forward(entry),
-                                                                              with_kwargs=True),
-                                 entry.unit.module.register_forward_hook(self._after_forward(entry))]
+        self.rules = rules
+        self.by_name = {entry.unit.name: entry for entry in entries}
+        self.root = next((entry for entry in entries if entry.unit.module is model), None)
+        self.trace: list[TracedUse] = []  # the forward's uses at the previous micro-step
+        self.recording: list[TracedUse] = []
+        self.schedule: FetchSchedule | None = None
+        self.in_backward = False  # the forward is done; forwards now are recomputations
+        self.handles = []
+        for traced in traced_modules(model, entries):
+            self.handles += [traced.module.register_forward_pre_hook(self._pre_forward(traced), with_kwargs=True),
+                             traced.module.register_forward_hook(self._post_forward(traced))]
         self._guard_modules()
 
     # ----- holding ---------------------------------------------------------------------------
@@ -115,87 +155,94 @@ class UnitGathering:
             entry.holds, entry.prefetched, entry.kept = 0, False, False
             for buffer in entry.buffers:
                 buffer.reshard()
-        self.backward_uses = 0
+        self.in_backward, self.schedule = False, None
         if self.recording:
             self.trace, self.recording = self.recording, []
 
     def live_numel(self) -> int:
         return sum(entry.numel for entry in self.entries if entry.gathered)
 
-    # ----- prefetch and reuse ----------------------------------------------------------------
-    def _prefetch(self, upcoming: list[GatheredUnit]) -> None:
-        """Start gathering the next units of `upcoming` within the prefetch and live budgets."""
-        budget = self.prefetch_numel
-        for entry in upcoming:
-            if entry.gathered or entry.holds:
-                continue  # already whole: costs nothing
-            if budget <= 0 or self.live_numel() + entry.numel > self.max_live_numel:
-                break
-            budget -= entry.numel
+    # ----- the fetch rules (fetch_policy) ----------------------------------------------------
+    def _prefetch(self, position: int | None) -> None:
+        """Rule 2 at the use at `position`: start gathering what the schedule reaches."""
+        if self.schedule is None or position is None:
+            return
+        for name in self.schedule.prefetch(position, lambda unit: self.by_name[unit].gathered, self.live_numel()):
+            entry = self.by_name[name]
             entry.prefetched = True
             for buffer in entry.buffers:
                 buffer.unshard(self.collectives, asynchronous=True)
 
-    def _used_again_soon(self, entry: GatheredUnit, position: int, with_backward: bool) -> bool:
-        """stage3_max_reuse_distance (`unit_policy.used_again_soon`) over the recorded order: the
-        forward, then the backward in reverse."""
-        order = self.trace + (self.trace[::-1] if with_backward else [])
-        return used_again_soon(entry, order, position, lambda other: other.numel, self.max_reuse_distance)
+    def _keep(self, entry: GatheredUnit, position: int | None) -> bool:
+        """Rule 3 after the use at `position`."""
+        return self.schedule is not None and position is not None and self.schedule.keep(entry.unit.name, position)
 
-    # ----- the hooks (phases 1-5) ------------------------------------------------------------
-    def _before_forward(self, entry: GatheredUnit):
-        def hook(module, args, kwargs):
-            position = len(self.recording)
-            self.recording.append(entry)
-            self.acquire(entry)  # Phase 1
-            if self.prefetch_numel and self.trace[position:position + 1] == [entry]:
-                self._prefetch(self.trace[position + 1:])
+    # ----- the hooks (phases 1-5), named for the moment they run ------------------------------
+    def _pre_forward(self, traced: TracedModule):
+        def pre_forward(module, args, kwargs):
+            if traced.module is self.model:
+                self._start_micro_step()
+            block, position = traced.block, None
+            if not self.in_backward:  # a recomputation inside backward is outside the trace
+                use, position = traced.use(self.root), len(self.recording)
+                self.recording.append(use)
+                if self.schedule is not None and not self.schedule.follows_trace(position, use):
+                    self.schedule = None  # the forward left the recorded order: no rules this micro-step
+            traced.position = position
+            if block is None:
+                self._prefetch(position)
+                return None
+            self.acquire(block)  # Phase 1
+            self._prefetch(position)
             if not torch.is_grad_enabled():
                 return None
             leaves, spec = tree_flatten((args, kwargs))
             needing = [index for index, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
             if not needing:
                 return None
-            wrapped = _ReleaseAfterBackward.apply(lambda: self.release(entry), *[leaves[i] for i in needing])
+            wrapped = _ReleaseAfterBackward.apply(lambda: self._post_backward(traced), *[leaves[i] for i in needing])
             for index, tensor in zip(needing, wrapped):  # Phase 5, once these inputs have gradients
                 leaves[index] = tensor
             return tree_unflatten(leaves, spec)
-        return hook
+        return pre_forward
 
-    def _after_forward(self, entry: GatheredUnit):
-        def hook(module, args, output):
-            position = len(self.recording) - 1 - self.recording[::-1].index(entry)
-            with_backward = torch.is_grad_enabled()
-            if with_backward:
+    def _post_forward(self, traced: TracedModule):
+        def post_forward(module, args, output):
+            position = traced.position
+            if torch.is_grad_enabled() and not self.in_backward:
                 outputs = [leaf for leaf in tree_flatten(output)[0]
                            if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
                 if outputs:
-                    torch.autograd.graph.register_multi_grad_hook(outputs, lambda _: self._before_backward(entry),
+                    torch.autograd.graph.register_multi_grad_hook(outputs, lambda _: self._pre_backward(traced),
                                                                   mode="any")
-            self.release(entry, keep=self._used_again_soon(entry, position, with_backward))  # Phase 2
-        return hook
+            if traced.block is not None:
+                self.release(traced.block, keep=self._keep(traced.block, position))  # Phase 2
+            if traced.module is self.model:
+                if torch.is_grad_enabled():
+                    self.in_backward = True
+                else:  # no backward follows: nothing may stay gathered
+                    self.release_all()
+        return post_forward
 
-    def _before_backward(self, entry: GatheredUnit) -> None:
+    def _pre_backward(self, traced: TracedModule) -> None:
         """Phase 3."""
-        self.acquire(entry)
-        self.backward_uses += 1
-        if self.prefetch_numel:
-            backward_order = self.trace[::-1]
-            self._prefetch(backward_order[self.backward_uses:])
+        position = self.schedule.backward_position(traced.index) if self.schedule is not None else None
+        traced.backward_position = position
+        if traced.block is not None:
+            self.acquire(traced.block)
+        self._prefetch(position)
 
-    def _root_before_forward(self, module, args):
-        root = self._root()
-        self.recording = []
-        if root is not None and root.holds == 0:
-            self.recording.append(root)
-            self.acquire(root)
+    def _post_backward(self, traced: TracedModule) -> None:
+        """Phase 5."""
+        self.release(traced.block, keep=self._keep(traced.block, traced.backward_position))
 
-    def _root_after_forward(self, module, args, output):
-        if not torch.is_grad_enabled():  # no backward follows: nothing may stay gathered
-            self.release_all()
-
-    def _root(self) -> GatheredUnit | None:
-        return next((entry for entry in self.entries if entry.unit.module is self.model), None)
+    def _start_micro_step(self) -> None:
+        """The model's forward begins: a new recording, the last one's schedule, the root held."""
+        self.recording, self.in_backward = [], False
+        self.schedule = FetchSchedule(self.trace, {entry.unit.name: entry.numel for entry in self.entries},
+                                      self.rules) if self.trace else None
+        if self.root is not None and self.root.holds == 0:
+            self.acquire(self.root)
 
     # ----- a clear error instead of reading freed memory ---------------------------------------
     def _guard_modules(self) -> None:

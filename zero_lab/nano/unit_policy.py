@@ -8,16 +8,17 @@ Units (the order `units.py` documents):
     Phase 2: one unit per block, with the block's parameters that no other block reaches and that
              are not persistent.
     Phase 3: "root": every other parameter.
-Reuse (`stage3_max_reuse_distance`, as official DeepSpeed reads it): walking the recorded order of
-uses on from a use, a unit is used again soon when it comes back before the units passed add up
-to the distance in elements (a distance of 0 keeps nothing).
+When a unit is gathered and freed is `fetch_policy`'s (official DeepSpeed's rules over the recorded
+trace); `forward_trace` gives that policy the trace of a model described by its parameter table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
-from typing import Callable, Sequence, TypeVar
+from typing import Sequence
+
+from zero_lab.nano.fetch_policy import TracedUse
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class ParameterEntry:
     name: str
     shape: tuple[int, ...]
     blocks: tuple[str, ...] = ()  # the blocks whose subtrees reach it (two or more: the root's)
+    also_used_by: tuple[str, ...] = ()  # other modules using it after the blocks (a head tied to it)
 
     @property
     def numel(self) -> int:
@@ -62,18 +64,28 @@ def plan_units(entries: Sequence[ParameterEntry], block_names: Sequence[str], pe
     return [unit for unit in units if unit.members]
 
 
-Use = TypeVar("Use")
+def forward_trace(entries: Sequence[ParameterEntry], block_names: Sequence[str],
+                  units: Sequence[UnitPlan]) -> list[TracedUse]:
+    """The trace `unit_gathering` records for a model whose forward uses its modules in the
+    parameter table's order: the model itself, the modules outside the blocks whose parameters
+    come before the blocks (the embedding), each block, then the others (final norm, head)."""
+    unit_of = {index: unit.name for unit in units if unit.sharded for index in unit.members}
+    first_block = min((index for index, entry in enumerate(entries) if entry.blocks), default=len(entries))
+    before: dict[str, list[int]] = {}
+    after: dict[str, list[int]] = {}
+    for index, entry in enumerate(entries):
+        if not entry.blocks:
+            module = entry.name.rpartition(".")[0]
+            (before if index < first_block else after).setdefault(module, []).append(index)
+    for index, entry in enumerate(entries):  # a tied head is called last
+        for other in entry.also_used_by:
+            after.setdefault(other, []).append(index)
 
+    def use(module: str, members: list[int]) -> TracedUse:
+        sharded = {unit_of[index] for index in members if index in unit_of}
+        return TracedUse(module, next(iter(sharded)) if sharded else None, sum(entries[i].numel for i in members))
 
-def used_again_soon(unit: Use, order: Sequence[Use], position: int, numel_of: Callable[[Use], int],
-                    max_reuse_distance: int) -> bool:
-    """Whether `unit`, used at `position` of the order, comes again before the units after that
-    position add up to the distance."""
-    between = 0
-    for other in order[position + 1:]:
-        if between >= max_reuse_distance:
-            return False
-        if other is unit:
-            return True
-        between += numel_of(other)
-    return False
+    blocks = [TracedUse(block, block if any(unit.name == block for unit in units) else None,
+                        sum(entry.numel for entry in entries if block in entry.blocks)) for block in block_names]
+    return ([TracedUse("", None, 0)] + [use(module, members) for module, members in before.items()] + blocks
+            + [use(module, members) for module, members in after.items()])

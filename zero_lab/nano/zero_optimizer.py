@@ -7,58 +7,61 @@ Construction:
     Phase 2: fp32 master partitions: in fp32 a buffer's own partition *is* the master (no copy); in
              bf16/fp16, or with the optimizer offloaded, an fp32 copy of it in the optimizer's place.
     Phase 3: the stage's gradient collection (`GradientCollection`: when gradients are packed into
-             buckets) and the bucket reducer; no gradient memory yet.
+             buckets and reduced) and the bucket reducer; no gradient memory yet.
     Phase 4: Adam over the master partitions (optimizer-state partitions appear at the first step).
-Optimizer step, at each gradient-accumulation boundary:
-    Phase 1: the gradient collection completes the fp32 gradient partitions (each reduced share
-             already landed in the optimizer's place: on the host with offload_optimizer).
-    Phase 2: fp16: unscale by the loss scale.
-    Phase 3: the global gradient norm (partition sums of squares, summed over ranks where ranks
-             hold different partitions). It is the same number on every rank, so a non-finite
-             norm (an inf or NaN gradient on any rank: an fp16 overflow, or a diverged fp32/bf16
-             run) makes every rank skip the step without another collective (unless bf16's
-             `check_grad_overflow` is false at a stage that honours it: 1 and 2, as official);
-             then clip.
-    Phase 4: Adam on the master partitions, where they live.
-    Phase 5: the stage publishes the updated parameters (`_publish_parameters`): each master is
-             copied into its partition in the parameters' dtype (an offloaded master is converted
-             on the host, then moved, asynchronously when pinned), then stages 1-3 all-gather every
-             buffer that is whole between steps (at stage 3 only the persistent ones: a sharded
-             unit is gathered anew at its next use).
-    Phase 6: release the gradient buffers until the next window's backward.
 
-One step, file by file (a window of micro-steps, then the boundary; stage 3 is stage 2 plus what
-it says):
+One step, file by file: a window of micro-steps, then `step` at the boundary, whose `# Phase k`
+comments are the rows below (stage 3 is stage 2 plus what it says).
     engine(batch)                   engine.py        the module's forward
-        stage 3                     unit_gathering   `_before_forward` gathers each unit (and
-                                                     prefetches the next), `_after_forward` frees it
+        stage 3                     unit_gathering   `pre_forward` gathers each unit (and what
+                                                     fetch_policy prefetches), `post_forward` frees
+                                                     it unless fetch_policy keeps it
     engine.backward(loss)           engine.py        scale the loss, then autograd's backward
         stages 0/1                  (autograd)       gradients accumulate in param.grad
         stages 2/3                  stage2.py        `ArrivalPacking._on_gradient_ready` adds each
                                                      gradient into its buckets; a full bucket goes
                                     gradient_reduction  to `BucketReducer.launch`: reduced and added
                                                      into this rank's `gradient_partition`
-        stage 3                     unit_gathering   `_before_backward` gathers the unit again; it is
-                                                     freed once the unit's gradients are produced
+        stage 3                     unit_gathering   `pre_backward` gathers the unit again if it was
+                                                     freed; `post_backward` frees it once the unit's
+                                                     gradients are produced
       optimizer.after_backward()    zero_optimizer   the stage's `GradientCollection.after_backward`:
-        stages 0/1                  zero_optimizer   nothing (inherited)
-        stages 2/3                  stage2.py        reduce the buckets left (unused parameters),
-                                                     `finish_all`; stage3.py releases every unit
+        stages 0/1                  stage0.py        `BoundaryPacking`: nothing, param.grad waits
+        stages 2/3                  stage2.py        `ArrivalPacking`: reduce the buckets left
+                                                     (unused parameters), `finish_all`; stage3.py
+                                                     releases every unit
     engine.step() at the boundary   engine.py        `ZeroOptimizer.step`, then the LR schedule
-      Phase 1 complete()            stage0.py        stages 0/1: `BoundaryPacking.complete` packs
-                                                     param.grad into buckets and reduces them
-                                                     (all-reduce at 0; reduce-scatter at 1)
-                                    zero_optimizer   stages 2/3: nothing (inherited): done in backward
-      Phase 2-3 unscale, norm       zero_optimizer   `_global_norm`; `_sum_over_ranks` is nothing at
-                                    stage0/stage1.py stage 0, an all-reduce from stage 1 on
-                                    loss_scaler.py   `update_scale`; skip on overflow, else clip
+      Phase 1 reduce gradients      zero_optimizer   `GradientCollection.reduce_at_boundary`, after
+                                                     which the fp32 gradient partitions are complete
+                                                     (in the optimizer's place: the host with
+                                                     offload_optimizer):
+        stages 0/1                  stage0.py        `BoundaryPacking` packs param.grad into buckets
+                                                     and reduces them (all-reduce at 0,
+                                                     reduce-scatter at 1)
+        stages 2/3                  stage2.py        `ArrivalPacking`: nothing, done in backward
+      Phase 2 unscale               zero_optimizer   fp16: divide by the loss scale
+      Phase 3 norm, skip, clip      zero_optimizer   `_global_norm`: partition sums of squares;
+                                    stage0/stage1.py `_sum_over_ranks` is nothing at stage 0, an
+                                                     all-reduce from stage 1 on. The norm is the
+                                                     same on every rank, so a non-finite one (an
+                                                     fp16 overflow, a diverged run) makes every
+                                                     rank skip the step, no collective needed
+                                                     (bf16 `check_grad_overflow: false` lets it
+                                    stages.py        through where the table's
+                                                     `applies_unchecked_bf16_steps`: 1 and 2);
+                                    loss_scaler.py   `update_scale`; then clip
       Phase 4 Adam                  adamw.py         `PartitionedAdam.step` on the masters (on the
                                                      host with offload_optimizer)
-      Phase 5 publish               stage0.py        `publish_master` per buffer (placement.py copies)
-                                    stage1.py        + `FlatParameterBuffer.publish`: an all-gather
+      Phase 5 publish               zero_optimizer   `_publish_parameters`, the stage's:
+                                    stage0.py        `copy_master_into_partition` per buffer (an
+                                    placement.py     offloaded master is converted on the host,
+                                                     then moved, asynchronously when pinned)
+                                    stage1.py        + each buffer's `after_step`: an all-gather
+                                    flat_buffer.py   of the partitions (`gather_partitions`)
                                     stage3.py        releases every unit first; a sharded buffer's
-                                    flat_buffer.py   `publish` gathers nothing
-      Phase 6 release               zero_optimizer   `_release_gradients`
+                                                     `after_step` gathers nothing (its next use does)
+      Phase 6 release               zero_optimizer   `_release_gradients`: no gradient memory until
+                                                     the next window's backward
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from typing import Optional
 
 import torch
 
+from zero_lab.nano import stages
 from zero_lab.nano.adamw import PartitionedAdam
 from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.config import NanoConfig
@@ -78,21 +82,24 @@ from zero_lab.nano.init_partitions import numel_of
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.loss_scaler import LossScaler
 from zero_lab.nano.memory_formula import CATEGORIES
-from zero_lab.nano.placement import Placement
+from zero_lab.nano.placement import Placement, TensorKind
 from zero_lab.nano.units import Unit, split_groups_by_unit
 
 
 class GradientCollection:
-    """When and how a stage's gradients reach the reducer; each stage module defines its own."""
+    """When and how a stage's gradients reach the reducer; each stage module defines its own, and
+    says in both methods below where its reduction happens (during backward or at the boundary)."""
 
     def __init__(self, optimizer: "ZeroOptimizer"):
         self.optimizer = optimizer
 
     def after_backward(self) -> None:
         """After every engine.backward()."""
+        raise NotImplementedError
 
-    def complete(self) -> None:
-        """At the boundary, before the step reads the gradient partitions."""
+    def reduce_at_boundary(self) -> None:
+        """Step Phase 1: what is left to reduce, so that the gradient partitions are complete."""
+        raise NotImplementedError
 
     def release(self) -> None:
         """The window is over (stepped, skipped or zero_grad): drop what it collected."""
@@ -112,24 +119,19 @@ class GradientCollection:
 class ZeroOptimizer:
     """Stage-independent ZeRO optimizer; each stage module says what differs (see the stage table)."""
 
-    stage = -1
+    stage = -1  # each stage module's number; its facts are the stage table's row (`stage_facts`)
     GradientCollection = GradientCollection
-    # Whether a reduce-scattered bucket is divided by the world size before the sum (official
-    # DeepSpeed's stage 1/2) rather than the sum after it (its stage 0, 3, and all-reduce paths).
-    predivides = False
-    # Whether bf16's `check_grad_overflow: false` lets a step with non-finite gradients through.
-    # Official DeepSpeed's stage 1/2 optimizer honours it; its stage-0 bf16 optimizer and its
-    # stage-3 optimizer check every step anyway, and nano does as official per stage.
-    applies_unchecked_bf16_steps = False
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
                  collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
         self.model = model
+        self.stage_facts = stages.of(self.stage)
         self.units = units
         self.config = config
         self.collectives = collectives
         self.placement = placement
         self.parameter_names = parameter_names
+        self.group_parameters = [list(group["params"]) for group in parameter_groups]  # as given: checkpoints' order
         self.dtype = torch_dtype(config.precision)
         self.communication_dtype = torch_dtype(config.communication_data_type or config.precision)
         # Phase 1: flat parameter buffers, identical on every rank.
@@ -150,7 +152,8 @@ class ZeroOptimizer:
         self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(),
                                      max_in_flight=2 if config.zero_optimization.overlap_comm else 0,
                                      average=config.gradient_allreduce_op == "mean",
-                                     predivide=self.predivides and self._uses_reduce_scatter(), placement=placement)
+                                     predivide=self.stage_facts.predivides and self._uses_reduce_scatter(),
+                                     placement=placement)
         self.gradient_collection = self.GradientCollection(self)
         # Phase 4: Adam, over the groups' own dicts (a client optimizer's: its scheduler drives the lr).
         masters_of_group = [[master for buffer, master in zip(self.buffers, self.master_partitions)
@@ -165,17 +168,17 @@ class ZeroOptimizer:
                                                           "decoupled_weight_decay")})
         self.loss_scaler = LossScaler(config.fp16)
         self.checks_overflow = (config.precision != "bf16" or config.bf16.check_grad_overflow
-                                or not self.applies_unchecked_bf16_steps)
+                                or not self.stage_facts.applies_unchecked_bf16_steps)
         self.overflow = False
         self.global_grad_norm: Optional[float] = None
 
     def _flat_buffer(self, unit: Unit, parameters: list[torch.nn.Parameter], group_index: int) -> FlatParameterBuffer:
         """Phase 1 for one unit's parameters of one group (stage 3 adds buffers sharded between uses)."""
         layout = self._layout(parameters)
-        full = self.placement.empty("compute", layout.padded_numel, self.dtype)
+        full = self.placement.empty(TensorKind.COMPUTE, layout.padded_numel, self.dtype)
         return FlatParameterBuffer(parameters, layout, self.collectives, group_index, full)
 
-    def publish_master(self, index: int) -> None:
+    def copy_master_into_partition(self, index: int) -> None:
         """Buffer `index`'s master into its partition, in the parameters' dtype (none to copy when
         the partition is its own master)."""
         master, partition = self.master_partitions[index], self.buffers[index].partition
@@ -204,7 +207,7 @@ class ZeroOptimizer:
         """Buffer `index`'s fp32 gradient partition, allocated (zeroed) on first use in a window."""
         if self.gradient_partitions[index] is None:
             numel = self.buffers[index].layout.partition_numel
-            self.gradient_partitions[index] = self.placement.zeros("optimizer", numel, torch.float32)
+            self.gradient_partitions[index] = self.placement.zeros(TensorKind.OPTIMIZER, numel, torch.float32)
         return self.gradient_partitions[index]
 
     def after_backward(self) -> None:
@@ -218,8 +221,9 @@ class ZeroOptimizer:
     # ----- the shared step ----------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> None:
-        # Phase 1: gradient partitions complete (summed over ranks, averaged).
-        self.gradient_collection.complete()
+        # Phase 1: reduce gradients: stages 0/1 now, stages 2/3 did in backward; then the gradient
+        # partitions are complete (summed over ranks, averaged).
+        self.gradient_collection.reduce_at_boundary()
         partitions = [self.gradient_partition(index) for index in range(len(self.buffers))]
         # Phase 2: unscale.
         scale = self.loss_scaler.loss_scale
@@ -307,7 +311,7 @@ class ZeroOptimizer:
             figures = places.setdefault(place, dict.fromkeys(CATEGORIES, 0))
             figures[category] += nbytes
 
-        optimizer_place = self.placement.place("optimizer")
+        optimizer_place = self.placement.place(TensorKind.OPTIMIZER)
         for buffer, master in zip(self.buffers, self.master_partitions):
             add(self.placement.place(buffer.partition_kind), "parameters", buffer.parameter_bytes())
             add("device", "gathered_parameters", buffer.gathered_bytes())

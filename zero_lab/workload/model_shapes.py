@@ -61,7 +61,8 @@ def preset_parameters(name: str) -> list[ParameterEntry]:
     config = PRESETS[name]
     hidden, intermediate, head = config["hidden_size"], config["intermediate_size"], config["head_dim"]
     queries, keys = config["num_attention_heads"] * head, config["num_key_value_heads"] * head
-    entries = [ParameterEntry("model.embed_tokens.weight", (config["vocab_size"], hidden))]
+    tied = ("lm_head",) if config["tie_word_embeddings"] else ()  # the head uses the embedding's weight
+    entries = [ParameterEntry("model.embed_tokens.weight", (config["vocab_size"], hidden), also_used_by=tied)]
     for layer in range(config["num_hidden_layers"]):
         block = f"model.layers.{layer}"
         shapes = {"self_attn.q_proj.weight": (queries, hidden), "self_attn.k_proj.weight": (keys, hidden),

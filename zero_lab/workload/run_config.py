@@ -2,10 +2,12 @@
 impl receives; and every bad-input check that can run before anything expensive starts.
 
 Phase 1: `build_parser` reads the seed's flags (same names) plus `--impl` and `--device`.
-Phase 2: `resolve_device` picks cpu or cuda and refuses more processes than visible GPUs.
+Phase 2: `rank_device` picks cpu or cuda and refuses more processes than visible GPUs.
 Phase 3: `build_config` reads the JSON config and applies the flags that override it
          (`--zero-stage`, `--model-dtype`, `--batch-size`), then validates it as nano does, and
-         checks that every value has the JSON type nano's typed config declares.
+         checks that every value has the JSON type nano's typed config declares. For
+         `--impl official` the keys only official DeepSpeed knows are left out of that check and
+         passed through to official as they are (`passed_to_official` names them).
 Phase 4: `check_launch` adds the checks of the workload itself (model name, official on CPU).
 Every problem is a `WorkloadError`, which `harness/train.py` prints as one line and exits 2;
 the CLI can call `check_launch` before it spawns torchrun.
@@ -19,7 +21,7 @@ import os
 from pathlib import Path
 
 from zero_lab.workload.errors import WorkloadError
-from zero_lab.nano.config_keys import OFFLOAD_SECTIONS
+from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
 from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN, PRESETS, check_model_name
@@ -78,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_device(requested: str, local_world_size: int) -> "torch.device":
+def rank_device(requested: str, local_world_size: int) -> "torch.device":
     """Phase 2: cpu or cuda; on cuda one device per local process, and no more processes."""
     import torch  # here, not at the top: the CLI builds configs without loading torch
 
@@ -112,8 +114,9 @@ def _read_json(path: Path) -> dict:
 
 
 def build_config(args: argparse.Namespace, world_size: int) -> dict:
-    """Phase 3: the nano config of this run (official gets `to_official_config` of it)."""
-    from zero_lab.nano.config_loading import load_config
+    """Phase 3: the nano config of this run (official gets `to_official_config` of it, with the keys
+    only official knows, which nano's checks leave out)."""
+    from zero_lab.nano.config import load_config, without_official_only_keys
     from zero_lab.nano.errors import NanoConfigError
 
     stage = args.zero_stage if args.zero_stage is not None else 2
@@ -136,12 +139,25 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict:
         config.pop("train_batch_size", None)  # re-inferred from micro x accumulation x world
     for section in OFFLOAD_SECTIONS[args.offload]:
         zero[section] = {**zero.get(section, {}), "device": "cpu"}
+    checked = without_official_only_keys(config) if args.impl == "official" else config
     try:  # both impls get this config (official through to_official_config), so nano's rules hold
-        load_config(config, world_size=world_size)
+        load_config(checked, world_size=world_size)
     except NanoConfigError as error:
         raise WorkloadError.from_nano(error, where=f"{path}: ") from None
-    check_value_types(config, where=f"{path}: ")
+    check_value_types(checked, where=f"{path}: ")
     return config
+
+
+def passed_to_official(impl: str, config: dict) -> str | None:
+    """With --impl official, the one `[warn]` message naming the keys only official DeepSpeed knows,
+    which it receives as they are (nano implements none of them); None when there are none."""
+    from zero_lab.nano.config import official_only_keys
+
+    keys = official_only_keys(config) if impl == "official" else []
+    if not keys:
+        return None
+    return (f"config keys {', '.join(keys)} are known to official DeepSpeed but not implemented by nano: "
+            "passed through to official DeepSpeed as they are")
 
 
 def check_value_types(config: dict, where: str = "") -> None:
@@ -184,7 +200,7 @@ def check_launch(args: argparse.Namespace, world_size: int, local_world_size: in
     if not args.dist_timeout > 0:
         raise WorkloadError(f"--dist-timeout {args.dist_timeout:g} is not a time to wait", "Give seconds, more than 0")
     check_model_name(args.model_name)
-    device = resolve_device(args.device, local_world_size)
+    device = rank_device(args.device, local_world_size)
     config = build_config(args, world_size)
     if args.impl == "official" and device.type == "cpu" and precision_of(config) == "fp16":
         raise WorkloadError("official DeepSpeed rejects fp16 on this CPU ('Type fp16 is not "

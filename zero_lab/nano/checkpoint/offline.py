@@ -1,6 +1,6 @@
 """Checkpoints without an engine or processes: describe one, consolidate its weights, reshard it.
 
-All three read a tag as `load_checkpoint` does (`checkpoint_files.read_file`, then
+All three read a tag as `load_checkpoint` does (`files.read_file`, then
 `SavedTraining.read`: partition -> whole parameter), nano's or official DeepSpeed's alike.
 `reshard` then cuts the whole parameters for M ranks (whole parameter -> partition) and writes a
 new checkpoint directory in the same stage's files, through the same safe write as a save.
@@ -13,11 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from zero_lab.nano import checkpoint_files as files
-from zero_lab.nano import reshard, stages
-from zero_lab.nano.checkpoint_contents import MOMENTS, SavedTraining, optimizer_states
+from zero_lab.nano.checkpoint import files
+from zero_lab.nano import stages
+from zero_lab.nano.checkpoint import reshard
+from zero_lab.nano.checkpoint.contents import MOMENTS, SavedTraining, optimizer_states
 from zero_lab.nano.errors import CheckpointError
 from zero_lab.nano.layout import FlatLayout
+
+OFFICIAL_SUB_GROUP_SIZE = 1_000_000_000  # official's default zero_optimization.sub_group_size
 
 
 @dataclass
@@ -98,12 +101,23 @@ def consolidate(checkpoint: OpenCheckpoint) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _cut(wholes: list[torch.Tensor], stage: int, precision: str, world_size: int, rank: int) -> torch.Tensor:
-    """Phase 2 for one group of a resharded file."""
+def _cut(wholes: list[torch.Tensor], stage: int, precision: str, world_size: int, rank: int,
+         master: bool) -> torch.Tensor:
+    """Phase 2 for one group of a resharded file (a master, or a moment when not `master`)."""
     if reshard.cut_of_stage(stage) == reshard.PER_PARAMETER:
         return reshard.per_parameter_partition(wholes, world_size, rank)
     layout = FlatLayout.for_stage(tuple(whole.numel() for whole in wholes), stage, precision, world_size)
-    return reshard.stored_flat(reshard.flat_partition(wholes, layout, rank), layout, rank)
+    return reshard.stored_flat(reshard.flat_partition(wholes, layout, rank), layout, rank, master)
+
+
+def _stored_parts(group: list[str], facts: stages.Stage, world_size: int, sub_group_size: int,
+                  shapes: dict[str, torch.Size]) -> list[list[str]]:
+    """The parameters of each tensor a file stores for one group: the group (flat cut), or each of
+    official's sub-groups at this world size (per-parameter cut)."""
+    if facts.checkpoint.cut != reshard.PER_PARAMETER:
+        return [group]
+    chunks = [reshard.chunk_numel(shapes[name].numel(), world_size) for name in group]
+    return [[group[position] for position in part] for part in reshard.official_sub_groups(chunks, sub_group_size)]
 
 
 def reshard_checkpoint(checkpoint: OpenCheckpoint, world_size: int, out: str) -> dict:
@@ -127,15 +141,21 @@ def reshard_checkpoint(checkpoint: OpenCheckpoint, world_size: int, out: str) ->
                 for name, values in consolidate(checkpoint).items()
                 if name in (checkpoint.model_states.get("frozen_param_shapes") or {})}
         files.write_file(model_states, os.path.join(partial, files.model_states_name(stage, rank)))
+    sub_group_size = int(((checkpoint.model_states.get("ds_config") or {}).get("zero_optimization") or {})
+                         .get("sub_group_size", OFFICIAL_SUB_GROUP_SIZE))
     for rank in range(world_size):
-        masters, moments, steps = [], [], []
-        for group in groups:
-            masters.append(_cut([saved.whole[name] for name in group], stage, precision, world_size, rank))
+        masters, moments, steps, group_of = [], [], [], []
+        for group_index, group in enumerate(groups):
             have_moments = all(name in saved.moments for name in group)
-            moments.append({key: _cut([saved.moments[name][key] for name in group], stage, precision, world_size,
-                                      rank) if have_moments else torch.zeros_like(masters[-1]) for key in MOMENTS})
-            steps.append(max((saved.step_of.get(name, 0) for name in group), default=0))
-        states = optimizer_states(stage, world_size, hyper, masters, moments, steps, saved.loss_scaler)
+            step = max((saved.step_of.get(name, 0) for name in group), default=0)
+            for part in _stored_parts(group, facts, world_size, sub_group_size, checkpoint.shapes()):
+                masters.append(_cut([saved.whole[name] for name in part], stage, precision, world_size, rank, True))
+                moments.append({key: _cut([saved.moments[name][key] if have_moments else
+                                           torch.zeros_like(saved.whole[name]) for name in part], stage, precision,
+                                          world_size, rank, False) for key in MOMENTS})
+                steps.append(step)
+                group_of.append(group_index)
+        states = optimizer_states(stage, world_size, hyper, group_of, masters, moments, steps, saved.loss_scaler)
         files.write_file(states, os.path.join(partial, files.optim_states_name(precision, rank)))
     files.finish_directory(out, checkpoint.tag)
     files.write_latest(out, checkpoint.tag)

@@ -4,7 +4,11 @@ Python turns Ctrl-C (SIGINT) into KeyboardInterrupt in the main thread; `stop_si
 makes SIGTERM (`timeout`, a cancelled CI job, a SLURM preemption) and SIGHUP (the terminal went
 away) raise `Stopped` there the same way. The launcher catches either (`INTERRUPTS`), stops the
 process groups, keeps the logs and writes summary.json; the command exits 128 + the signal's
-number, as a shell reports a process that signal ended: 130, 143 or 129.
+number, as a shell reports a process that signal ended: 130, 143 or 129 (`interrupted_exit_code`,
+which a comparison's verdict reports too).
+
+Below every layer of zero_lab (it imports nothing of it): `analysis` reads the exit code of a
+stop, `launch` defers and holds the signals around a child, `cli` turns them into an exit.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ class Stopped(BaseException):
 
 
 INTERRUPTS = (KeyboardInterrupt, Stopped)
+
+
+def interrupted_exit_code(signal_name: str) -> int:
+    """128 + the signal's number, as a shell reports a process it ended: SIGINT 130, SIGTERM 143, SIGHUP 129."""
+    return 128 + signal.Signals[signal_name].value
 
 
 def signal_name(interrupt: BaseException) -> str:

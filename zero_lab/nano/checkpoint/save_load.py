@@ -1,13 +1,14 @@
 """`engine.save_checkpoint` and `engine.load_checkpoint`: DeepSpeed's calls, DeepSpeed's files.
 
-Save, on every rank (`checkpoint_files.py` tells the safe-write phases):
+Save, on every rank (`files.py` tells the safe-write phases):
     Phase 1: the tag (default `global_step<N>`) and an empty partial directory.
     Phase 2: the model states: rank 0's file below stage 3 (the module is whole on every rank),
              every rank's at stage 3 (parameters are partitions there).
     Phase 3: the optimizer states: each partition's fp32 master and Adam moments. Stages 0-2 cut
              them as official does (nano's own layout), so each rank writes its slices as they
              are; at stage 3 official cuts per parameter while nano cuts per unit, so each unit
-             is gathered whole, one at a time, and recut (`reshard.per_parameter_partition`).
+             is gathered whole, one at a time, and recut (`reshard.per_parameter_partition`), in
+             each group's own order and official's sub-groups (`reshard.official_sub_groups`).
     Phase 4: a barrier, the rename to `<dir>/<tag>`, then `latest`.
 Load (any stage, any world size, nano's or official's files):
     Phase 1: resolve the tag; read the model states and all N optimizer files.
@@ -25,22 +26,25 @@ import time
 
 import torch
 
-from zero_lab.nano import checkpoint_files as files
-from zero_lab.nano import reshard, stages
-from zero_lab.nano.checkpoint_contents import (ENGINE_KEYS, FORMAT_VERSION, MOMENTS, SavedTraining, model_shapes,
+from zero_lab.nano.checkpoint import files
+from zero_lab.nano import stages
+from zero_lab.nano.checkpoint import reshard
+from zero_lab.nano.checkpoint.contents import (ENGINE_KEYS, FORMAT_VERSION, MOMENTS, SavedTraining, model_shapes,
                                                optimizer_states, scaler_fields)
 from zero_lab.nano.errors import CheckpointError
 
 
 def _groups(optimizer) -> list[list[int]]:
-    """Buffer indices of each parameter group, in buffer order (the order the files hold them)."""
+    """Buffer indices of each parameter group, in buffer order."""
     return [[index for index, buffer in enumerate(optimizer.buffers) if buffer.group_index == group]
             for group in range(len(optimizer.adam.param_groups))]
 
 
-def _names(optimizer, buffer_indices: list[int]) -> list[str]:
-    return [optimizer.parameter_names[parameter] for index in buffer_indices
-            for parameter in optimizer.buffers[index].parameters]
+def _file_order(optimizer) -> list[list[str]]:
+    """Each group's parameter names in the group's own order, the order official's files hold them
+    (official's load copies its partitions by position). Below stage 3 one buffer holds each group
+    in that order; at stage 3 the units reorder it, so the save recuts it (Phase 3)."""
+    return [[optimizer.parameter_names[parameter] for parameter in group] for group in optimizer.group_parameters]
 
 
 def _moments_of(optimizer, index: int) -> tuple[int, dict[str, torch.Tensor]]:
@@ -62,22 +66,37 @@ def _whole_buffer(optimizer, index: int, values: torch.Tensor) -> list[torch.Ten
     return [full[offset:offset + numel] for offset, numel in zip(layout.offsets, layout.parameter_numels)]
 
 
-def _stored_group(optimizer, buffer_indices: list[int]) -> tuple[torch.Tensor, dict, int]:
-    """This rank's stored master, moments and step of one group (Phase 3)."""
+def _flat_group(optimizer, buffer_indices: list[int]) -> tuple[list[torch.Tensor], list[dict], int]:
+    """Phase 3, flat cut (stages 0-2): this rank's stored master and moments of one group, which is
+    one buffer in the group's order, and its Adam step."""
+    rank = optimizer.collectives.rank
+    (index,) = buffer_indices
+    step, moments = _moments_of(optimizer, index)
+    layout = optimizer.buffers[index].layout
+    master = reshard.stored_flat(optimizer.master_partitions[index].detach().float().cpu(), layout, rank, True)
+    moments = {key: reshard.stored_flat(values.detach().float().cpu(), layout, rank, False)
+               for key, values in moments.items()}
+    return [master], [moments], step
+
+
+def _per_parameter_group(optimizer, buffer_indices: list[int], order: list[str],
+                         sub_group_size: int) -> tuple[list[torch.Tensor], list[dict], int]:
+    """Phase 3, official's per-parameter cut (stage 3): each unit's master and moments gathered whole,
+    one unit at a time, and this rank's chunk of every parameter kept; then the chunks in the group's
+    order, one stored tensor per official sub-group."""
     rank, world_size = optimizer.collectives.rank, optimizer.collectives.world_size
-    steps, pieces = [], {"master": [], **{key: [] for key in MOMENTS}}
+    steps, chunks = [], {key: {} for key in ("master", *MOMENTS)}
     for index in buffer_indices:
         step, moments = _moments_of(optimizer, index)
         steps.append(step)
-        layout = optimizer.buffers[index].layout
+        names = [optimizer.parameter_names[parameter] for parameter in optimizer.buffers[index].parameters]
         for key, values in (("master", optimizer.master_partitions[index]), *moments.items()):
-            if stages.of(optimizer.stage).checkpoint.cut == reshard.PER_PARAMETER:  # not nano's own cut
-                wholes = _whole_buffer(optimizer, index, values)
-                pieces[key].append(reshard.per_parameter_partition(wholes, world_size, rank))
-            else:
-                pieces[key].append(reshard.stored_flat(values.detach().float().cpu(), layout, rank))
-    joined = {key: torch.cat(parts) if parts else torch.zeros(0) for key, parts in pieces.items()}
-    return joined.pop("master"), joined, max(steps, default=0)
+            for name, whole in zip(names, _whole_buffer(optimizer, index, values)):
+                chunks[key][name] = reshard.per_parameter_partition([whole], world_size, rank)
+    sub_groups = reshard.official_sub_groups([chunks["master"][name].numel() for name in order], sub_group_size)
+    stored = [{key: torch.cat([chunks[key][order[position]] for position in sub_group]) for key in chunks}
+              for sub_group in sub_groups]
+    return [tensors.pop("master") for tensors in stored], stored, max(steps, default=0)
 
 
 def _module_states(engine, stage: stages.Stage) -> dict:
@@ -86,7 +105,7 @@ def _module_states(engine, stage: stages.Stage) -> dict:
     optimizer, module = engine.optimizer, engine.module
     named = module.state_dict(keep_vars=True)
     parameter_names = optimizer.parameter_names
-    trainable = {name for group in _groups(optimizer) for name in _names(optimizer, group)}
+    trainable = {name for group in _file_order(optimizer) for name in group}
     state, buffer_names, shared, frozen_shapes, frozen = {}, [], {}, {}, {}
     rank, world_size = engine.collectives.rank, engine.collectives.world_size
     for name, value in named.items():
@@ -109,7 +128,7 @@ def _module_states(engine, stage: stages.Stage) -> dict:
     shapes = {name: parameter.zero_lab_shape if hasattr(parameter, "zero_lab_shape") else parameter.shape
               for parameter, name in parameter_names.items()}
     return {"module": state, "buffer_names": buffer_names,
-            "param_shapes": model_shapes([_names(optimizer, group) for group in _groups(optimizer)], shapes),
+            "param_shapes": model_shapes(_file_order(optimizer), shapes),
             "shared_params": shared, "frozen_param_shapes": frozen_shapes, "frozen_param_fragments": frozen,
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
@@ -141,16 +160,21 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
         states = {**_module_states(engine, stage), **(client_state or {})}
         written += files.write_file(states, os.path.join(directory, files.model_states_name(stage.number, rank)))
     # Phase 3
-    masters, moments, steps = [], [], []
-    for group in _groups(optimizer):
-        master, group_moments, step = _stored_group(optimizer, group)
-        masters.append(master)
-        moments.append(group_moments)
-        steps.append(step)
+    masters, moments, steps, group_of = [], [], [], []
+    for group_index, (buffer_indices, order) in enumerate(zip(_groups(optimizer), _file_order(optimizer))):
+        if stage.checkpoint.cut == reshard.PER_PARAMETER:
+            stored, stored_moments, step = _per_parameter_group(
+                optimizer, buffer_indices, order, engine.nano_config.zero_optimization.sub_group_size)
+        else:
+            stored, stored_moments, step = _flat_group(optimizer, buffer_indices)
+        masters += stored
+        moments += stored_moments
+        steps += [step] * len(stored)
+        group_of += [group_index] * len(stored)
     if rank < stage.partition_count(collectives.world_size):  # each partition's owner writes its file
         hyper = [{key: value for key, value in group.items() if key != "params"}
                  for group in optimizer.adam.param_groups]
-        states = optimizer_states(stage.number, collectives.world_size, hyper, masters, moments, steps,
+        states = optimizer_states(stage.number, collectives.world_size, hyper, group_of, masters, moments, steps,
                                   scaler_fields(optimizer.loss_scaler))
         written += files.write_file(states, os.path.join(directory, files.optim_states_name(precision, rank)))
     # Phase 4
@@ -212,8 +236,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
         for group, saved_group in zip(optimizer.adam.param_groups, saved.param_groups):
             if "lr" in saved_group:
                 group["lr"] = saved_group["lr"]
-        for key, value in saved.loss_scaler.items():
-            if hasattr(optimizer.loss_scaler, key):
+        for key, value in saved.loss_scaler.items():  # whether scaling is dynamic is the config's to say
+            if key != "dynamic" and hasattr(optimizer.loss_scaler, key):
                 setattr(optimizer.loss_scaler, key, value)
     _restore_module_extras(engine, model_states, load_dir, tag)
     if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None \

@@ -1,7 +1,8 @@
-"""Reading a DeepSpeed config into nano's typed config (`config.py`), in phases:
+"""Reading a DeepSpeed config into nano's typed config (`schema.py`), in phases:
 
     Phase 1: read the source (dict, JSON path, or `args.deepspeed_config`).
-    Phase 2: reject keys nano does not know, saying whether official DeepSpeed knows them.
+    Phase 2: reject keys nano does not know, saying whether official DeepSpeed knows them
+             (`without_official_only_keys` is the part of a config for official that nano checks).
     Phase 3: resolve "auto" values that can be derived; reject the rest; map legacy offload switches.
     Phase 4: validate types and ranges (pydantic), turning the first error into one line.
     Phase 5: infer and check train_batch_size = micro batch x accumulation steps x world size.
@@ -16,9 +17,10 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from zero_lab.nano import config_keys, stages
-from zero_lab.nano.config import (DEFAULT_BUCKET_SIZE, Bf16Config, DataTypesConfig, Fp16Config, NanoConfig,
-                                  ZeroConfig)
+from zero_lab.nano import stages
+from zero_lab.nano.config import keys as config_keys
+from zero_lab.nano.config.schema import (DEFAULT_BUCKET_SIZE, Bf16Config, DataTypesConfig, Fp16Config, NanoConfig,
+                                         ZeroConfig)
 from zero_lab.nano.errors import NanoConfigError
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -42,32 +44,54 @@ def read_config_source(config: Any = None, args: Any = None) -> dict:
         raise NanoConfigError(f"config file {path} is not valid JSON ({error.msg} at line {error.lineno}); fix the file")
 
 
-def _reject_unknown_keys(raw: dict) -> None:
-    """Phase 2: every key must be one nano reads; DeepSpeed-only keys get their own message."""
-    def check(section: dict, known: set, deepspeed_only: frozenset, prefix: str) -> None:
-        for key in section:
-            if key in known:
-                continue
-            if key in deepspeed_only:
-                raise NanoConfigError(f"config key '{prefix}{key}' is known to official DeepSpeed but not implemented "
-                                      "by nano; remove it or run with --impl official")
-            raise NanoConfigError(f"unknown config key '{prefix}{key}'; check its spelling against DeepSpeed's docs")
-
+def _sections(raw: dict):
+    """(section, the keys nano reads there, the keys only official DeepSpeed knows there, the dotted
+    prefix) for every section whose keys nano checks."""
     top_level = {field.alias or name for name, field in NanoConfig.model_fields.items()} | set(NanoConfig.model_fields)
-    check(raw, top_level, config_keys.DEEPSPEED_ONLY_TOP_LEVEL, "")
+    yield raw, top_level, config_keys.DEEPSPEED_ONLY_TOP_LEVEL, ""
     for section, model, deepspeed_only in (("fp16", Fp16Config, config_keys.DEEPSPEED_ONLY_FP16),
                                            ("bf16", Bf16Config, config_keys.DEEPSPEED_ONLY_BF16),
                                            ("bfloat16", Bf16Config, config_keys.DEEPSPEED_ONLY_BF16),
-                                           ("data_types", DataTypesConfig, config_keys.DEEPSPEED_ONLY_DATA_TYPES)):
+                                           ("data_types", DataTypesConfig, config_keys.DEEPSPEED_ONLY_DATA_TYPES),
+                                           ("zero_optimization", ZeroConfig, config_keys.DEEPSPEED_ONLY_ZERO)):
         if isinstance(raw.get(section), dict):
-            check(raw[section], set(model.model_fields), deepspeed_only, f"{section}.")
+            legacy = set(config_keys.LEGACY_OFFLOAD_KEYS) if section == "zero_optimization" else set()
+            yield raw[section], set(model.model_fields) | legacy, deepspeed_only, f"{section}."
+
+
+def official_only_keys(raw: dict) -> list[str]:
+    """The keys of a raw config (dotted: `zero_optimization.round_robin_gradients`) that official
+    DeepSpeed knows and nano does not implement."""
+    return [f"{prefix}{key}" for section, known, deepspeed_only, prefix in _sections(raw)
+            for key in section if key not in known and key in deepspeed_only]
+
+
+def without_official_only_keys(raw: dict) -> dict:
+    """A copy of a config meant for official DeepSpeed, less the keys only official knows: the part
+    nano checks (`--impl official` passes those keys through to official as they are)."""
+    part = json.loads(json.dumps(raw))
+    for section, known, deepspeed_only, _ in list(_sections(part)):
+        for key in [key for key in section if key not in known and key in deepspeed_only]:
+            del section[key]
+    return part
+
+
+def _reject_unknown_keys(raw: dict) -> None:
+    """Phase 2: every key must be one nano reads; DeepSpeed-only keys get their own message."""
     zero = raw.get("zero_optimization")
     if isinstance(zero, dict):
         refused = stages.refusal(zero.get("stage", 0))
         if refused:
             raise NanoConfigError(f"zero_optimization.stage: {refused}")
-        check(zero, set(ZeroConfig.model_fields) | set(config_keys.LEGACY_OFFLOAD_KEYS), config_keys.DEEPSPEED_ONLY_ZERO,
-              "zero_optimization.")
+    for section, known, deepspeed_only, prefix in _sections(raw):
+        for key in section:
+            if key in known:
+                continue
+            if key in deepspeed_only:
+                raise NanoConfigError(f"config key '{prefix}{key}' is known to official DeepSpeed but not implemented "
+                                      "by nano; remove it, or run with --impl official, which passes it through to "
+                                      "official DeepSpeed")
+            raise NanoConfigError(f"unknown config key '{prefix}{key}'; check its spelling against DeepSpeed's docs")
     for section, names in (("optimizer", config_keys.DEEPSPEED_ONLY_OPTIMIZERS),
                            ("scheduler", config_keys.DEEPSPEED_ONLY_SCHEDULERS)):
         kind = raw.get(section, {}).get("type") if isinstance(raw.get(section), dict) else None

@@ -1,8 +1,8 @@
 """The typed DeepSpeed config that nano honours, with DeepSpeed's own key names.
 
 One pydantic model per section, one line of doc per field, DeepSpeed's defaults; rules that span
-keys are model validators whose messages name the keys. `config_loading.py` reads a source into
-these models.
+keys are model validators whose messages name the keys. `loading.py` reads a source into these
+models.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class Bf16Config(_Strict):
     check_grad_overflow: StrictBool = Field(True, description="Skip a step whose gradients hold an inf or NaN (false: "
                                             "apply it at stages 1 and 2; stages 0 and 3 skip it anyway, as official).")
     immediate_grad_update: StrictBool = Field(False, description="Move each gradient into fp32 as soon as it is "
-                                              "produced; official's stage-0 bf16 optimizer only (see NanoConfig).")
+                                              "produced; true is refused at stage 0 bf16 (see NanoConfig).")
 
 
 class Stage3Settings(_Strict):
@@ -169,8 +169,10 @@ class ZeroConfig(Stage3Settings):
     allgather_bucket_size: int = Field(DEFAULT_BUCKET_SIZE, gt=0, description="Elements per parameter all-gather "
                                        "where a backend lacks all_gather_into_tensor (nccl and gloo have it: a buffer is "
                                        "gathered in one call, as official does); even, as official DeepSpeed requires.")
-    overlap_comm: StrictBool = Field(False, description="Reduce buckets asynchronously (stage 2: while backward runs; "
-                                     "stages 0/1: while the next bucket is packed), at most two in flight.")
+    overlap_comm: Optional[StrictBool] = Field(None, description="Reduce buckets asynchronously (stages 2/3: while "
+                                               "backward runs; stages 0/1: while the next bucket is packed), at most "
+                                               "two in flight. Unset: true at stage 3, false below, as official "
+                                               "DeepSpeed; it plays no part in stage 3's prefetch.")
     contiguous_gradients: StrictBool = Field(True, description="Accepted as true only: nano always packs gradients contiguously.")
     allgather_partitions: StrictBool = Field(True, description="Accepted as true only: nano always all-gathers whole partitions.")
     ignore_unused_parameters: StrictBool = Field(True, description="Stages 2/3: a parameter with no gradient counts as zero (False: error).")
@@ -214,6 +216,13 @@ class ZeroConfig(Stage3Settings):
         if self.offload_param.enabled and not self.stage_facts.partitions_parameters:
             raise ValueError(f"zero_optimization.offload_param needs stage 3 (stage {self.stage} keeps parameters "
                              "whole on every rank); use stage 3 or remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _overlap_comm_default(self) -> "ZeroConfig":
+        """Official DeepSpeed's default (`runtime/zero/config.py`): true at stage 3, false below."""
+        if self.overlap_comm is None:
+            self.overlap_comm = self.stage_facts.partitions_parameters
         return self
 
     @model_validator(mode="after")
@@ -286,9 +295,10 @@ class NanoConfig(_Strict):
     def _gradients_accumulate_where_nano_keeps_them(self) -> "NanoConfig":
         """Stages 0/1 accumulate in autograd's param.grad (the parameters' dtype), stages 2/3 in their
         fp32 gradient partitions (the stage says: `gradient_accumulation_precision`); a config asking
-        for anything else cannot be honoured. Official DeepSpeed honours immediate_grad_update only in
-        its stage-0 bf16 optimizer (its partitioned stages ignore it), and nano's stage 0 keeps bf16
-        param.grad until the boundary."""
+        for anything else cannot be honoured. immediate_grad_update true asks for fp32 accumulation
+        during backward, which nano's stage 0 bf16 does not do (it keeps bf16 param.grad until the
+        boundary). Official 0.19.8 reads the key only in its BF16_Optimizer (stage 1 with
+        grad_accum_dtype fp32, which nano refuses) and ignores it at stage 0 (docs/nano.md)."""
         stage, precision = self.zero_optimization.stage_facts, self.precision
         if self.bf16.immediate_grad_update and not stage.partitions_optimizer_states and precision == "bf16":
             raise ValueError("bf16.immediate_grad_update true asks for fp32 accumulation during backward, but nano's "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import types
 import zipfile
 from typing import Any
 
@@ -51,10 +52,11 @@ def partial_directory(save_dir: str, tag: str) -> str:
 
 
 def write_file(state: Any, path: str) -> int:
-    """torch.save to a temporary name, flushed to disk, then renamed; returns the bytes written."""
+    """torch.save to a temporary name, flushed to disk, then renamed; returns the bytes written.
+    Stand-ins in `state` are written under official DeepSpeed's class names."""
     temporary = f"{path}.tmp{os.getpid()}"
     with open(temporary, "wb") as handle:
-        torch.save(state, handle)
+        torch.save(state, handle, pickle_module=_OFFICIAL_NAMES)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
@@ -116,7 +118,13 @@ def list_tags(directory: str) -> list[str]:
 
 
 class OfficialLossScaler:
-    """Stand-in for DeepSpeed's pickled LossScaler/DynamicLossScaler: its attributes, nothing else."""
+    """Stand-in for DeepSpeed's pickled static LossScaler: its attributes, nothing else. nano also
+    writes the scaler as one (see `_OfficialNamesPickler`): official's load takes the object as it
+    is and calls its methods, so a plain dict there breaks official's first backward."""
+
+
+class OfficialDynamicLossScaler(OfficialLossScaler):
+    """Stand-in for DeepSpeed's pickled DynamicLossScaler."""
 
 
 class OfficialFragmentAddress:
@@ -130,8 +138,32 @@ def official_zero_stage(value: int) -> int:
 
 STAND_INS = [(official_zero_stage, "deepspeed.runtime.zero.config.ZeroStageEnum"),
              (OfficialLossScaler, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
-             (OfficialLossScaler, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
+             (OfficialDynamicLossScaler, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
              (OfficialFragmentAddress, "deepspeed.utils.tensor_fragment.fragment_address")]
+OFFICIAL_NAME_OF = {OfficialLossScaler: "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+                    OfficialDynamicLossScaler: "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"}
+
+
+class _OfficialNamesPickler(pickle._Pickler):
+    """Python's own pickler, but a stand-in class is written under DeepSpeed's name, so official
+    unpickles its own class (and nano reads it back as the stand-in). The C pickler cannot do this:
+    it checks that the name imports to the very class, and DeepSpeed need not be installed."""
+
+    def save_global(self, obj, name=None):
+        official = OFFICIAL_NAME_OF.get(obj)
+        if official is None:
+            return super().save_global(obj, name)
+        module, qualified = official.rsplit(".", 1)
+        if self.proto >= 4:
+            self.save(module)
+            self.save(qualified)
+            self.write(pickle.STACK_GLOBAL)
+        else:
+            self.write(pickle.GLOBAL + f"{module}\n{qualified}\n".encode())
+        self.memoize(obj)
+
+
+_OFFICIAL_NAMES = types.SimpleNamespace(__name__="official_names", Pickler=_OfficialNamesPickler)  # torch.save's
 
 
 def read_file(path: str) -> dict:

@@ -9,7 +9,8 @@ Model states (`mp_rank_00_model_states.pt`; at stage 3 one per rank):
     lr_scheduler, global_steps, global_samples, skipped_steps, dp_world_size, ds_config, ds_version,
     and the caller's client_state keys beside them
 Optimizer states (`[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`), under optimizer_state_dict:
-    zero_stage, partition_count, loss_scaler (a dict of the scaler's fields), dynamic_loss_scale,
+    zero_stage, partition_count, loss_scaler (official's LossScaler or DynamicLossScaler object;
+    nano's files before 2026-12 held a dict of its fields, still read), dynamic_loss_scale,
     single_partition_of_fp32_groups (stages 0-2: flat cut, padding dropped) or fp32_flat_groups
     (stage 3: per-parameter cut), and base_optimizer_state (stages 0-2) / optimizer_state_dict
     (stage 3): torch.optim's {"state": {group: {step, exp_avg, exp_avg_sq}}, "param_groups": [...]},
@@ -25,11 +26,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zero_lab.nano import reshard, stages
+from zero_lab.nano import stages
+from zero_lab.nano.checkpoint import files, reshard
 from zero_lab.nano.errors import CheckpointError
 
 FORMAT_VERSION = "0.19.8"  # the official DeepSpeed release whose file format nano writes
 MOMENTS = ("exp_avg", "exp_avg_sq")
+DYNAMIC_SCALER_FIELDS = ("cur_scale", "dynamic", "cur_iter", "last_overflow_iter", "scale_factor", "scale_window",
+                         "min_scale", "delayed_shift", "cur_hysteresis", "consecutive_hysteresis")
 ENGINE_KEYS = frozenset({"module", "buffer_names", "param_shapes", "shared_params", "frozen_param_shapes",
                          "frozen_param_fragments", "lr_scheduler", "optimizer", "global_steps", "global_samples",
                          "skipped_steps", "dp_world_size", "mp_world_size", "ds_config", "ds_version",
@@ -44,26 +48,44 @@ def moments_key(stage: int) -> str:
     return stages.of(stage).checkpoint.moments_key
 
 
-def optimizer_states(stage: int, world_size: int, groups: list[dict], masters: list[torch.Tensor],
-                     moments: list[dict[str, torch.Tensor]], steps: list[int], loss_scaler: dict) -> dict:
-    """One rank's optimizer file: `masters[g]` and `moments[g]` are its stored tensors of group g."""
+def optimizer_states(stage: int, world_size: int, groups: list[dict], group_of: list[int],
+                     masters: list[torch.Tensor], moments: list[dict[str, torch.Tensor]], steps: list[int],
+                     loss_scaler: dict) -> dict:
+    """One rank's optimizer file: `masters[t]`, `moments[t]` and `steps[t]` are its stored tensor t,
+    which belongs to parameter group `group_of[t]` (one tensor a group in the flat cut; one an official
+    sub-group in the per-parameter cut); `groups` are the groups' hyper-parameters."""
     facts = stages.of(stage)
     partition_count = facts.partition_count(world_size)
-    state = {index: {"step": torch.tensor(float(step)), **group_moments}
-             for index, (step, group_moments) in enumerate(zip(steps, moments))}
-    param_groups = [{**{key: value for key, value in group.items() if key != "params"}, "params": [index]}
-                    for index, group in enumerate(groups)]
+    state = {index: {"step": torch.tensor(float(step)), **tensor_moments}
+             for index, (step, tensor_moments) in enumerate(zip(steps, moments))}
+    param_groups = [{**{key: value for key, value in group.items() if key != "params"},
+                     "params": [index for index, owner in enumerate(group_of) if owner == group_index]}
+                    for group_index, group in enumerate(groups)]
     return {"optimizer_state_dict": {
         "zero_stage": stage,
         "partition_count": [partition_count] * len(groups) if facts.checkpoint.partition_count_per_group
         else partition_count,
-        "loss_scaler": loss_scaler,
+        "loss_scaler": official_loss_scaler(loss_scaler),
         "dynamic_loss_scale": bool(loss_scaler.get("dynamic", False)),
         "overflow": False,
         fp32_key(stage): masters,
         moments_key(stage): {"state": state, "param_groups": param_groups},
         "ds_version": FORMAT_VERSION,
     }, "ds_version": FORMAT_VERSION}
+
+
+def official_loss_scaler(fields: dict) -> files.OfficialLossScaler:
+    """The scaler as official pickles it, since official's load takes it as is and calls it: its
+    DynamicLossScaler when scaling is dynamic (fp16), else its static LossScaler (scale 1 outside
+    fp16). nano's scaler fields carry official's names."""
+    if not fields.get("dynamic"):
+        scaler = files.OfficialLossScaler()
+        scaler.__dict__.update(cur_scale=float(fields.get("cur_scale", 1.0)), dynamic=False)
+        return scaler
+    scaler = files.OfficialDynamicLossScaler()
+    scaler.__dict__.update({name: fields[name] for name in DYNAMIC_SCALER_FIELDS},
+                           raise_error_at_min_scale=True, dtype=torch.float16)  # as official's fp16 scaler
+    return scaler
 
 
 def scaler_fields(scaler: object) -> dict:
@@ -93,7 +115,7 @@ class SavedTraining:
         if len(optimizer_files) != world_size:
             raise CheckpointError(f"the checkpoint was saved by {world_size} ranks but {len(optimizer_files)} "
                                   f"optimizer files are there; load another tag")
-        states = [files["optimizer_state_dict"] for files in optimizer_files]
+        states = [file["optimizer_state_dict"] for file in optimizer_files]
         loss_scaler = first.get("loss_scaler")
         saved = cls(stage, world_size, loss_scaler=loss_scaler if isinstance(loss_scaler, dict)
                     else scaler_fields(loss_scaler) if loss_scaler is not None else {})

@@ -65,11 +65,11 @@ def received_config(staged: dict, spec: torchrun.LaunchSpec, source: Path) -> di
     as nano does): precision from --dtype, batch size from --batch-size, batch sizes inferred."""
     nnodes = spec.multi_node.nnodes or "1"
     world_size = spec.nproc * (int(nnodes) if nnodes.isdigit() else 1)
-    return harness_config(staged, lambda path: torchrun.train_arguments(dataclasses.replace(spec, config_path=path)),
+    return built_by_harness(staged, lambda path: torchrun.train_arguments(dataclasses.replace(spec, config_path=path)),
                           world_size, source)
 
 
-def harness_config(staged: dict, arguments_for, world_size: int, source: Path) -> dict:
+def built_by_harness(staged: dict, arguments_for, world_size: int, source: Path) -> dict:
     """The harness's builder applied to `staged` with the flags `arguments_for(path)` gives for a
     config file at path. The builder reads a scratch copy; its errors name source, the file the
     user gave (or the default)."""

@@ -4,8 +4,8 @@ A checkpoint stores, per parameter group, one fp32 tensor per rank (the master p
 Adam's exp_avg and exp_avg_sq cut the same way). Two cuts exist on disk:
     flat          (stages 0-2, as official DeepSpeed writes them): the group's parameters end to
                   end, padded (`layout.py`) and cut into N equal partitions; each rank stores its
-                  partition without the padding, so the N stored tensors end to end are the
-                  parameters end to end.
+                  master partition without the padding, so the N stored tensors end to end are the
+                  parameters end to end (its moments keep the padding, which a read drops).
     per parameter (official stage 3's files, which nano writes at stage 3 too): every parameter is
                   padded to a multiple of N and cut into N equal chunks; rank r stores its chunk of
                   each parameter, in order.
@@ -81,8 +81,29 @@ def per_parameter_partition(wholes: list[torch.Tensor], world_size: int, rank: i
     return torch.cat(chunks) if chunks else torch.zeros(0)
 
 
-def stored_flat(partition: torch.Tensor, layout: FlatLayout, rank: int) -> torch.Tensor:
-    """A flat partition as a checkpoint stores it: without the padding at the buffer's end."""
+def official_sub_groups(chunk_numels: list[int], sub_group_size: int) -> list[list[int]]:
+    """How official stage 3 splits one parameter group into optimizer sub-groups, given each
+    parameter's chunk on a rank in the group's order: one sub-group when the chunks fit in
+    `sub_group_size`, else parameters taken in order and a sub-group closed as soon as its chunks
+    reach the size. Positions into `chunk_numels`, one list per sub-group."""
+    if sub_group_size >= sum(chunk_numels):
+        return [list(range(len(chunk_numels)))]
+    sub_groups, current, size = [], [], 0
+    for position, numel in enumerate(chunk_numels):
+        current.append(position)
+        size += numel
+        if size >= sub_group_size or position == len(chunk_numels) - 1:
+            sub_groups.append(current)
+            current, size = [], 0
+    return sub_groups
+
+
+def stored_flat(partition: torch.Tensor, layout: FlatLayout, rank: int, master: bool) -> torch.Tensor:
+    """A flat partition as official's files store it: a master without the padding at the buffer's
+    end (`single_partition_of_fp32_groups`), a moment whole (torch.optim's state_dict of the padded
+    partition, which official's load copies as it is)."""
+    if not master:
+        return partition
     start, end = layout.partition_range(rank)
     kept = max(0, min(end, layout.numel) - start)
     return partition[:kept]

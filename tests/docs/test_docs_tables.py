@@ -1,0 +1,108 @@
+"""The docs' tables and figures against what they describe: nano's modules and layers, the memory
+formula, the line count, the root unit's bytes, the demo command."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+import pytest
+
+import zero_lab.nano
+from zero_lab.nano.memory_formula import model_state_bytes
+from tests.docs.doc_text import REPO, read, table_after
+from tests.nano.test_layers import layer_of
+
+NANO = REPO / "zero_lab" / "nano"
+NANO_MD = read(REPO / "docs" / "nano.md")
+
+
+def nano_entries() -> set[str]:
+    """The package's top-level modules (`x.py`) and sub-packages (`x/`), as the docs name them."""
+    modules = {f"{path.name}" for path in NANO.glob("*.py")}
+    packages = {f"{path.name}/" for path in NANO.iterdir() if (path / "__init__.py").is_file()}
+    return modules | packages
+
+
+def layer(name: str) -> int:
+    """A module's (or sub-package's) position in the package docstring's layer list."""
+    return -1 if name == "__init__" else layer_of()[name]
+
+
+def test_the_module_table_lists_every_module_in_layer_order():
+    named = [name for row in table_after(NANO_MD, "Read the package top-down")[1:]
+             for name in re.findall(r"`([\w/]+(?:\.py|/))`", row[0])]
+    assert set(named) == nano_entries(), (f"listed, not in the package: {set(named) - nano_entries()}; "
+                                          f"not listed: {nano_entries() - set(named)}")
+    positions = [layer(name.removesuffix(".py").removesuffix("/")) for name in named]
+    assert positions == sorted(positions), list(zip(named, positions))
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.zh-CN.md"])
+def test_the_readme_layout_names_the_engine_layers_in_their_order(readme):
+    row = next(line for line in read(REPO / readme).splitlines() if line.startswith("| `zero_lab/nano/`"))
+    names = [name for name in re.findall(r"`(\w+)`", row)]
+    assert len(names) >= 10 and all(name in layer_of() for name in names), names
+    positions = [layer(name) for name in names]
+    assert positions == sorted(positions), list(zip(names, positions))
+
+
+def value(expression: str, world_size: int) -> Fraction:
+    """'4 + 12/N' at N = world_size, exactly."""
+    assert re.fullmatch(r"[\d\s+/N]+", expression), expression
+    return sum((Fraction(term.strip().replace("N", str(world_size))) for term in expression.split("+")), Fraction(0))
+
+
+def bytes_per_parameter(stage: int, precision: str, world_size: int, moment: str, sharded: bool = False) -> Fraction:
+    numel = 2 * world_size * 1000  # no padding: the table's figures are per parameter
+    return Fraction(sum(model_state_bytes(stage, precision, numel, world_size, moment, sharded=sharded).values()), numel)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_the_bytes_per_parameter_table_is_the_memory_formula(world_size):
+    rows = table_after(NANO_MD, "## Bytes per parameter on each rank")
+    assert rows[0] == ["precision", "stage", "end of backward", "optimizer step", "between steps", "peak at N=2"]
+    assert len(rows) == 7
+    for precisions, stage, *cells in rows[1:]:
+        for precision in ("bf16", "fp16") if precisions == "bf16/fp16" else (precisions,):
+            for cell, moment in zip(cells, ("backward", "step", "between_steps")):
+                expected = bytes_per_parameter(int(stage), precision, world_size, moment)
+                assert {value(side, world_size) for side in cell.split("=")} == {expected}, (precision, stage, moment)
+            peak = max(bytes_per_parameter(int(stage), precision, 2, moment) for moment in ("backward", "step"))
+            assert value(cells[3], 2) == peak, (precision, stage, "peak")
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_the_stage_3_table_is_the_memory_formula(world_size):
+    rows = table_after(NANO_MD, "Bytes per parameter on one rank (P elements, all sharded")
+    assert rows[0][:3] == ["precision", "between steps", "end of backward, step"]
+    for precisions, between, backward_and_step, _ in rows[1:]:
+        for precision in ("bf16", "fp16") if precisions == "bf16/fp16" else (precisions,):
+            for cell, moments in ((between, ("between_steps",)), (backward_and_step, ("backward", "step"))):
+                for moment in moments:
+                    expected = bytes_per_parameter(3, precision, world_size, moment, sharded=True)
+                    assert {value(side, world_size) for side in cell.split("=")} == {expected}, (precision, moment)
+
+
+def test_the_line_count_is_about_right():
+    stated = int(re.search(r"in about ([\d,]+) readable lines", NANO_MD)[1].replace(",", ""))
+    lines = sum(len(path.read_text().splitlines()) for path in NANO.rglob("*.py"))
+    assert abs(stated - lines) <= 0.05 * lines, f"docs say about {stated}, nano has {lines} lines"
+
+
+def test_the_root_units_bytes_are_in_mib():
+    from zero_lab.analysis.activation_memory import decoder_shape
+    from zero_lab.analysis.peak_memory import unit_parameters
+
+    _, root = unit_parameters(decoder_shape("qwen3-0.6b"))
+    stated = re.search(r"for Qwen3-0\.6B, ([\d.]+)M elements: ([\d.]+) MB in bf16", NANO_MD)
+    assert float(stated[1]) == round(root / 1e6, 1)
+    assert float(stated[2]) == round(root * 2 / 2**20, 1), "MB is 2**20 bytes everywhere in the docs"
+
+
+def test_the_demo_command_is_the_same_everywhere():
+    demo = re.search(r"^demo: setup\n\t\$\(BIN\)/(zero-lab compare [^\n]+)", read(REPO / "Makefile"), flags=re.M)[1]
+    assert demo in read(REPO / ".github" / "workflows" / "cpu-compare.yml"), "the workflow's comment"
+    for readme in ("README.md", "README.zh-CN.md"):
+        assert f"`make demo` 运行 `{demo}`" in read(REPO / readme) or f"`make demo` runs `{demo}`" in read(REPO / readme)
+    assert demo in read(REPO / "docs" / "cli.md")

@@ -1,0 +1,71 @@
+"""Per-rank body: nano and official DeepSpeed train the `tiny` preset at stage 3 under the same
+config, and each step's all-gathers are counted from outside (`workload.comm_meter`)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import torch
+
+import zero_lab.nano as nano
+from zero_lab.nano.official_config import to_official_config
+from zero_lab.workload.comm_meter import CommMeter, difference
+from zero_lab.workload.wire_bytes import family
+
+STEPS, MICRO_SIZE, SEQUENCE = 3, 2, 16
+
+
+def harness_zero3() -> dict:
+    return json.loads(resources.files("zero_lab.harness").joinpath("configs/zero3.json").read_text())
+
+
+def configs() -> dict[str, dict]:
+    """The harness's zero3.json (reuse distance 0), DeepSpeed's defaults (no stage3_* key, no
+    overlap_comm: every tiny parameter is then persistent), and zero3.json prefetching less than one
+    tiny block (a block is 196,928 elements) at the default reuse distance."""
+    defaults = harness_zero3()
+    for key in [key for key in defaults["zero_optimization"] if key.startswith("stage3_") or key == "overlap_comm"]:
+        del defaults["zero_optimization"][key]
+    small_prefetch = harness_zero3()
+    del small_prefetch["zero_optimization"]["stage3_max_reuse_distance"]
+    small_prefetch["zero_optimization"].update(stage3_prefetch_bucket_size=20_000, overlap_comm=True)
+    return {"zero3.json": harness_zero3(), "defaults": defaults, "prefetch 20000": small_prefetch}
+
+
+def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter) -> list[tuple[int, int]]:
+    """(all-gather calls, all-gather wire bytes) of each optimizer step."""
+    from zero_lab.workload.models import build_model
+
+    model = build_model("tiny", seed=0)
+    engine, *_ = module.initialize(model=model, model_parameters=model.parameters(), config=config)
+    generator = torch.Generator().manual_seed(rank)
+    found = []
+    for _ in range(STEPS):
+        ids = torch.randint(0, model.config.vocab_size, (MICRO_SIZE, SEQUENCE), generator=generator)
+        before = meter.snapshot()
+        loss = engine(ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        moved = [count for name, count in difference(meter.snapshot(), before).items() if family(name) == "all_gather"]
+        found.append((sum(count.calls for count in moved), sum(count.wire_bytes for count in moved)))
+    return found
+
+
+def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
+    """From the second step on (the first records the trace), nano's all-gather wire bytes per step
+    equal official's on every config; the calls are printed (official gathers per module)."""
+    meter = CommMeter().install()  # before DeepSpeed keeps references to the collectives
+    from tests.nano.official_workers import import_official_deepspeed
+
+    deepspeed = import_official_deepspeed(world_size)
+    failures = []
+    for label, config in configs().items():
+        config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
+        mine = gather_bytes_per_step(nano, config, rank, meter)
+        theirs = gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"), rank, meter)
+        print(f"[gathers] rank {rank} {label}: nano {mine} official {theirs}", flush=True)
+        if [wire for _, wire in mine[1:]] != [wire for _, wire in theirs[1:]]:
+            failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes)")
+    meter.uninstall()
+    return failures

@@ -1,0 +1,176 @@
+"""Stage 3's fetch and release rules, as official DeepSpeed (0.19) runs them, as pure arithmetic over
+one micro-step's recorded trace. No torch: `unit_gathering.py` applies the rules to a live model,
+`zero-lab explain` (`simulate_micro_step`) to a model it never builds, and both give the same answer.
+
+The trace. Every module a micro-step uses that can matter (the model itself, each block, each
+module outside the blocks that owns parameters) is a `TracedUse`, in the order the forward calls
+them, the model first. The backward uses them again (`full_order`): the model first (its output's
+gradient arrives first), then the others in reverse. Official records its trace during the first
+micro-step and applies the rules from the second on; until then (and whenever the forward leaves
+the recorded order) nothing is prefetched and every unit is freed after each use.
+
+The rules, with official's names for the keys (`runtime/zero/partitioned_param_coordinator.py`):
+    1. Fetch: a use gathers its unit if it is not whole.
+    2. Prefetch (`stage3_prefetch_bucket_size` > 0; `overlap_comm` plays no part): the trace's uses
+       are a queue, consumed up to the current use. Then, while the units started here add up to
+       less than min(bucket size, `stage3_max_live_parameters` minus the elements already
+       gathered), the next use is taken off the queue; its unit is gathered if it is not whole
+       yet, and noted as fetched for that later use either way. A bucket smaller than one unit
+       still starts one.
+    3. Release: after a use, its unit is freed unless
+       a. the prefetch already noted it as fetched for a later use (official keeps what its
+          prefetch reached: at a reuse distance of 0 this is all that is kept), or
+       b. it comes back before the uses after this one add up to `stage3_max_reuse_distance`
+          elements. The walk counts every traced use, the model's own modules (embedding, head)
+          included, each with all the parameters it touches, persistent ones too: a large head
+          counts twice between a block's forward and its backward.
+    4. Persistence (`unit_policy.plan_units`): the small parameters are never released.
+nano gathers a unit (a block's parameters) where official gathers each module's own parameters,
+so a rule that official applies per parameter applies here per unit: when a prefetch window or
+a reuse distance ends inside a block, official keeps part of the block and nano all or none.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Hashable, Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class TracedUse:
+    """One use of a traced module: which module, which sharded unit it needs whole (None: only
+    persistent parameters, or none) and the elements of every parameter it touches."""
+
+    module: Hashable
+    unit: str | None
+    numel: int
+
+
+def full_order(forward: Sequence[TracedUse]) -> list[TracedUse]:
+    """A micro-step's uses: the forward, then the backward (the model, then the rest reversed)."""
+    return list(forward) + list(forward[:1]) + list(forward[:0:-1])
+
+
+@dataclass(frozen=True)
+class FetchRules:
+    """The four keys of `zero_optimization` the rules read."""
+
+    prefetch_bucket_size: int
+    max_live_parameters: int
+    max_reuse_distance: int
+
+
+class FetchSchedule:
+    """The rules (module docstring) over one micro-step of a recorded forward trace; positions
+    index `order` (`full_order`): the forward's uses, then the backward's."""
+
+    def __init__(self, forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules):
+        self.forward = list(forward)
+        self.order = full_order(self.forward)
+        self.unit_numel = unit_numel
+        self.rules = rules
+        self.queue = deque(range(len(self.order)))
+        self.fetched_for: dict[str, int] = {}
+        self.backward_positions: dict[Hashable, deque[int]] = {}
+        for position in range(len(self.forward), len(self.order)):
+            self.backward_positions.setdefault(self.order[position].module, deque()).append(position)
+
+    def follows_trace(self, position: int, use: TracedUse) -> bool:
+        """Whether the forward's use at `position` is the recorded one (if not, the trace is stale)."""
+        return position < len(self.forward) and self.forward[position] == use
+
+    def backward_position(self, module: Hashable) -> int | None:
+        """The position of `module`'s next use in the backward (None: the trace has no more)."""
+        positions = self.backward_positions.get(module)
+        return positions.popleft() if positions else None
+
+    def _note(self, position: int) -> None:
+        unit = self.order[position].unit
+        if unit is not None:
+            self.fetched_for[unit] = max(self.fetched_for.get(unit, -1), position)
+
+    def prefetch(self, position: int, is_gathered: Callable[[str], bool], live_numel: int) -> list[str]:
+        """Rule 2 at the use at `position` (its unit already whole): the units to start gathering."""
+        while self.queue and self.queue[0] <= position:
+            self._note(self.queue.popleft())
+        if self.rules.prefetch_bucket_size <= 0:
+            return []
+        budget = min(self.rules.max_live_parameters - live_numel, self.rules.prefetch_bucket_size)
+        started, numel = [], 0
+        while self.queue and numel < budget:
+            later = self.queue.popleft()
+            self._note(later)
+            unit = self.order[later].unit
+            if unit is not None and unit not in started and not is_gathered(unit):
+                started.append(unit)
+                numel += self.unit_numel[unit]
+        return started
+
+    def keep(self, unit: str, position: int) -> bool:
+        """Rule 3 after the use of `unit` at `position`: True keeps it whole."""
+        if self.fetched_for.get(unit, -1) > position:  # 3a
+            return True
+        walked = 0
+        for later in self.order[position + 1:]:  # 3b
+            if walked >= self.rules.max_reuse_distance:
+                return False
+            if later.unit == unit:
+                return True
+            walked += later.numel
+        return False
+
+
+@dataclass
+class MicroStep:
+    """What `simulate_micro_step` found: each phase's gathers, in order, and what is whole after the forward."""
+
+    forward_gathers: list[str]
+    backward_gathers: list[str]
+    whole_after_forward: set[str]
+    largest_prefetch: int = 0  # elements of the largest set of units one prefetch started in the forward
+
+
+def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules | None,
+                        held: str | None = None) -> MicroStep:
+    """One micro-step of `unit_gathering.UnitGathering` on a model whose backward uses its modules
+    in the reverse order: `rules` None is the recording micro-step (no trace yet). `held` is the
+    unit held from the model's forward to the end of its backward (nano's root)."""
+    schedule = FetchSchedule(forward, unit_numel, rules) if rules is not None else None
+    whole: set[str] = set()
+    gathers: list[str] = []
+
+    def gather(unit: str | None) -> None:
+        if unit is not None and unit not in whole:
+            whole.add(unit)
+            gathers.append(unit)
+
+    largest_prefetch = 0
+
+    def use(position: int, unit: str | None) -> None:
+        nonlocal largest_prefetch
+        gather(unit)
+        if schedule is not None:
+            live = sum(unit_numel[name] for name in whole)
+            started = schedule.prefetch(position, whole.__contains__, live)
+            for name in started:
+                gather(name)
+            if position < len(forward):
+                largest_prefetch = max(largest_prefetch, sum(unit_numel[name] for name in started))
+
+    def release(position: int, unit: str | None) -> None:
+        if unit is not None and unit != held and not (schedule is not None and schedule.keep(unit, position)):
+            whole.discard(unit)
+
+    gather(held)
+    for position, traced in enumerate(forward):
+        use(position, traced.unit)
+        release(position, traced.unit)
+    forward_gathers, gathers = gathers, []
+    whole_after_forward = set(whole)
+    order = full_order(forward)
+    for position in range(len(forward), len(order)):
+        traced = order[position]
+        use(position, traced.unit)
+        release(position, traced.unit)
+    return MicroStep(forward_gathers, gathers, whole_after_forward, largest_prefetch)
