@@ -112,8 +112,10 @@ def stored_flat(partition: torch.Tensor, layout: FlatLayout, rank: int, master: 
     """A flat partition as official's files store it: a master without the padding at the buffer's
     end (`single_partition_of_fp32_groups`), a moment whole (torch.optim's state_dict of the padded
     partition, which official's load copies as it is)."""
-    if not master:
-        return partition
+    return partition[:stored_numel(layout, rank)] if master else partition
+
+
+def stored_numel(layout: FlatLayout, rank: int) -> int:
+    """The elements of rank `rank`'s stored master: its partition less the padding at the buffer's end."""
     start, end = layout.partition_range(rank)
-    kept = max(0, min(end, layout.numel) - start)
-    return partition[:kept]
+    return max(0, min(end, layout.numel) - start)
