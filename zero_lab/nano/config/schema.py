@@ -254,7 +254,8 @@ class NanoConfig(_Strict):
     train_batch_size: Optional[int] = Field(None, gt=0, description="Global batch: micro x accumulation x world size.")
     train_micro_batch_size_per_gpu: Optional[int] = Field(None, gt=0, description="Samples per rank per forward.")
     gradient_accumulation_steps: Optional[int] = Field(None, gt=0, description="Micro-steps per optimizer step.")
-    gradient_clipping: float = Field(0.0, ge=0, description="Clip by the global gradient norm; 0 = off.")
+    gradient_clipping: float = Field(1.0, ge=0, description="Clip by the global gradient norm; 0 = off. 1.0 by "
+                                     "default, as official DeepSpeed 0.19 (GRADIENT_CLIPPING_DEFAULT).")
     optimizer: Optional[OptimizerConfig] = Field(None, description="Required unless the engine is only used for inference.")
     scheduler: Optional[SchedulerConfig] = Field(None, description="Learning-rate schedule, stepped after each applied step.")
     fp16: Fp16Config = Field(default_factory=Fp16Config, description="fp16 mixed precision.")
