@@ -3,14 +3,17 @@ tests/nano/test_checkpoint_interop.py). The model, data and schedule are checkpo
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import zero_lab.nano as nano
-from tests.nano.checkpoint_workers import (ACCUMULATION, MICRO_SIZE, SAVED_AT, checkpoint_config, directory_of,
-                                           snapshot_any)
+from tests.nano.checkpoint_workers import (ACCUMULATION, CLIPPING, MICRO_SIZE, SAVED_AT, checkpoint_config,
+                                           directory_of, snapshot_any)
 from tests.nano.reference import max_difference
-from tests.nano.stage3_reference import build_trapnet, decay_groups, token_batch, token_loss
-from tests.nano.workers import WEIGHT_DECAY
+from tests.nano.stage3_reference import TokenReference, build_trapnet, decay_groups, token_batch, token_loss
+from tests.nano.stage3_workers import compare_whole
+from tests.nano.workers import LR, WEIGHT_DECAY
 
 MORE = 2
 
@@ -78,4 +81,76 @@ def nano_to_official_worker(rank: int, world_size: int, root: str, cases: list) 
         if not close:
             failures.append(f"{label}: official resumed from nano's checkpoint: losses differ from nano's by "
                             f"{loss_gap:.3g}, parameters by {after:.3g}")
+    return failures
+
+
+def interop_config(stage: int, sub_group_size: int | None) -> dict:
+    """checkpoint_workers' config without a schedule (the reference steps at one LR), and stage 3's
+    optimizer sub-groups of `sub_group_size` elements when given."""
+    config = checkpoint_config(stage, scheduler=False)
+    if sub_group_size is not None:
+        config["zero_optimization"]["sub_group_size"] = sub_group_size
+    return config
+
+
+def case_directory(root: str, stage: int, sub_group_size: int | None) -> str:
+    return os.path.join(root, f"stage{stage}_sub{sub_group_size or 'default'}")
+
+
+def engine_module(implementation: str, world_size: int):
+    """zero_lab.nano, or official DeepSpeed on CPU."""
+    if implementation == "nano":
+        return nano
+    from tests.nano.official_workers import import_official_deepspeed
+    return import_official_deepspeed(world_size)
+
+
+def engine_config(implementation: str, config: dict) -> dict:
+    from zero_lab.nano.official_config import to_official_config
+    return config if implementation == "nano" else to_official_config(config, device="cpu")
+
+
+def trained_against(engine, module, steps: range, rank: int, world_size: int, reference: TokenReference,
+                    failures: list, label: str) -> None:
+    """Steps of the global schedule, each held to the single-process reference on the global batch."""
+    for step in steps:
+        losses_of(engine, range(step, step + 1), rank)
+        reference.step(step, world_size, ACCUMULATION, MICRO_SIZE)
+        compare_whole(engine.module, reference, failures, f"{label} step {step}", step + 1, module.zero)
+
+
+def save_worker(rank: int, world_size: int, root: str, implementation: str, cases: list, steps: int) -> list[str]:
+    """Train `steps` steps at this world size against the reference, then save. With a sub_group_size,
+    official's stage 3 must really hold more than one optimizer sub-group per parameter group."""
+    module, failures = engine_module(implementation, world_size), []
+    for stage, sub_group_size in cases:
+        label = f"{implementation} W={world_size} stage {stage} sub-groups {sub_group_size}"
+        engine = initialized(module, engine_config(implementation, interop_config(stage, sub_group_size)), 0)
+        if implementation == "official" and sub_group_size is not None and len(engine.optimizer.fp16_groups) <= 2:
+            failures.append(f"{label}: official holds {len(engine.optimizer.fp16_groups)} sub-groups, not more "
+                            f"than its 2 parameter groups; lower sub_group_size")
+        trained_against(engine, module, range(steps), rank, world_size,
+                        TokenReference(build_trapnet(0), LR, WEIGHT_DECAY, CLIPPING), failures, label)
+        engine.save_checkpoint(case_directory(root, stage, sub_group_size))
+        engine.destroy()
+    return failures
+
+
+def resume_worker(rank: int, world_size: int, root: str, implementation: str, cases: list, history: list[int],
+                  more: int) -> list[str]:
+    """Load, into a model built from another seed, a checkpoint saved after the steps of `history`
+    (the world size of each step); right after the load and after each of `more` steps at this world
+    size, every parameter must equal the reference's that took the same global batches."""
+    module, failures = engine_module(implementation, world_size), []
+    for stage, sub_group_size in cases:
+        label = f"{implementation} resumed at W={world_size} stage {stage} sub-groups {sub_group_size}"
+        reference = TokenReference(build_trapnet(0), LR, WEIGHT_DECAY, CLIPPING)
+        for step, size in enumerate(history):
+            reference.step(step, size, ACCUMULATION, MICRO_SIZE)
+        engine = initialized(module, engine_config(implementation, interop_config(stage, sub_group_size)), 1)
+        engine.load_checkpoint(case_directory(root, stage, sub_group_size))
+        compare_whole(engine.module, reference, failures, f"{label}, at the load", len(history), module.zero)
+        trained_against(engine, module, range(len(history), len(history) + more), rank, world_size, reference,
+                        failures, label)
+        engine.destroy()
     return failures

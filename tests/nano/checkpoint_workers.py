@@ -9,10 +9,13 @@ scaler and the engine's counters.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 
 import zero_lab.nano as nano
+from zero_lab.nano import stages
+from zero_lab.nano.checkpoint import files as checkpoint_files
 from tests.nano.reference import max_difference
 from tests.nano.stage3_reference import TokenReference, build_trapnet, decay_groups, token_batch, token_loss
 from tests.nano.stage3_workers import compare_whole
@@ -89,7 +92,12 @@ def resume_worker(rank: int, world_size: int, root: str, cases: list) -> list[st
         straight = start(checkpoint_config(stage, precision))
         train(straight, range(SAVED_AT + MORE), rank)
         resumed = start(checkpoint_config(stage, precision), seed=1)
-        path, client_state = resumed.load_checkpoint(directory_of(root, stage, precision))
+        with files_read() as read:
+            path, client_state = resumed.load_checkpoint(directory_of(root, stage, precision))
+        optimizer_files = [name for name in read if name.endswith("_optim_states.pt")]
+        if stages.of(stage).partitions_optimizer_states and stages.of(stage).checkpoint.cut == stages.FLAT \
+                and optimizer_files != [checkpoint_files.optim_states_name(precision, rank)]:
+            failures.append(f"{label}: at the saved world size rank {rank} read {optimizer_files}, not only its own")
         if path is None or client_state.get("epoch") != 7:
             failures.append(f"{label}: load_checkpoint returned ({path}, {client_state})")
         elif list(counters(resumed)[:3]) != client_state["counters"]:
@@ -108,6 +116,21 @@ def resume_worker(rank: int, world_size: int, root: str, cases: list) -> list[st
         straight.destroy()
         resumed.destroy()
     return failures
+
+
+@contextmanager
+def files_read():
+    """The names of the checkpoint files read inside the block, in order."""
+    read, original = [], checkpoint_files.read_file
+
+    def recorded(path: str) -> dict:
+        read.append(os.path.basename(path))
+        return original(path)
+    checkpoint_files.read_file = recorded
+    try:
+        yield read
+    finally:
+        checkpoint_files.read_file = original
 
 
 def reshard_save_worker(rank: int, world_size: int, root: str, stages: list[int], steps: int) -> list[str]:
@@ -237,7 +260,6 @@ def killed_mid_save_worker(rank: int, world_size: int, root: str) -> list[str]:
     one rank dies: rank 1 by SIGKILL halfway through writing its optimizer file, rank 0 by SIGKILL
     once it has written all of its own files, before the rename."""
     import signal
-    from zero_lab.nano.checkpoint import files as checkpoint_files
     engine = start(checkpoint_config(2, scheduler=False))
     train(engine, range(1), rank)
     engine.save_checkpoint(root)
@@ -261,7 +283,6 @@ def killed_mid_save_worker(rank: int, world_size: int, root: str) -> list[str]:
 def resume_after_kill_worker(rank: int, world_size: int, root: str) -> list[str]:
     """After the killed save: `latest` still names global_step1, which loads; saving global_step2
     again replaces the partial directory."""
-    from zero_lab.nano.checkpoint import files as checkpoint_files
     failures = []
     engine = start(checkpoint_config(2, scheduler=False), seed=1)
     path, _ = engine.load_checkpoint(root)

@@ -22,11 +22,11 @@ def stage3_config(persistence: int = 10, **options) -> dict:
     return config
 
 
-def compare_whole(model, reference, failures, label, steps_done: int):
-    """Gather every parameter, as a user would read them, and compare with the reference. The spare
-    block gets no gradient: DeepSpeed (and nano) count it as zero, so only AdamW's decoupled decay
-    moves its matrix, where torch.optim skips a parameter without a gradient."""
-    with nano.zero.GatheredParameters(model.parameters()):
+def compare_whole(model, reference, failures, label, steps_done: int, zero=nano.zero):
+    """Gather every parameter, as a user would read them (`zero`: nano's or official's), and compare
+    with the reference. The spare block gets no gradient: DeepSpeed (and nano) count it as zero, so
+    only AdamW's decoupled decay moves its matrix, where torch.optim skips a parameter without a gradient."""
+    with zero.GatheredParameters(list(model.parameters())):
         used = [(mine, theirs) for (name, mine), theirs in zip(model.named_parameters(), reference.model.parameters())
                 if not name.startswith("spare.")]
         difference = max((mine.detach().float() - theirs.detach().float()).abs().max().item() for mine, theirs in used)

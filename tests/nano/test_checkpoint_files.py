@@ -9,6 +9,7 @@ import torch
 from tests.nano.checkpoint_workers import checkpoint_config, snapshot, start, train
 from tests.nano.test_engine_api import single_process  # noqa: F401 (the fixture)
 from zero_lab.nano.checkpoint import files as checkpoint_files, reshard
+from zero_lab.nano import stages
 from zero_lab.nano.errors import CheckpointError
 from zero_lab.nano.layout import FlatLayout
 
@@ -74,7 +75,7 @@ def test_missing_truncated_and_corrupt_files_are_refused_in_one_line(single_proc
     _refused(directory, "truncated or corrupt")
     with open(optimizer_file, "wb") as handle:
         handle.write(whole)
-    os.remove(os.path.join(tag_directory, checkpoint_files.model_states_name(2, 0)))
+    os.remove(os.path.join(tag_directory, checkpoint_files.model_states_name(stages.FLAT_FILES, 0)))
     _refused(directory, "is missing")
     os.remove(optimizer_file)
     _refused(directory, "has no *_optim_states.pt files")
@@ -155,3 +156,44 @@ def test_official_unpickles_the_loss_scaler_as_its_own_class_and_can_call_it(sin
                         weights_only=False)["optimizer_state_dict"]["loss_scaler"]
     assert type(stored) is LossScaler and stored.scale_loss(torch.tensor(3.0)).item() == 3.0
     fp32.destroy()
+
+
+def _without_optimizer_files(directory: str) -> None:
+    tag_directory = os.path.join(directory, open(os.path.join(directory, checkpoint_files.LATEST)).read())
+    for name in os.listdir(tag_directory):
+        if name.endswith("_optim_states.pt"):
+            os.remove(os.path.join(tag_directory, name))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_load_module_only_needs_no_optimizer_files_below_stage_3(single_process, tmp_path, precision):
+    """As official's load_module_only: the parameters from the model states' `module` (in the model's
+    dtype); a full load still needs the optimizer files, and says so in one line."""
+    saver = start(checkpoint_config(2, precision))
+    train(saver, range(2), 0)
+    saver.save_checkpoint(str(tmp_path))
+    expected = snapshot(saver)
+    saver.destroy()
+    _without_optimizer_files(str(tmp_path))
+    for options in ({"load_module_only": True}, {"load_optimizer_states": False}):
+        engine = start(checkpoint_config(2, precision), seed=1)
+        path, _ = engine.load_checkpoint(str(tmp_path), **options)
+        loaded = snapshot(engine)
+        assert path is not None and all(torch.equal(loaded[name], expected[name]) for name in expected), options
+        train(engine, range(2, 3), 0)  # and it trains on
+        engine.destroy()
+    _refused(str(tmp_path), "has no *_optim_states.pt files")
+
+
+def test_load_module_only_of_a_stage3_checkpoint_without_optimizer_files_is_refused_in_one_line(single_process,
+                                                                                             tmp_path):
+    saver = start(checkpoint_config(3))
+    train(saver, range(1), 0)
+    saver.save_checkpoint(str(tmp_path))
+    saver.destroy()
+    _without_optimizer_files(str(tmp_path))
+    engine = start(checkpoint_config(3), seed=1)
+    with pytest.raises(CheckpointError) as refusal:
+        engine.load_checkpoint(str(tmp_path), load_module_only=True)
+    assert "holds no whole values" in str(refusal.value) and "\n" not in str(refusal.value)
+    engine.destroy()

@@ -1,5 +1,5 @@
 """`zero-lab checkpoint inspect|consolidate|reshard`: DeepSpeed checkpoints (nano's or official's)
-read offline, on one process, by `zero_lab.nano.checkpoint_offline`.
+read offline, on one process, by `zero_lab.nano.checkpoint.offline`.
 
     zero-lab checkpoint inspect runs/ckpt
     zero-lab checkpoint consolidate runs/ckpt --model-name tiny --out weights/model.safetensors

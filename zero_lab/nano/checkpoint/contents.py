@@ -103,23 +103,32 @@ class SavedTraining:
     moments: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # name -> exp_avg, exp_avg_sq
     step_of: dict[str, int] = field(default_factory=dict)
     param_groups: list[dict] = field(default_factory=list)
+    group_names: list[list[str]] = field(default_factory=list)  # each parameter group's names, in file order
     loss_scaler: dict = field(default_factory=dict)
+
+    @classmethod
+    def header(cls, optimizer_file: dict, param_shapes: list[dict]) -> "SavedTraining":
+        """What any one rank's optimizer file says of the whole: stage, world size, groups, scaler."""
+        first = optimizer_file["optimizer_state_dict"]
+        stage = int(first["zero_stage"])
+        count = first["partition_count"]
+        loss_scaler = first.get("loss_scaler")
+        saved = cls(stage, max(count) if isinstance(count, list) else int(count),
+                    loss_scaler=loss_scaler if isinstance(loss_scaler, dict)
+                    else scaler_fields(loss_scaler) if loss_scaler is not None else {})
+        saved.param_groups = list(first[moments_key(stage)].get("param_groups", []))
+        saved.group_names = _group_names(param_shapes, saved.param_groups)
+        return saved
 
     @classmethod
     def read(cls, optimizer_files: list[dict], param_shapes: list[dict], paths: list[str]) -> "SavedTraining":
         """Phase 1 of resharding for every group: N ranks' stored tensors -> whole parameters."""
-        first = optimizer_files[0]["optimizer_state_dict"]
-        stage = int(first["zero_stage"])
-        count = first["partition_count"]
-        world_size = max(count) if isinstance(count, list) else int(count)
+        saved = cls.header(optimizer_files[0], param_shapes)
+        stage, world_size = saved.stage, saved.world_size
         if len(optimizer_files) != world_size:
             raise CheckpointError(f"the checkpoint was saved by {world_size} ranks but {len(optimizer_files)} "
                                   f"optimizer files are there; load another tag")
         states = [file["optimizer_state_dict"] for file in optimizer_files]
-        loss_scaler = first.get("loss_scaler")
-        saved = cls(stage, world_size, loss_scaler=loss_scaler if isinstance(loss_scaler, dict)
-                    else scaler_fields(loss_scaler) if loss_scaler is not None else {})
-        saved.param_groups = list(states[0][moments_key(stage)].get("param_groups", []))
         names = [[name for name in shapes] for shapes in param_shapes]
         numels = [[_numel(shapes[name]) for name in shapes] for shapes in param_shapes]
         # Stage 3 cuts per parameter across every group (official may split a group into several
@@ -147,6 +156,57 @@ class SavedTraining:
             for position, name in enumerate(group_names):
                 saved.moments[name] = {key: per_name[key][position] for key in MOMENTS}
         return saved
+
+
+def own_flat_partitions(own_file: dict, param_shapes: list[dict],
+                        expected: list[tuple[list[str], int]]) -> list[tuple[torch.Tensor, dict, int]] | None:
+    """One rank's file of a flat cut, read as that rank's partitions: per group (master without its
+    end padding, moments, Adam step), when group g holds exactly the names `expected[g][0]` and its
+    stored master `expected[g][1]` elements, as the loading rank's layout would cut it. None when
+    the file is laid out otherwise: then every rank's file is needed."""
+    state = own_file["optimizer_state_dict"]
+    stage = int(state["zero_stage"])
+    masters, moments = state.get(fp32_key(stage)), state.get(moments_key(stage), {})
+    param_groups = moments.get("param_groups", [])
+    if masters is None or len(masters) != len(expected) or len(param_shapes) != len(expected) \
+            or len(param_groups) != len(expected):
+        return None
+    partitions = []
+    for (names, kept), shapes, master, group in zip(expected, param_shapes, masters, param_groups):
+        if list(shapes) != names or master.numel() != kept or len(group.get("params", [])) != 1:
+            return None
+        entry = moments.get("state", {}).get(group["params"][0], {})
+        partitions.append((master.detach().reshape(-1).float(),
+                           {key: entry[key].reshape(-1).float() for key in MOMENTS if key in entry},
+                           int(float(entry.get("step", 0)))))
+    return partitions
+
+
+def module_parameters(model_states: dict, path: str) -> SavedTraining:
+    """The parameters only, from the model states' `module` (in the model's dtype), for a load of the
+    module without optimizer files, as official's load_module_only reads them."""
+    zero = (model_states.get("ds_config") or {}).get("zero_optimization") or {}
+    saved = SavedTraining(int(zero.get("stage", 0)), int(model_states.get("dp_world_size", 1)))
+    for group in model_states["param_shapes"]:
+        for name, shape in group.items():
+            values = model_states["module"].get(name)
+            if values is None or values.numel() != _numel(shape):
+                raise CheckpointError(f"{path} holds no whole values of parameter {name} (ZeRO-3 keeps them only in "
+                                      f"the *_optim_states.pt files); copy those files beside it, or load the "
+                                      f"weights `zero-lab checkpoint consolidate` writes")
+            saved.whole[name] = values.detach().float().reshape(-1)
+    return saved
+
+
+def _group_names(param_shapes: list[dict], param_groups: list[dict]) -> list[list[str]]:
+    """Each parameter group's names. A file stores one tensor an entry of param_shapes, and each of
+    its param_groups lists its tensors (several at official's stage 3: its sub-groups). A file that
+    does not say so holds one group an entry."""
+    entries = [list(shapes) for shapes in param_shapes]
+    owned = [list(group.get("params", [])) for group in param_groups]
+    if sorted(index for group in owned for index in group) != list(range(len(entries))):
+        return entries
+    return [[name for index in group for name in entries[index]] for group in owned]
 
 
 def _numel(shape) -> int:

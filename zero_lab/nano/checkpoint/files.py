@@ -35,9 +35,9 @@ LATEST = "latest"
 PARTIAL_SUFFIX = ".partial"
 
 
-def model_states_name(stage: int, rank: int) -> str:
-    """One file per rank where the stage's checkpoint layout says so (stage 3), else rank 0's one."""
-    if stages.of(stage).checkpoint.model_states_per_rank:
+def model_states_name(layout: stages.CheckpointLayout, rank: int) -> str:
+    """One file per rank where the checkpoint layout says so (official's stage 3), else rank 0's one."""
+    if layout.model_states_per_rank:
         return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
     return "mp_rank_00_model_states.pt"
 
@@ -184,20 +184,32 @@ def read_file(path: str) -> dict:
     return state
 
 
-def read_tag(load_dir: str, tag: str) -> tuple[str, dict, list[dict], list[str]]:
-    """A tag's files, read: (model-states path, model states, every optimizer file, their paths)."""
+def optimizer_paths(load_dir: str, tag: str, parameters_only: bool = False) -> list[str]:
+    """A tag's optimizer files, by rank. `parameters_only`: none is no error (the module alone loads)."""
     directory = os.path.join(load_dir, tag)
-    names = sorted(os.listdir(directory))
-    optimizer_paths = [os.path.join(directory, name) for name in names if name.endswith("_optim_states.pt")
-                       and "zero_pp_rank_" in name]
-    if not optimizer_paths:
+    paths = [os.path.join(directory, name) for name in sorted(os.listdir(directory))
+             if name.endswith("_optim_states.pt") and "zero_pp_rank_" in name]
+    if not paths and not parameters_only:
         raise CheckpointError(f"{directory} has no *_optim_states.pt files (official stage 0 keeps its optimizer "
                               f"elsewhere, which nano cannot convert); load a ZeRO stage 1-3 checkpoint")
-    optimizer_paths.sort(key=lambda path: int(os.path.basename(path).split("zero_pp_rank_")[1].split("_")[0]))
-    stage3 = os.path.join(directory, model_states_name(3, 0))
-    model_path = stage3 if os.path.exists(stage3) else os.path.join(directory, model_states_name(0, 0))
+    return sorted(paths, key=lambda path: int(os.path.basename(path).split("zero_pp_rank_")[1].split("_")[0]))
+
+
+def read_model_states(load_dir: str, tag: str) -> tuple[str, dict]:
+    """(path, contents) of the tag's model states: rank 0's per-rank file, else the one file."""
+    directory = os.path.join(load_dir, tag)
+    per_rank = os.path.join(directory, model_states_name(stages.PER_PARAMETER_FILES, 0))
+    model_path = per_rank if os.path.exists(per_rank) else os.path.join(directory,
+                                                                         model_states_name(stages.FLAT_FILES, 0))
     model_states = read_file(model_path)
     for key in ("param_shapes", "module"):
         if key not in model_states:
             raise CheckpointError(f"{model_path} has no {key!r}; it is not a DeepSpeed model-states file")
-    return model_path, model_states, [read_file(path) for path in optimizer_paths], optimizer_paths
+    return model_path, model_states
+
+
+def read_tag(load_dir: str, tag: str) -> tuple[str, dict, list[dict], list[str]]:
+    """A tag's files, read: (model-states path, model states, every optimizer file, their paths)."""
+    paths = optimizer_paths(load_dir, tag)
+    model_path, model_states = read_model_states(load_dir, tag)
+    return model_path, model_states, [read_file(path) for path in paths], paths

@@ -16,7 +16,7 @@ import torch
 from zero_lab.nano.checkpoint import files
 from zero_lab.nano import stages
 from zero_lab.nano.checkpoint import reshard
-from zero_lab.nano.checkpoint.contents import MOMENTS, SavedTraining, optimizer_states
+from zero_lab.nano.checkpoint.contents import MOMENTS, SavedTraining, model_shapes, optimizer_states
 from zero_lab.nano.errors import CheckpointError
 from zero_lab.nano.layout import FlatLayout
 
@@ -83,11 +83,11 @@ def consolidate(checkpoint: OpenCheckpoint) -> dict[str, torch.Tensor]:
     shapes, states = checkpoint.shapes(), checkpoint.model_states
     weights = {name: states["module"][name].float() if states["module"][name].is_floating_point()
                else states["module"][name] for name in states.get("buffer_names", [])}
-    per_rank = stages.of(checkpoint.saved.stage).checkpoint.model_states_per_rank  # frozen parameters cut per rank
+    layout = stages.of(checkpoint.saved.stage).checkpoint
     for name, shape in (states.get("frozen_param_shapes") or {}).items():
-        if per_rank:
+        if layout.model_states_per_rank:  # frozen parameters are cut per rank there
             fragments = [files.read_file(os.path.join(checkpoint.directory, checkpoint.tag,
-                                                      files.model_states_name(3, rank)))["frozen_param_fragments"][name]
+                                                      files.model_states_name(layout, rank)))["frozen_param_fragments"][name]
                          for rank in range(checkpoint.saved.world_size)]
             weights[name] = torch.cat([part.reshape(-1) for part in fragments])[:torch.Size(shape).numel()] \
                 .view(shape).float()
@@ -110,16 +110,6 @@ def _cut(wholes: list[torch.Tensor], stage: int, precision: str, world_size: int
     return reshard.stored_flat(reshard.flat_partition(wholes, layout, rank), layout, rank, master)
 
 
-def _stored_parts(group: list[str], facts: stages.Stage, world_size: int, sub_group_size: int,
-                  shapes: dict[str, torch.Size]) -> list[list[str]]:
-    """The parameters of each tensor a file stores for one group: the group (flat cut), or each of
-    official's sub-groups at this world size (per-parameter cut)."""
-    if facts.checkpoint.cut != reshard.PER_PARAMETER:
-        return [group]
-    chunks = [reshard.chunk_numel(shapes[name].numel(), world_size) for name in group]
-    return [[group[position] for position in part] for part in reshard.official_sub_groups(chunks, sub_group_size)]
-
-
 def reshard_checkpoint(checkpoint: OpenCheckpoint, world_size: int, out: str) -> dict:
     """Write `out/<tag>/` (and `out/latest`) for `world_size` ranks; returns describe() of it."""
     saved, stage, precision = checkpoint.saved, checkpoint.saved.stage, checkpoint.precision
@@ -128,33 +118,35 @@ def reshard_checkpoint(checkpoint: OpenCheckpoint, world_size: int, out: str) ->
         raise CheckpointError("a stage-0 checkpoint has one partition at any world size; load it directly")
     if os.path.exists(os.path.join(out, checkpoint.tag)):
         raise CheckpointError(f"{os.path.join(out, checkpoint.tag)} exists; choose another --out (nothing was written)")
-    groups = [[name for name in group] for group in checkpoint.model_states["param_shapes"]]
+    groups = saved.group_names
     hyper = [{key: value for key, value in group.items() if key != "params"} for group in saved.param_groups]
-    hyper = hyper if len(hyper) == len(groups) else [{} for _ in groups]  # official stage 3 counts sub-groups
+    hyper = hyper if len(hyper) == len(groups) else [{} for _ in groups]
     os.makedirs(out, exist_ok=True)
     partial = files.start_directory(out, checkpoint.tag)
-    model_states = {**checkpoint.model_states, "dp_world_size": world_size}
+    shapes = checkpoint.shapes()
+    sub_group_size = int(((checkpoint.model_states.get("ds_config") or {}).get("zero_optimization") or {})
+                         .get("sub_group_size", OFFICIAL_SUB_GROUP_SIZE))
+    parts = [(group_index, part) for group_index, group in enumerate(groups) for part in reshard.stored_tensor_names(
+        group, [shapes[name].numel() for name in group], facts.checkpoint.cut, world_size, sub_group_size)]
+    model_states = {**checkpoint.model_states, "dp_world_size": world_size,  # one entry a stored tensor
+                    "param_shapes": model_shapes([part for _, part in parts], shapes)}
     for rank in range(world_size if facts.checkpoint.model_states_per_rank else 1):
         if facts.checkpoint.model_states_per_rank:  # each holds its rank's cut of the frozen parameters
             model_states["frozen_param_fragments"] = {
                 name: reshard.per_parameter_partition([values.reshape(-1).float()], world_size, rank)
                 for name, values in consolidate(checkpoint).items()
                 if name in (checkpoint.model_states.get("frozen_param_shapes") or {})}
-        files.write_file(model_states, os.path.join(partial, files.model_states_name(stage, rank)))
-    sub_group_size = int(((checkpoint.model_states.get("ds_config") or {}).get("zero_optimization") or {})
-                         .get("sub_group_size", OFFICIAL_SUB_GROUP_SIZE))
+        files.write_file(model_states, os.path.join(partial, files.model_states_name(facts.checkpoint, rank)))
     for rank in range(world_size):
         masters, moments, steps, group_of = [], [], [], []
-        for group_index, group in enumerate(groups):
-            have_moments = all(name in saved.moments for name in group)
-            step = max((saved.step_of.get(name, 0) for name in group), default=0)
-            for part in _stored_parts(group, facts, world_size, sub_group_size, checkpoint.shapes()):
-                masters.append(_cut([saved.whole[name] for name in part], stage, precision, world_size, rank, True))
-                moments.append({key: _cut([saved.moments[name][key] if have_moments else
-                                           torch.zeros_like(saved.whole[name]) for name in part], stage, precision,
-                                          world_size, rank, False) for key in MOMENTS})
-                steps.append(step)
-                group_of.append(group_index)
+        for group_index, part in parts:
+            have_moments = all(name in saved.moments for name in part)
+            masters.append(_cut([saved.whole[name] for name in part], stage, precision, world_size, rank, True))
+            moments.append({key: _cut([saved.moments[name][key] if have_moments else
+                                       torch.zeros_like(saved.whole[name]) for name in part], stage, precision,
+                                      world_size, rank, False) for key in MOMENTS})
+            steps.append(max((saved.step_of.get(name, 0) for name in groups[group_index]), default=0))
+            group_of.append(group_index)
         states = optimizer_states(stage, world_size, hyper, group_of, masters, moments, steps, saved.loss_scaler)
         files.write_file(states, os.path.join(partial, files.optim_states_name(precision, rank)))
     files.finish_directory(out, checkpoint.tag)

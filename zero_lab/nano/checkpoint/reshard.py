@@ -98,12 +98,24 @@ def official_sub_groups(chunk_numels: list[int], sub_group_size: int) -> list[li
     return sub_groups
 
 
+def stored_tensor_names(names: list[str], numels: list[int], cut: str, world_size: int,
+                        sub_group_size: int) -> list[list[str]]:
+    """The parameters of each tensor official's files store for one parameter group: the group (flat
+    cut), or each of official's optimizer sub-groups at `world_size` (per-parameter cut)."""
+    if cut == FLAT:
+        return [names]
+    chunks = [chunk_numel(numel, world_size) for numel in numels]
+    return [[names[position] for position in part] for part in official_sub_groups(chunks, sub_group_size)]
+
+
 def stored_flat(partition: torch.Tensor, layout: FlatLayout, rank: int, master: bool) -> torch.Tensor:
     """A flat partition as official's files store it: a master without the padding at the buffer's
     end (`single_partition_of_fp32_groups`), a moment whole (torch.optim's state_dict of the padded
     partition, which official's load copies as it is)."""
-    if not master:
-        return partition
+    return partition[:stored_numel(layout, rank)] if master else partition
+
+
+def stored_numel(layout: FlatLayout, rank: int) -> int:
+    """The elements of rank `rank`'s stored master: its partition less the padding at the buffer's end."""
     start, end = layout.partition_range(rank)
-    kept = max(0, min(end, layout.numel) - start)
-    return partition[:kept]
+    return max(0, min(end, layout.numel) - start)

@@ -11,7 +11,8 @@ Save, on every rank (`files.py` tells the safe-write phases):
              each group's own order and official's sub-groups (`reshard.official_sub_groups`).
     Phase 4: a barrier, the rename to `<dir>/<tag>`, then `latest`.
 Load (any stage, any world size, nano's or official's files):
-    Phase 1: resolve the tag; read the model states and all N optimizer files.
+    Phase 1: resolve the tag; read the model states and all N optimizer files (at the saved world
+             size with the flat cut on both sides, only this rank's: it holds this rank's partitions).
     Phase 2: check every trainable parameter is there with its shape (one line if not).
     Phase 3: partition -> whole parameter -> partition (`reshard.py`) into this rank's fp32
              masters and Adam moments; restore the steps, the LR schedule, the loss scaler.
@@ -30,7 +31,8 @@ from zero_lab.nano.checkpoint import files
 from zero_lab.nano import stages
 from zero_lab.nano.checkpoint import reshard
 from zero_lab.nano.checkpoint.contents import (ENGINE_KEYS, FORMAT_VERSION, MOMENTS, SavedTraining, model_shapes,
-                                               optimizer_states, scaler_fields)
+                                               module_parameters, optimizer_states, own_flat_partitions,
+                                               scaler_fields)
 from zero_lab.nano.errors import CheckpointError
 
 
@@ -40,11 +42,20 @@ def _groups(optimizer) -> list[list[int]]:
             for group in range(len(optimizer.adam.param_groups))]
 
 
-def _file_order(optimizer) -> list[list[str]]:
-    """Each group's parameter names in the group's own order, the order official's files hold them
-    (official's load copies its partitions by position). Below stage 3 one buffer holds each group
-    in that order; at stage 3 the units reorder it, so the save recuts it (Phase 3)."""
-    return [[optimizer.parameter_names[parameter] for parameter in group] for group in optimizer.group_parameters]
+def _stored_tensors(engine, stage: stages.Stage) -> list[tuple[int, list[str]]]:
+    """(parameter group, names) of each tensor the optimizer files store, in order, as official
+    stores them: one a group in the flat cut; in the per-parameter cut one an official sub-group
+    (`sub_group_size`). Each group in its own order: official's load copies partitions by position.
+    Below stage 3 one buffer holds each group in that order; at stage 3 the units reorder it, so the
+    save recuts it (Phase 3)."""
+    optimizer, stored = engine.optimizer, []
+    for group_index, group in enumerate(optimizer.group_parameters):
+        numels = [torch.Size(getattr(parameter, "zero_lab_shape", parameter.shape)).numel() for parameter in group]
+        names = [optimizer.parameter_names[parameter] for parameter in group]
+        stored += [(group_index, part) for part in reshard.stored_tensor_names(
+            names, numels, stage.checkpoint.cut, engine.collectives.world_size,
+            engine.nano_config.zero_optimization.sub_group_size)]
+    return stored
 
 
 def _moments_of(optimizer, index: int) -> tuple[int, dict[str, torch.Tensor]]:
@@ -79,11 +90,11 @@ def _flat_group(optimizer, buffer_indices: list[int]) -> tuple[list[torch.Tensor
     return [master], [moments], step
 
 
-def _per_parameter_group(optimizer, buffer_indices: list[int], order: list[str],
-                         sub_group_size: int) -> tuple[list[torch.Tensor], list[dict], int]:
+def _per_parameter_group(optimizer, buffer_indices: list[int],
+                         parts: list[list[str]]) -> tuple[list[torch.Tensor], list[dict], int]:
     """Phase 3, official's per-parameter cut (stage 3): each unit's master and moments gathered whole,
-    one unit at a time, and this rank's chunk of every parameter kept; then the chunks in the group's
-    order, one stored tensor per official sub-group."""
+    one unit at a time, and this rank's chunk of every parameter kept; then one stored tensor for
+    each of `parts` (the group's sub-groups), its parameters' chunks end to end."""
     rank, world_size = optimizer.collectives.rank, optimizer.collectives.world_size
     steps, chunks = [], {key: {} for key in ("master", *MOMENTS)}
     for index in buffer_indices:
@@ -93,19 +104,17 @@ def _per_parameter_group(optimizer, buffer_indices: list[int], order: list[str],
         for key, values in (("master", optimizer.master_partitions[index]), *moments.items()):
             for name, whole in zip(names, _whole_buffer(optimizer, index, values)):
                 chunks[key][name] = reshard.per_parameter_partition([whole], world_size, rank)
-    sub_groups = reshard.official_sub_groups([chunks["master"][name].numel() for name in order], sub_group_size)
-    stored = [{key: torch.cat([chunks[key][order[position]] for position in sub_group]) for key in chunks}
-              for sub_group in sub_groups]
+    stored = [{key: torch.cat([chunks[key][name] for name in part]) for key in chunks} for part in parts]
     return [tensors.pop("master") for tensors in stored], stored, max(steps, default=0)
 
 
-def _module_states(engine, stage: stages.Stage) -> dict:
+def _module_states(engine, stage: stages.Stage, stored: list[tuple[int, list[str]]]) -> dict:
     """Phase 2: the module's state_dict and the names and shapes zero_to_fp32 reads (with partitioned
     parameters the module holds them as empty tensors, and frozen ones are cut as the masters are)."""
     optimizer, module = engine.optimizer, engine.module
     named = module.state_dict(keep_vars=True)
     parameter_names = optimizer.parameter_names
-    trainable = {name for group in _file_order(optimizer) for name in group}
+    trainable = {name for _, names in stored for name in names}
     state, buffer_names, shared, frozen_shapes, frozen = {}, [], {}, {}, {}
     rank, world_size = engine.collectives.rank, engine.collectives.world_size
     for name, value in named.items():
@@ -128,12 +137,12 @@ def _module_states(engine, stage: stages.Stage) -> dict:
     shapes = {name: parameter.zero_lab_shape if hasattr(parameter, "zero_lab_shape") else parameter.shape
               for parameter, name in parameter_names.items()}
     return {"module": state, "buffer_names": buffer_names,
-            "param_shapes": model_shapes(_file_order(optimizer), shapes),
+            "param_shapes": model_shapes([names for _, names in stored], shapes),  # one entry a stored tensor
             "shared_params": shared, "frozen_param_shapes": frozen_shapes, "frozen_param_fragments": frozen,
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
             "skipped_steps": engine.skipped_steps, "dp_world_size": world_size, "mp_world_size": 1,
-            "ds_config": engine.config.model_dump(mode="json", by_alias=True, exclude_unset=True),
+            "ds_config": engine.nano_config.model_dump(mode="json", by_alias=True, exclude_unset=True),
             "ds_version": FORMAT_VERSION, "zero_lab_nano": True}
 
 
@@ -143,7 +152,7 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     """Write one checkpoint; returns {"tag", "bytes" (this rank's files), "seconds"}."""
     started = time.perf_counter()
     optimizer, collectives = engine.optimizer, engine.collectives
-    rank, stage, precision = collectives.rank, stages.of(engine.zero_optimization_stage()), engine.config.precision
+    rank, stage, precision = collectives.rank, stages.of(engine.zero_optimization_stage()), engine.nano_config.precision
     # Phase 1
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     reserved = ENGINE_KEYS & set(client_state or {})
@@ -154,23 +163,23 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
         files.start_directory(save_dir, tag)
     collectives.barrier()
     directory = files.partial_directory(save_dir, tag)
-    written = 0
+    written, stored_tensors = 0, _stored_tensors(engine, stage)
     # Phase 2
     if stage.checkpoint.model_states_per_rank or rank == 0:
-        states = {**_module_states(engine, stage), **(client_state or {})}
-        written += files.write_file(states, os.path.join(directory, files.model_states_name(stage.number, rank)))
+        states = {**_module_states(engine, stage, stored_tensors), **(client_state or {})}
+        written += files.write_file(states, os.path.join(directory, files.model_states_name(stage.checkpoint, rank)))
     # Phase 3
     masters, moments, steps, group_of = [], [], [], []
-    for group_index, (buffer_indices, order) in enumerate(zip(_groups(optimizer), _file_order(optimizer))):
+    for group_index, buffer_indices in enumerate(_groups(optimizer)):
+        parts = [names for owner, names in stored_tensors if owner == group_index]
         if stage.checkpoint.cut == reshard.PER_PARAMETER:
-            stored, stored_moments, step = _per_parameter_group(
-                optimizer, buffer_indices, order, engine.config.zero_optimization.sub_group_size)
+            group_masters, group_moments, step = _per_parameter_group(optimizer, buffer_indices, parts)
         else:
-            stored, stored_moments, step = _flat_group(optimizer, buffer_indices)
-        masters += stored
-        moments += stored_moments
-        steps += [step] * len(stored)
-        group_of += [group_index] * len(stored)
+            group_masters, group_moments, step = _flat_group(optimizer, buffer_indices)
+        masters += group_masters
+        moments += group_moments
+        steps += [step] * len(parts)
+        group_of += [group_index] * len(parts)
     if rank < stage.partition_count(collectives.world_size):  # each partition's owner writes its file
         hyper = [{key: value for key, value in group.items() if key != "params"}
                  for group in optimizer.adam.param_groups]
@@ -187,12 +196,67 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     return {"tag": tag, "bytes": written, "seconds": time.perf_counter() - started}
 
 
-def _check_shapes(engine, saved: SavedTraining, shapes: dict[str, torch.Size], path: str) -> None:
+def _own_partitions(engine, model_states: dict, optimizer_paths: list[str]) -> tuple[SavedTraining, list] | None:
+    """Phase 1's short way, at the saved world size: with the flat cut in the files and in this
+    stage, and each group one buffer laid out as the file's, this rank's optimizer file holds
+    exactly its partitions, so it is the one optimizer file read. None: read every rank's."""
+    optimizer, rank, world_size = engine.optimizer, engine.collectives.rank, engine.collectives.world_size
+    stage = stages.of(engine.zero_optimization_stage())
+    if len(optimizer_paths) != world_size or stage.checkpoint.cut != reshard.FLAT \
+            or stage.partition_count(world_size) != world_size:
+        return None
+    own = files.read_file(optimizer_paths[rank])
+    saved = SavedTraining.header(own, model_states["param_shapes"])
+    if saved.world_size != world_size or stages.of(saved.stage).checkpoint.cut != reshard.FLAT:
+        return None
+    expected = []
+    for buffer_indices in _groups(optimizer):
+        if len(buffer_indices) != 1:
+            return None
+        buffer = optimizer.buffers[buffer_indices[0]]
+        expected.append(([optimizer.parameter_names[parameter] for parameter in buffer.parameters],
+                         reshard.stored_numel(buffer.layout, rank)))
+    partitions = own_flat_partitions(own, model_states["param_shapes"], expected)
+    return None if partitions is None else (saved, partitions)
+
+
+def _adopt_own_partitions(optimizer, partitions: list, with_optimizer: bool) -> None:
+    """Phase 3 by the short way: each group's stored master and moments are its buffer's partition
+    (the padding at the buffer's end is zeros)."""
+    for buffer_indices, (stored, moments, step) in zip(_groups(optimizer), partitions):
+        master = optimizer.master_partitions[buffer_indices[0]]
+        master.zero_()
+        master[:stored.numel()].copy_(stored)
+        optimizer.adam.state.pop(master, None)
+        if with_optimizer and step > 0 and len(moments) == len(MOMENTS):
+            optimizer.adam.state[master] = {"step": step}
+            for key, values in moments.items():
+                padded = torch.zeros_like(master)
+                kept = min(values.numel(), master.numel())
+                padded[:kept].copy_(values[:kept])  # nano's older files dropped the padding
+                optimizer.adam.state[master][key] = padded
+
+
+def _adopt_whole_parameters(optimizer, saved: SavedTraining, with_optimizer: bool) -> None:
+    """Phase 3 (whole parameter -> partition): each buffer's partition cut from the whole parameters."""
+    rank = optimizer.collectives.rank
+    for index, buffer in enumerate(optimizer.buffers):
+        names = [optimizer.parameter_names[parameter] for parameter in buffer.parameters]
+        master = optimizer.master_partitions[index]
+        master.copy_(reshard.flat_partition([saved.whole[name] for name in names], buffer.layout, rank))
+        optimizer.adam.state.pop(master, None)
+        if with_optimizer and all(name in saved.moments for name in names) and saved.step_of[names[0]] > 0:
+            optimizer.adam.state[master] = {"step": saved.step_of[names[0]], **{
+                key: reshard.flat_partition([saved.moments[name][key] for name in names], buffer.layout,
+                                            rank).to(master.device) for key in MOMENTS}}
+
+
+def _check_shapes(engine, shapes: dict[str, torch.Size], path: str) -> None:
     """Phase 2: every trainable parameter is in the checkpoint with its shape."""
     for parameter, name in engine.optimizer.parameter_names.items():
         if not parameter.requires_grad:
             continue
-        if name not in saved.whole:
+        if name not in shapes:
             raise CheckpointError(f"parameter {name} is not in {path}; load a checkpoint of this model")
         ours = tuple(getattr(parameter, "zero_lab_shape", parameter.shape))
         if tuple(shapes[name]) != ours:
@@ -205,33 +269,36 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
                     load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                     load_module_only: bool = False) -> tuple:
     """(path of the model-states file, client_state), or (None, None) with nothing to load."""
-    optimizer, rank = engine.optimizer, engine.collectives.rank
+    optimizer = engine.optimizer
     # Phase 1
     tag = files.resolve_tag(load_dir, tag)
     if tag is None:
         return None, None
-    model_path, model_states, optimizer_files, optimizer_paths = files.read_tag(load_dir, tag)
-    saved = SavedTraining.read(optimizer_files, model_states["param_shapes"], optimizer_paths)
+    optimizer_paths = files.optimizer_paths(load_dir, tag, parameters_only=load_module_only or not load_optimizer_states)
+    model_path, model_states = files.read_model_states(load_dir, tag)
+    own = _own_partitions(engine, model_states, optimizer_paths)
+    if own is not None:
+        saved, partitions = own
+    elif optimizer_paths:
+        saved, partitions = SavedTraining.read([files.read_file(path) for path in optimizer_paths],
+                                               model_states["param_shapes"], optimizer_paths), None
+    else:  # the module only, from the model states (a ZeRO-3 file holds no values: refused there)
+        saved, partitions = module_parameters(model_states, model_path), None
     shapes = {name: shape for group in model_states["param_shapes"] for name, shape in group.items()}
     # Phase 2
-    _check_shapes(engine, saved, shapes, model_path)
+    _check_shapes(engine, shapes, model_path)
     if load_module_strict:
         ours = set(optimizer.parameter_names.values())
-        extra = [name for name in saved.whole if name not in ours]
+        extra = [name for name in shapes if name not in ours]
         if extra:
             raise CheckpointError(f"the checkpoint has parameter {extra[0]}, which this model lacks; load a "
                                   f"checkpoint of this model or pass load_module_strict=False")
     # Phase 3
     with_optimizer = load_optimizer_states and not load_module_only
-    for index, buffer in enumerate(optimizer.buffers):
-        names = [optimizer.parameter_names[parameter] for parameter in buffer.parameters]
-        master = optimizer.master_partitions[index]
-        master.copy_(reshard.flat_partition([saved.whole[name] for name in names], buffer.layout, rank))
-        optimizer.adam.state.pop(master, None)
-        if with_optimizer and all(name in saved.moments for name in names) and saved.step_of[names[0]] > 0:
-            optimizer.adam.state[master] = {"step": saved.step_of[names[0]], **{
-                key: reshard.flat_partition([saved.moments[name][key] for name in names], buffer.layout,
-                                            rank).to(master.device) for key in MOMENTS}}
+    if partitions is not None:
+        _adopt_own_partitions(optimizer, partitions, with_optimizer)
+    else:
+        _adopt_whole_parameters(optimizer, saved, with_optimizer)
     if with_optimizer:
         for group, saved_group in zip(optimizer.adam.param_groups, saved.param_groups):
             if "lr" in saved_group:
@@ -239,7 +306,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
         for key, value in saved.loss_scaler.items():  # whether scaling is dynamic is the config's to say
             if key != "dynamic" and hasattr(optimizer.loss_scaler, key):
                 setattr(optimizer.loss_scaler, key, value)
-    _restore_module_extras(engine, model_states, load_dir, tag)
+    _restore_module_extras(engine, model_states, load_dir, tag, stages.of(saved.stage).checkpoint)
     if load_lr_scheduler_states and not load_module_only and engine.lr_scheduler is not None \
             and model_states.get("lr_scheduler") is not None:
         engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
@@ -256,7 +323,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
 
 
 @torch.no_grad()
-def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str) -> None:
+def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str,
+                           layout: stages.CheckpointLayout) -> None:
     """Buffers and frozen parameters, which live outside the optimizer's partitions."""
     module = engine.module
     buffers = dict(module.named_buffers())
@@ -269,8 +337,8 @@ def _restore_module_extras(engine, model_states: dict, load_dir: str, tag: str) 
     parameters = dict(module.named_parameters())
     count = int(model_states.get("dp_world_size", 1))
     per_rank = None
-    if files.model_states_name(3, 0) in os.listdir(os.path.join(load_dir, tag)):
-        per_rank = [files.read_file(os.path.join(load_dir, tag, files.model_states_name(3, rank)))
+    if layout.model_states_per_rank:  # each rank's file holds its cut of the frozen parameters
+        per_rank = [files.read_file(os.path.join(load_dir, tag, files.model_states_name(layout, rank)))
                     ["frozen_param_fragments"] for rank in range(count)]
     for name, shape in (model_states.get("frozen_param_shapes") or {}).items():
         if name not in parameters:
