@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/stage3_fetch_sweep.py                  # tiny, 2 CPU ranks, ~25 min on 2 loaded cores
     .venv/bin/python bench/stage3_fetch_sweep.py --model small --prefetch 0,3000000,50000000
+    .venv/bin/python bench/stage3_fetch_sweep.py --plot reports/stage3-fetch-sweep.png
 
 Phase 1: for each (prefetch, reuse distance), write the harness's zero3.json with those two keys
          and run one `zero-lab compare --stages 3 --config` (both impls, same model, data, seed).
@@ -10,7 +11,8 @@ Phase 2: print, per setting and impl, the median wire MB per step (all collectiv
          reduce-scatters are the same for every setting, so what changes is the all-gathers) and
          the peak MB within a step. Both impls follow official's fetch rules (zero_lab/nano/fetch_policy.py),
          so equal wire bytes are expected except where official keeps part of a block (a prefetch
-         smaller than a block at reuse distance 0).
+         smaller than a block at reuse distance 0). With --plot, also draw peak MB against wire MB
+         per step, one point per setting and impl.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ def main() -> int:
     parser = workload_parser(__doc__.splitlines()[0], steps=3)
     parser.add_argument("--prefetch", default="0,100000,50000000", help="stage3_prefetch_bucket_size values")
     parser.add_argument("--reuse", default="0,1000000000", help="stage3_max_reuse_distance values")
+    parser.add_argument("--plot", default=None, help="also write this PNG: peak MB against wire MB per step")
     args = parser.parse_args()
+    points = []
     header = f"{'prefetch':>10}{'reuse':>12}  {'impl':<9}{'wire MB/step':>13}{'peak MB':>10}"
     print(header)
     print("-" * len(header))
@@ -46,9 +50,34 @@ def main() -> int:
                                      args.model, "--steps", str(args.steps),
                                      "--config", str(config_with(prefetch, reuse, Path(directory))))  # Phase 1
                 for row in result["rows"]:  # Phase 2
+                    points.append((row["impl"], prefetch, reuse, row.get("comm_wire_mb"), row.get("peak_alloc_max_mb")))
                     print(f"{prefetch:>10}{reuse:>12}  {row['impl']:<9}{row.get('comm_wire_mb') or float('nan'):>13.3f}"
                           f"{row.get('peak_alloc_max_mb') or float('nan'):>10.2f}", flush=True)
+    if args.plot:
+        plot(points, args.model, Path(args.plot))
     return 0
+
+
+def plot(points: list[tuple], model: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    for impl, marker in (("nano", "o"), ("official", "s")):
+        mine = [point for point in points if point[0] == impl and point[3] and point[4]]
+        axes.scatter([point[3] for point in mine], [point[4] for point in mine], marker=marker, label=impl)
+        for _, prefetch, reuse, wire, peak in mine:
+            axes.annotate(f"p={prefetch:.0e} r={reuse:.0e}", (wire, peak), fontsize=7, xytext=(4, 4),
+                          textcoords="offset points")
+    axes.set_xlabel("wire MB per step (all collectives)")
+    axes.set_ylabel("peak MB within a step")
+    axes.set_title(f"stage 3, {model}: stage3_prefetch_bucket_size (p) and stage3_max_reuse_distance (r)")
+    axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,16 @@ def test_the_layout_tables_name_the_same_paths_row_for_row():
 def test_every_path_the_layout_names_exists():
     ignored = (REPO / ".gitignore").read_text().split()
     for folder, *names in layout_rows(ENGLISH):
-        assert (REPO / folder).is_dir() or folder in ignored or f"/{folder}" in ignored, f"no {folder} here"
+        assert (REPO / folder).exists() or folder in ignored or f"/{folder}" in ignored, f"no {folder} here"
         for name in names:
             if name.endswith(".py") and "/" not in name:
                 assert (REPO / folder / name).is_file(), f"the layout names {folder}{name}, which is not here"
+
+
+def test_the_layout_names_every_part_of_the_package():
+    named = {name for row in layout_rows(ENGLISH) for name in row}
+    parts = {f"zero_lab/{path.name}/" if path.is_dir() else f"zero_lab/{path.name}"
+             for path in (REPO / "zero_lab").iterdir()
+             if path.name not in ("__init__.py", "__pycache__") and (path.suffix == ".py" or (path / "__init__.py").is_file()
+                                                                  or path.is_dir() and any(path.rglob("*.py")))}
+    assert parts <= named, f"the README's layout leaves out {parts - named}"

@@ -135,3 +135,21 @@ def load_without_latest_worker(rank: int, world_size: int, directory: str) -> li
         if tuple(loaded) != (None, None):
             failures.append(f"{name}: load_checkpoint without latest returned {loaded!r}")
     return failures
+
+
+def overlap_comm_default_worker(rank: int, world_size: int) -> list[str]:
+    """overlap_comm left out: official's engine and nano's config say true at stage 3, false below."""
+    from zero_lab.nano.config import load_config
+
+    deepspeed = import_official_deepspeed(world_size)
+    failures = []
+    for stage in (2, 3):
+        config = official_config(stage)
+        del config["zero_optimization"]["overlap_comm"]
+        model = build_model()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        nano_default = load_config(config, world_size=world_size).zero_optimization.overlap_comm
+        if (engine.zero_overlap_comm(), nano_default) != (stage == 3, stage == 3):
+            failures.append(f"stage {stage}: overlap_comm unset is {engine.zero_overlap_comm()} for official, "
+                            f"{nano_default} for nano")
+    return failures

@@ -11,30 +11,34 @@ import pytest
 import zero_lab.nano
 from zero_lab.nano.memory_formula import model_state_bytes
 from tests.docs.doc_text import REPO, read, table_after
-from tests.nano.test_layers import layer_of
+from tests.nano.test_layers import layer_of, module_name
 
 NANO = REPO / "zero_lab" / "nano"
 NANO_MD = read(REPO / "docs" / "nano.md")
 
 
-def nano_entries() -> set[str]:
-    """The package's top-level modules (`x.py`) and sub-packages (`x/`), as the docs name them."""
-    modules = {f"{path.name}" for path in NANO.glob("*.py")}
-    packages = {f"{path.name}/" for path in NANO.iterdir() if (path / "__init__.py").is_file()}
-    return modules | packages
+def nano_modules() -> set[str]:
+    """Every module of the package by its name in the layer list (`config.keys`; a package's
+    __init__ by the package's name; the top __init__ as '')."""
+    return {module_name(path) for path in NANO.rglob("*.py")}
+
+
+def listed_name(cell: str) -> str:
+    """`config/keys.py` -> 'config.keys', `config/__init__.py` -> 'config', `__init__.py` -> ''."""
+    return module_name(NANO / cell)
 
 
 def layer(name: str) -> int:
-    """A module's (or sub-package's) position in the package docstring's layer list."""
-    return -1 if name == "__init__" else layer_of()[name]
+    """A module's position in the package docstring's layer list (the top __init__ first)."""
+    return -1 if name == "" else layer_of()[name]
 
 
 def test_the_module_table_lists_every_module_in_layer_order():
-    named = [name for row in table_after(NANO_MD, "Read the package top-down")[1:]
-             for name in re.findall(r"`([\w/]+(?:\.py|/))`", row[0])]
-    assert set(named) == nano_entries(), (f"listed, not in the package: {set(named) - nano_entries()}; "
-                                          f"not listed: {nano_entries() - set(named)}")
-    positions = [layer(name.removesuffix(".py").removesuffix("/")) for name in named]
+    named = [listed_name(name) for row in table_after(NANO_MD, "Read the package top-down")[1:]
+             for name in re.findall(r"`([\w/]+\.py)`", row[0])]
+    assert set(named) == nano_modules(), (f"listed, not in the package: {set(named) - nano_modules()}; "
+                                          f"not listed: {nano_modules() - set(named)}")
+    positions = [layer(name) for name in named]
     assert positions == sorted(positions), list(zip(named, positions))
 
 
@@ -95,7 +99,7 @@ def test_the_root_units_bytes_are_in_mib():
     from zero_lab.analysis.peak_memory import unit_parameters
 
     _, root = unit_parameters(decoder_shape("qwen3-0.6b"))
-    stated = re.search(r"for Qwen3-0\.6B, ([\d.]+)M elements: ([\d.]+) MB in bf16", NANO_MD)
+    stated = re.search(r"for Qwen3-0\.6B,\s+([\d.]+)M elements: ([\d.]+) MB in bf16", NANO_MD)
     assert float(stated[1]) == round(root / 1e6, 1)
     assert float(stated[2]) == round(root * 2 / 2**20, 1), "MB is 2**20 bytes everywhere in the docs"
 
@@ -106,3 +110,20 @@ def test_the_demo_command_is_the_same_everywhere():
     for readme in ("README.md", "README.zh-CN.md"):
         assert f"`make demo` 运行 `{demo}`" in read(REPO / readme) or f"`make demo` runs `{demo}`" in read(REPO / readme)
     assert demo in read(REPO / "docs" / "cli.md")
+
+
+@pytest.mark.parametrize("doc", ["cli.md", "compare-json.md"])
+def test_what_the_docs_say_of_officials_stage_3_prediction_is_what_it_is(doc):
+    """The docs say official's stage-3 peak is `null` (not modelled) exactly while it is not predicted."""
+    from zero_lab.analysis.activation_memory import decoder_shape
+    from zero_lab.analysis.peak_memory import predict_peak
+
+    text = " ".join(read(REPO / "docs" / doc).split())
+    says_null = "null` for official at stage 3" in text or "its `predicted_peak_mb` is `null`" in text
+    shape = decoder_shape("tiny")
+    predicted = {impl: predict_peak(shape, stage, "fp32", 2, 128, 4, impl=impl) is not None
+                 for impl in ("nano", "official") for stage in (3,)}
+    assert predicted["nano"]
+    assert says_null == (not predicted["official"]), f"{doc} says null: {says_null}; official predicted: {predicted['official']}"
+    for stage in (1, 2):
+        assert predict_peak(shape, stage, "fp32", 2, 128, 4, impl="official") is not None, "official rows at stages 1-2"

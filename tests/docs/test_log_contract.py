@@ -103,7 +103,7 @@ def test_the_example_is_what_its_command_prints_and_every_key_is_documented(tmp_
 def compare_rows_written(tmp_path) -> list[dict]:
     """compare.json's rows as today's code writes them, from the recorded runs' logs."""
     from zero_lab.analysis.comparison import SUMMARY_ONLY
-    from zero_lab.cli import plan
+    from zero_lab.cli import input_checks
     from zero_lab.launch import torchrun, torchrun_job
 
     rows = []
@@ -112,7 +112,7 @@ def compare_rows_written(tmp_path) -> list[dict]:
         shutil.copytree(recorded, run_dir)
         (run_dir / "console.log").write_text("")
         impl, stage = recorded.name.split("-")[2], int(recorded.name.split("-")[1][1:])
-        spec = plan.make_spec(impl, stage, 2, "cpu", run_dir, torchrun.Workload(model="tiny", steps=3),
+        spec = input_checks.make_spec(impl, stage, 2, "cpu", run_dir, torchrun.Workload(model="tiny", steps=3),
                               torchrun.MultiNode(), [])
         summary = torchrun_job.summarize(spec, run_dir, 0, None, 1.0)
         rows.append({key: value for key, value in summary.items() if key not in SUMMARY_ONLY})

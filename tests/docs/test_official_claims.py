@@ -4,6 +4,7 @@ import pytest
 
 from tests.docs.official_claim_workers import (fp32_non_finite_worker, immediate_grad_update_worker,
                                                load_without_latest_worker, optimizer_classes_worker,
+                                               overlap_comm_default_worker,
                                                stage3_keys_worker)
 from tests.spawn import run_distributed
 
@@ -31,3 +32,8 @@ def test_official_ignores_stage3_keys_below_stage_3():
 @pytest.mark.official
 def test_official_load_checkpoint_without_latest_returns_none(tmp_path):
     assert run_distributed(load_without_latest_worker, 1, str(tmp_path)) == []
+
+
+@pytest.mark.official
+def test_official_defaults_overlap_comm_to_true_at_stage_3_only():
+    assert run_distributed(overlap_comm_default_worker, 1) == []

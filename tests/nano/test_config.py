@@ -172,3 +172,13 @@ def test_overlap_comm_defaults_to_true_at_stage_3_as_official_does(stage, given,
     """deepspeed/runtime/zero/config.py: overlap_comm unset is true at stage 3 (weights) only."""
     zero = {"stage": stage} | ({} if given is None else {"overlap_comm": given})
     assert load_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}).zero_optimization.overlap_comm is expected
+
+
+@pytest.mark.official
+def test_overlap_comm_default_is_officials():
+    """nano's default for an unset overlap_comm equals official DeepSpeed's own config class at every stage."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    for stage in (0, 1, 2, 3):
+        mine = load_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage}})
+        assert mine.zero_optimization.overlap_comm is DeepSpeedZeroConfig(stage=stage).overlap_comm, stage

@@ -53,8 +53,11 @@ def test_accessors_follow_deepspeed(single_process):
 
 def test_refusals_are_one_line(single_process):
     model = build_model()
-    with pytest.raises(nano.NanoConfigError, match="builds its own ZeRO optimizer"):
-        nano.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=nano_config(1))
+    without_optimizer = {key: value for key, value in nano_config(1).items() if key != "optimizer"}
+    with pytest.raises(nano.NanoConfigError, match="client optimizer SGD is not implemented by nano"):
+        nano.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=without_optimizer)
+    with pytest.raises(nano.NanoConfigError, match="given both in the config"):
+        nano.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=nano_config(1))
     with pytest.raises(nano.NanoConfigError, match="no \"optimizer\" section"):
         nano.initialize(model=model, config={"train_micro_batch_size_per_gpu": 1})
     with pytest.raises(nano.NanoConfigError, match="ZeRO stage 4 does not exist"):

@@ -18,6 +18,7 @@ from zero_lab.cli.checkpoint_cmd import checkpoint_app
 from zero_lab.cli.compare_cmd import compare
 from zero_lab.cli.config_cmd import config_app
 from zero_lab.cli.doctor_cmd import doctor
+from zero_lab.cli.exec_cmd import exec_command
 from zero_lab.cli.estimate_cmd import estimate
 from zero_lab.cli.explain_cmd import explain
 from zero_lab.cli.inspect_cmd import parse, report
@@ -32,6 +33,7 @@ app = typer.Typer(
 )
 app.command(context_settings=EXTRA_ARGS)(run)
 app.command(context_settings=EXTRA_ARGS)(compare)
+app.command("exec", context_settings=EXTRA_ARGS)(exec_command)
 app.command()(parse)
 app.command()(report)
 app.command()(estimate)

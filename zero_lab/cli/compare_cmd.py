@@ -3,11 +3,14 @@
     zero-lab compare --gpus 2 --device cpu --stages 1,2 --report reports/cpu-demo.md
     zero-lab compare --gpus 2,8 --stages 2 --dtype bfloat16 --warmup-steps 2 --fail-on-regression 5
     zero-lab compare --gpus 2 --device cpu --stages 1,2,3 --steps 6 --resume-check
+    zero-lab compare --script examples/hf_trainer.py --gpus 2 --device cpu --stages 2,3 -- --max-steps 8
 
 Phase 1: check every input and prepare every run before the first launch; the preflight refuses
          cells predicted not to fit in memory (zero_lab.cli.preflight).
 Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed one not stopping
          the others; with --resume-check, per cell a run that saves halfway and one that resumes.
+         With --script each cell runs the user's script instead of the harness, given the cell's
+         config as `--deepspeed_config PATH`; its engine prints the log contract (zero_lab.clients).
 Phase 3: rows, deltas and verdict (analysis.comparison), printed as tables, JSON or markdown, saved
          as compare.json, and rendered as a report when asked.
 """
@@ -23,7 +26,7 @@ from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import cell_table, render_report, run_table, verdict_lines
 from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli.environment import environment
-from zero_lab.cli.errors import check_choice, check_not_negative, one_line_errors, parse_int_list
+from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors, parse_int_list
 from zero_lab.cli.reporting import write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
 
@@ -44,13 +47,17 @@ def compare(
     resume_check: Annotated[bool, typer.Option(help="Also prove exact resume per cell: train half the steps, save, "
                                                     "resume to the end; the losses after the checkpoint must equal "
                                                     "the uninterrupted run's (a gate).")] = False,
+    script: Annotated[Optional[Path], typer.Option(help="Your own DeepSpeed training script instead of the built-in "
+                                                         "workload: run under torchrun with `--deepspeed_config PATH` "
+                                                         "appended; the arguments after `--` are the script's.")] = None,
     *,
     common: options.Common,
 ) -> None:
     """Run nano and official DeepSpeed on the same workload and compare memory, loss and speed.
 
     Exit codes: 0 fine, 1 a gate failed (loss parity, --fail-on-regression), 2 bad input, 3 a run
-    failed, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP. Arguments after `--` go to torchrun.
+    failed, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP. Arguments after `--` go to torchrun, or with
+    --script to the script.
     """
     # Phase 1
     check_choice(format, "--format", FORMATS)
@@ -61,6 +68,12 @@ def compare(
     stage_list = [input_checks.check_stage(stage, "--stages") for stage in parse_int_list(stages, "--stages")]
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
     shared = common.shared
+    if script is not None:  # the arguments after `--` are the script's, not torchrun's
+        if warmup_steps or resume_check:
+            raise BadInput("--warmup-steps and --resume-check need the built-in workload, not --script",
+                           "drop them, or compare without --script")
+        shared.script = input_checks.user_script(script, shared.extra_torchrun_args, common.given)
+        shared.extra_torchrun_args = []
     jobs.check(shared, impl_list, world_sizes)
     with input_checks.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
         warmups = [
@@ -91,9 +104,12 @@ def compare(
                                   resumed=[run for run in resumed if run["run_dir"].endswith("resumed")]
                                   if resume_check else None)
     comparison.update(interrupted=interrupted_by is not None, compare_dir=str(compare_dir), environment=env)
+    if shared.script is not None:
+        comparison["script"] = {"path": str(script), "arguments": shared.script.arguments}
     rundir.write_json(compare_dir / rundir.COMPARE, output.json_safe(comparison))
     if report is not None:
-        write_report(comparison, summaries, report)
+        title = f"zero-lab: nano vs official DeepSpeed on {script}" if script is not None else None
+        write_report(comparison, summaries, report, *([title] if title else []))
     show(comparison, summaries, format)
     report_problems(summaries)
     raise typer.Exit(exit_code_of(summaries, interrupted_by) or comparison["verdict"]["exit_code"])

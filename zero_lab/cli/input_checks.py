@@ -104,7 +104,8 @@ def check_impls(impls: list[str]) -> None:
             raise BadInput(f"unknown impl {impl!r}", f"choose from {', '.join(IMPLS)}")
 
 
-def check_workload(workload: torchrun.Workload, device: str, impls: list[str]) -> None:
+def check_workload(workload: torchrun.Workload, device: str, impls: list[str], model_and_data: bool = True) -> None:
+    """The workload's flags; model_and_data False (a user's script chooses its own): precision and batch only."""
     check_choice(workload.dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
     if workload.dtype == "float16" and device == "cpu" and "official" in impls:
         raise BadInput("official DeepSpeed rejects fp16 on this CPU (Type fp16 is not supported on your device)",
@@ -115,8 +116,29 @@ def check_workload(workload: torchrun.Workload, device: str, impls: list[str]) -
         raise BadInput(f"--batch-size {workload.batch_size} is not a micro-batch size", "pass 1 or more")
     if workload.seq_len is not None and workload.seq_len < 2:
         raise BadInput(f"--seq-len {workload.seq_len} leaves no token to predict", "pass 2 or more")
-    check_model(workload.model)
-    check_dataset(workload)
+    if model_and_data:
+        check_model(workload.model)
+        check_dataset(workload)
+
+
+# The workload flags a user's script decides for itself (compare --script refuses them).
+SCRIPT_DECIDES = ("model", "steps", "seq_len", "dataset_path", "seed")
+
+
+def user_script(path: Path, arguments: list[str], given: set[str]) -> torchrun.UserScript:
+    """compare --script: an existing script, no workload flag it decides itself, and no
+    --deepspeed_config of its own (zero-lab appends the one it wrote per stage)."""
+    if not path.is_file():
+        raise BadInput(f"--script {path} is not a file", "give the path of your DeepSpeed training script")
+    for name in SCRIPT_DECIDES:
+        if name in given:
+            flag = "--" + name.replace("_", "-")
+            raise BadInput(f"{flag} does not apply with --script: the script chooses its own model, data and steps",
+                           f"pass the script its own flags after `--`, or drop {flag}")
+    if any(argument.split("=")[0] in ("--deepspeed_config", "--deepspeed-config") for argument in arguments):
+        raise BadInput("the script's arguments hold --deepspeed_config, which zero-lab appends itself (the config it "
+                       "writes per stage)", "drop it; choose the base config with --config")
+    return torchrun.UserScript(path.resolve(), list(arguments))
 
 
 def check_dataset(workload: torchrun.Workload) -> None:
@@ -161,6 +183,7 @@ def make_spec(
     steps: int | None = None,
     stall_timeout_s: float = 0.0,
     host_memory_limit: int | None = None,
+    script: torchrun.UserScript | None = None,
 ) -> torchrun.LaunchSpec:
     """One launch (its port is picked at launch time, by the launcher); steps overrides the workload's (for warm-ups)."""
     if steps is not None:
@@ -177,6 +200,7 @@ def make_spec(
         extra_torchrun_args=extra_torchrun_args,
         stall_timeout_s=stall_timeout_s,
         host_memory_limit=host_memory_limit,
+        script=script,
     )
 
 

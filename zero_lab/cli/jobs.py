@@ -40,6 +40,7 @@ class SharedSettings:
     extra_torchrun_args: list[str]
     stall_timeout_s: float = 0.0
     device_memory_gb: float | None = None
+    script: torchrun.UserScript | None = None  # compare --script: the user's script trains, not the harness
 
 
 def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> None:
@@ -47,7 +48,7 @@ def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> N
     input_checks.check_impls(impls)
     for world_size in world_sizes:
         input_checks.check_processes(world_size, shared.device, shared.multi_node)
-    input_checks.check_workload(shared.workload, shared.device, impls)
+    input_checks.check_workload(shared.workload, shared.device, impls, model_and_data=shared.script is None)
 
 
 def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None,
@@ -58,7 +59,7 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     staged = input_checks.config_for_stage(input_checks.load_config_file(source), stage)
     spec = input_checks.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
                           shared.extra_torchrun_args, steps=steps, stall_timeout_s=shared.stall_timeout_s,
-                          host_memory_limit=host_memory_limit(shared))
+                          host_memory_limit=host_memory_limit(shared), script=shared.script)
     config = input_checks.received_config(staged, spec, source)
     official = input_checks.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     world_size = shared.multi_node.world_size(nproc) or nproc
@@ -106,7 +107,8 @@ def run_jobs(jobs: list[Job], environment: dict) -> tuple[list[dict], str | None
     with output.progress_bar(disable=not live) as progress:
         for job in jobs:
             if not live:
-                output.stderr.print(f"{job.label}: running {job.spec.workload.steps} steps in {job.run_dir}", markup=False)
+                what = f"{job.spec.workload.steps} steps" if job.spec.script is None else job.spec.script.path.name
+                output.stderr.print(f"{job.label}: running {what} in {job.run_dir}", markup=False)
             try:
                 summary = torchrun_job.execute(job.spec, job.run_dir, job.config, job.official_config, environment,
                                                job.label, progress if live else None)

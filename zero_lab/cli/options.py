@@ -65,6 +65,7 @@ class Common:
     out: Path
     name: str | None
     force: bool = False  # run even where the preflight predicts no fit
+    given: frozenset[str] = frozenset()  # the shared options given on the command line (not defaults)
 
 
 def _option(name: str, annotation: object, default: object) -> inspect.Parameter:
@@ -107,8 +108,10 @@ def common(context: typer.Context, device, config, model, steps, batch_size, seq
     device = resolve_device_name(check_choice(device, "--device", DEVICES))
     check_not_negative(stall_timeout, "--stall-timeout")
     check_positive(device_memory, "--device-memory")
+    given = frozenset(parameter.name for parameter in COMMON_OPTIONS  # by name: Typer may carry its own Click
+                      if getattr(context.get_parameter_source(parameter.name), "name", None) == "COMMANDLINE")
     return Common(SharedSettings(config, device, work, node, list(context.args), stall_timeout, device_memory),
-                  out, name, force)
+                  out, name, force, given)
 
 
 def common_options(command):

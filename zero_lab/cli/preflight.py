@@ -6,7 +6,7 @@ Phase 1: `offered_memory`: what the device offers - `--device-memory GB` when gi
          the machine and its container (zero_lab.launch.memory_watch).
 Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its report will carry
          (`peak_memory.predict_run_peak`, from the same `[model]` and `[zero]` fields the harness
-         will log); None where there is none (an unreadable architecture).
+         will log); None where there is none (an unreadable architecture, a user's script).
 Phase 3: `check`: the verdict per job (analysis.memory_fit); a tight one is a warning, one that
          will not fit stops the command with exit 2 and the knobs that would help, unless --force.
          On CUDA with offload there is no verdict: the prediction counts every model state on the device.
@@ -48,6 +48,8 @@ def predicted_peak(job) -> int | None:
     from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
 
     spec = job.spec
+    if spec.script is not None:  # the model is the script's: nothing to predict it from
+        return None
     world_size = spec.multi_node.world_size(spec.nproc) or spec.nproc
     settings = load_config(without_official_only_keys(job.config), world_size=world_size)  # as nano reads it
     model = {"name": spec.workload.model, "seq_len": spec.workload.seq_len or DEFAULT_SEQ_LEN,

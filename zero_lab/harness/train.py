@@ -36,7 +36,6 @@ installed, a model directory that does not load). An allocation the device refus
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import sys
 import time
@@ -49,10 +48,9 @@ from zero_lab.nano.errors import NanoConfigError
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.data import make_batches
 from zero_lab.workload.errors import WorkloadError
-from zero_lab.workload.impls import (default_single_process_env, engine_config, load_engine_module,
-                                     loss_scale, optimizer_name)
+from zero_lab.workload.contract_lines import announce_rank, emit, model_header, opt_step_fields, zero_header
+from zero_lab.workload.impls import default_single_process_env, engine_config, load_engine_module
 from zero_lab.workload import state_formula
-from zero_lab.workload.log_lines import MB, format_line
 from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
 from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Phase, StepPhase, allocator_figures,
@@ -60,29 +58,6 @@ from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Ph
 from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
 from zero_lab.workload.run_config import build_parser, check_launch, passed_to_official, precision_of
 from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
-
-
-def emit(rank: int, tag: str, fields: dict, step: int | None = None) -> None:
-    """A contract line from rank 0, written whole and flushed so no other output splits it."""
-    if rank == 0:
-        sys.stdout.write(format_line(tag, fields, step) + "\n")
-        sys.stdout.flush()
-
-
-def zero_header(impl: str, stage: int, world_size: int, settings, accumulation: int) -> dict:
-    """The `[zero]` line: the ZeRO settings both impls run with (stage-3 keys at stage 3)."""
-    zero = settings.zero_optimization
-    fields = {"impl": impl, "stage": stage, "world_size": world_size,
-              "reduce_scatter": zero.reduce_scatter, "reduce_bucket_size": zero.reduce_bucket_size,
-              "allgather_bucket_size": zero.allgather_bucket_size, "overlap_comm": zero.overlap_comm,
-              "communication_data_type": settings.communication_data_type or "auto",
-              "gradient_accumulation_steps": accumulation,
-              "offload_optimizer": zero.offload_optimizer.device, "offload_param": zero.offload_param.device}
-    if stage == 3:
-        fields.update({key: getattr(zero, key) for key in (
-            "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
-            "stage3_max_reuse_distance")})
-    return fields
 
 
 def checkpoint_fields(action: str, step: int, save_dir: str, tag: str, seconds: float) -> dict:
@@ -115,20 +90,6 @@ def save(engine, args, rank: int, comm: CommMeter, step: int) -> None:
         dist.barrier()
     emit(rank, "ckpt", checkpoint_fields("save", step, args.save_dir, f"global_step{engine.global_steps}",
                                          time.perf_counter() - started))
-
-
-def parameter_count(module: torch.nn.Module) -> int:
-    """Every parameter's elements, also where official stage 3 left a parameter empty (ds_numel)."""
-    return sum(getattr(parameter, "ds_numel", parameter.numel()) for parameter in module.parameters())
-
-
-def states_by_place(breakdown) -> dict:
-    """nano's own count of its model states after the step, per place (`engine.memory_breakdown`):
-    what offload moved to the host, beside what stayed on the device. None (official): nothing."""
-    if breakdown is None:
-        return {}
-    places = breakdown(by_device=True)
-    return {f"states_{place}_mb": places.get(place, {}).get("total", 0) / MB for place in ("device", "host")}
 
 
 def dist_backend(device: torch.device) -> str:
@@ -191,9 +152,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     rank, world_size = dist.get_rank(), dist.get_world_size()
     # Every rank says who it is (the only line ranks other than 0 print): on a node without
     # global rank 0, the CLI learns the world size and where the [opt_step] lines are.
-    sys.stdout.write(format_line("rank", {"global_rank": rank, "world_size": world_size,
-                                          "local_rank": int(os.environ.get("LOCAL_RANK", 0))}) + "\n")
-    sys.stdout.flush()
+    announce_rank(rank, world_size)
 
     # Phase 3: the same weights on every rank and for both impls, then the engine.
     model = build_model(args.model_name, args.seed, args.model_dtype, args.attn_impl,
@@ -207,15 +166,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         model=model, model_parameters=parameter_groups(model, weight_decay), config=impl_config)
     emit(rank, "zero", zero_header(args.impl, engine.zero_optimization_stage(), world_size, settings,
                                    engine.gradient_accumulation_steps()))
-    parameter = next(engine.module.parameters())
-    emit(rank, "model", {
-        "name": args.model_name, "params": parameter_count(engine.module),
-        "param_dtype": parameter.dtype, "compute_dtype": parameter.dtype,
-        "ds_precision": settings.precision, "device": device.type,
-        "seq_len": args.seq_len, "micro_batch": config["train_micro_batch_size_per_gpu"],
-        "attn_impl": getattr(model.config, "_attn_implementation", None) or "unknown",
-        "gradient_checkpointing": args.gradient_checkpointing, "optimizer": optimizer_name(engine),
-        "states_formula_mb": formula["device"] / MB, "states_formula_host_mb": formula["host"] / MB})
+    emit(rank, "model", model_header(args.model_name, engine, settings.precision, device, args.seq_len,
+                                     config["train_micro_batch_size_per_gpu"], args.gradient_checkpointing, formula))
 
     for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
         emit(rank, "warn", {"kind": "engine", "message": message})
@@ -254,12 +206,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
             metrics.add_loss(loss)
         phase.enter(Phase.BETWEEN_STEPS)
         tokens = batch["input_ids"].numel() * accumulation * world_size
-        fields = metrics.end(tokens)
-        grad_norm = engine.get_global_grad_norm()
-        fields = {"loss": fields.pop("loss"),
-                  "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
-                  "lr": float(engine.get_lr()[0]), "loss_scale": loss_scale(engine), **fields,
-                  **states_by_place(breakdown)}
+        fields = opt_step_fields(engine, metrics.end(tokens), breakdown)
         emit(rank, "opt_step", fields, step)
         for sample in metrics.phases:
             emit(rank, "phase", sample.fields(step))

@@ -36,9 +36,11 @@ def worker_states(torchrun_pid: int) -> dict[int, str]:
     return states
 
 
-def stall_message(timeout_s: float, last_step: int, total_steps: int, states: dict[int, str]) -> str:
-    """The one line a stall is reported with: how long, after which step, which ranks in which state."""
-    where = f"after step {last_step} of {total_steps}" if last_step else f"before step 1 of {total_steps}"
+def stall_message(timeout_s: float, last_step: int, total_steps: int | None, states: dict[int, str]) -> str:
+    """The one line a stall is reported with: how long, after which step (of how many, when known:
+    a user's script decides its own), which ranks in which state."""
+    of = f" of {total_steps}" if total_steps else ""
+    where = f"after step {last_step}{of}" if last_step else f"before step 1{of}"
     ranks = ", ".join(f"{rank} ({state})" for rank, state in sorted(states.items())) or "none running"
     return (f"stalled: no [opt_step] progress for {timeout_s:g} s {where} (--stall-timeout {timeout_s:g}); "
             f"ranks that stopped reporting: {ranks}")
@@ -47,7 +49,7 @@ def stall_message(timeout_s: float, last_step: int, total_steps: int, states: di
 class StallWatch:
     """Watches one launch; timeout_s 0 watches nothing. Use as a context manager around the stream."""
 
-    def __init__(self, process: subprocess.Popen, timeout_s: float, total_steps: int,
+    def __init__(self, process: subprocess.Popen, timeout_s: float, total_steps: int | None,
                  stop: Callable[[subprocess.Popen], None]):
         self.process, self.timeout_s, self.total_steps, self.stop = process, timeout_s, total_steps, stop
         self.last_progress = time.monotonic()

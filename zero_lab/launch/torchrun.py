@@ -59,6 +59,15 @@ class MultiNode:
 
 
 @dataclass
+class UserScript:
+    """A user's own DeepSpeed training script and its arguments; zero-lab appends
+    `--deepspeed_config PATH`, DeepSpeed's own contract, and the script runs as written."""
+
+    path: Path
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
 class LaunchSpec:
     """One torchrun invocation: who trains what, where, and where its logs go."""
 
@@ -75,6 +84,7 @@ class LaunchSpec:
     python: str = sys.executable
     stall_timeout_s: float = 0.0  # the CLI stops the run after this long without a step (0: never)
     host_memory_limit: int | None = None  # bytes the ranks may hold on this host (--device-memory on CPU)
+    script: UserScript | None = None  # a user's training script instead of the harness (compare --script)
 
 
 
@@ -100,8 +110,16 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
     # Every rank's stdout and stderr go to files; rank 0's stdout is also shown (for progress).
     command += ["--log-dir", str(spec.log_dir), "--redirects", "3", "--tee", "1"]
     command += ["--local-ranks-filter", "0", *spec.extra_torchrun_args]
+    if spec.script is not None:
+        return command + [str(spec.script.path), *spec.script.arguments, "--deepspeed_config", str(engine_config_path(spec))]
     command += [str(TRAIN_SCRIPT), *train_arguments(spec)]
     return command
+
+
+def engine_config_path(spec: LaunchSpec) -> Path:
+    """The config file the engine itself reads: nano's (`config.json`), or for official DeepSpeed its
+    conversion (`config.official.json`, beside it); the harness converts for itself, a script cannot."""
+    return spec.config_path.with_name("config.official.json") if spec.impl == "official" else spec.config_path
 
 
 def process_group_timeout_s(stall_timeout_s: float) -> float | None:

@@ -34,6 +34,7 @@ from zero_lab import signals
 from zero_lab.analysis import rundir
 from zero_lab.analysis.logparse import step_and_loss
 from zero_lab.launch import moments, ports, torchrun
+from zero_lab.launch.engine_switch import impl_environment
 from zero_lab.launch.memory_watch import MemoryWatch
 from zero_lab.launch.stall import StallWatch
 
@@ -100,7 +101,10 @@ def execute(
         rundir.write_json(run_dir / "config.official.json", official_config)
     rundir.write_json(run_dir / "env.json", environment)
     child_env = torchrun.launch_environment(dict(os.environ), spec.device, spec.nproc, environment["cpu_cores"])
-    task = progress.add_task(label, total=spec.workload.steps, loss="-") if progress is not None else None
+    if spec.script is not None:  # its `import deepspeed` is the impl's, and the engine prints the log contract
+        child_env = impl_environment(child_env, spec.impl, spec.device, log_contract=True)
+    total_steps = spec.workload.steps if spec.script is None else None  # a script decides its own
+    task = progress.add_task(label, total=total_steps, loss="-") if progress is not None else None
     # Phase 2
     if not spec.multi_node.enabled:
         spec = dataclasses.replace(spec, port=ports.free_port())
@@ -116,7 +120,7 @@ def execute(
                 command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                 start_new_session=True, env=child_env, preexec_fn=torchrun.child_dies_with_parent,
             )
-        watch = StallWatch(process, torchrun.watched_stall_timeout_s(spec), spec.workload.steps, stop_process_tree)
+        watch = StallWatch(process, torchrun.watched_stall_timeout_s(spec), total_steps, stop_process_tree)
         memory = MemoryWatch(process, run_dir / "memory.csv", spec.host_memory_limit)
         with watch, memory:
             moments.reached("launched")

@@ -47,12 +47,16 @@ class PartitionedAdam(torch.optim.Optimizer):
     partitions, gradients[i][j] for param_groups[i]["params"][j].
     """
 
-    def __init__(self, master_partitions: list[list[torch.Tensor]], group_options: list[dict], lr: float,
+    def __init__(self, master_partitions: list[list[torch.Tensor]], groups: list[dict], lr: float,
                  betas: tuple[float, float], eps: float, weight_decay: float, decoupled_weight_decay: bool):
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
-        groups = [{**options, "params": masters} for masters, options in zip(master_partitions, group_options)]
+        """`groups` are the parameter groups' dicts (options, and a client optimizer's own dicts): each
+        takes its masters as "params" in place, so whoever holds the dict sets the lr this Adam uses.
+        A group's own "decoupled_weight_decay" (torch's Adam and AdamW have one) overrides the default."""
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                    "decoupled_weight_decay": decoupled_weight_decay}
+        for group, masters in zip(groups, master_partitions):
+            group["params"] = masters
         super().__init__(groups, defaults)
-        self.decoupled_weight_decay = decoupled_weight_decay
 
     @torch.no_grad()
     def step(self, gradients: list[list[torch.Tensor]]) -> None:  # type: ignore[override]
@@ -72,7 +76,7 @@ class PartitionedAdam(torch.optim.Optimizer):
             piece = slice(start, start + size)
             adam_update(master[piece], gradient[piece], state["exp_avg"][piece], state["exp_avg_sq"][piece],
                         state["step"], float(group["lr"]), group["betas"], group["eps"], group["weight_decay"],
-                        self.decoupled_weight_decay)  # float(): a schedule may keep lr as a tensor
+                        group["decoupled_weight_decay"])  # float(): a schedule may keep lr as a tensor
 
     def state_bytes(self) -> int:
         """Bytes of the optimizer-state partitions (exp_avg + exp_avg_sq of every master)."""

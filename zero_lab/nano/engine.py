@@ -14,6 +14,7 @@ The step itself, phase by phase and file by file, is in `zero_optimizer.py`'s do
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Optional
 
@@ -31,10 +32,13 @@ class NanoEngine(torch.nn.Module):
     """What `zero_lab.nano.initialize` returns first; mirrors DeepSpeedEngine's training API."""
 
     def __init__(self, module: torch.nn.Module, config: NanoConfig, optimizer: ZeroOptimizer, lr_scheduler: Any,
-                 collectives: Collectives, device: torch.device, training_dataloader: Any = None):
+                 collectives: Collectives, device: torch.device, training_dataloader: Any = None,
+                 raw_config: Optional[dict] = None):
         super().__init__()
         self.module = module
-        self.config = config
+        self.nano_config = config  # the typed config nano runs by
+        self.config = raw_config if raw_config is not None else config.model_dump(by_alias=True, exclude_unset=True)
+        # ^ DeepSpeed's engine.config: the config dict as given (clients read it with .get)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.collectives = collectives
@@ -58,7 +62,7 @@ class NanoEngine(torch.nn.Module):
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
             loss = loss / self.gradient_accumulation_steps()
-        scaled = loss * self.optimizer.cur_scale if self.config.fp16.enabled else loss
+        scaled = loss * self.optimizer.cur_scale if self.nano_config.fp16.enabled else loss
         scaled.backward(retain_graph=retain_graph)
         self.optimizer.after_backward()
         return loss  # divided by the accumulation steps, as DeepSpeed's backward returns it
@@ -82,7 +86,7 @@ class NanoEngine(torch.nn.Module):
         self.micro_steps += 1
 
     def _print_progress(self) -> None:
-        if self.collectives.rank == 0 and self.global_steps % self.config.steps_per_print == 0:
+        if self.collectives.rank == 0 and self.global_steps % self.nano_config.steps_per_print == 0:
             print(f"[nano] step={self.global_steps} skipped={self.skipped_steps} lr={self.get_lr()} "
                   f"loss_scale={self.optimizer.cur_scale:g}", flush=True)
 
@@ -137,6 +141,40 @@ class NanoEngine(torch.nn.Module):
         return save_load.load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
                                          load_lr_scheduler_states, load_module_only)
 
+    # DeepSpeed's 16-bit weights for saving a model (the Trainer's and accelerate's save_model)
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """Whether the config asks stage 3 to gather whole 16-bit weights when a model is saved."""
+        zero = self.nano_config.zero_optimization
+        return zero.stage3_gather_16bit_weights_on_model_save or zero.stage3_gather_fp16_weights_on_model_save
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> Optional[dict]:
+        """Stage 3: the whole module's state dict on rank 0 (None elsewhere), in the parameters' dtype
+        on the CPU, gathering one module's own parameters at a time. Every rank must call it. Tied
+        parameters stay one tensor under each of their names, as in official DeepSpeed."""
+        if not self.nano_config.zero_optimization.stage_facts.partitions_parameters:
+            raise ValueError("this function requires ZeRO-3 mode")
+        state: Optional[dict] = OrderedDict() if self.collectives.rank == 0 else None
+        key_of: dict[torch.Tensor, str] = {}
+        for prefix, module in self.module.named_modules():
+            owners = {parameter.zero_lab_owner[1] for parameter in module.parameters(recurse=False)
+                      if getattr(parameter, "zero_lab_owner", None) is not None}
+            for index in owners:
+                self.optimizer.hold_whole(index)
+            if state is not None:
+                for name, parameter in module.named_parameters(recurse=False):
+                    if exclude_frozen_parameters and not parameter.requires_grad:
+                        continue
+                    key = f"{prefix}.{name}" if prefix else name
+                    state[key] = state[key_of[parameter]] if parameter in key_of else parameter.detach().to(
+                        "cpu", copy=True)  # a copy: the gathered buffer is freed below
+                    key_of.setdefault(parameter, key)
+                for name, buffer in module.named_buffers(recurse=False):
+                    if buffer is not None and name not in module._non_persistent_buffers_set:
+                        state[f"{prefix}.{name}" if prefix else name] = buffer.detach().to("cpu", copy=True)
+            for index in owners:
+                self.optimizer.let_go(index)
+        return state
+
     def was_step_applied(self) -> bool:
         """False when the last boundary step was skipped (non-finite gradients) or step() was not at a boundary."""
         return self._step_applied
@@ -149,30 +187,30 @@ class NanoEngine(torch.nn.Module):
         return self.optimizer.global_grad_norm
 
     def train_batch_size(self) -> int:
-        return self.config.train_batch_size
+        return self.nano_config.train_batch_size
 
     def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.train_micro_batch_size_per_gpu
+        return self.nano_config.train_micro_batch_size_per_gpu
 
     def gradient_accumulation_steps(self) -> int:
-        return self.config.gradient_accumulation_steps
+        return self.nano_config.gradient_accumulation_steps
 
     def zero_optimization_stage(self) -> int:
-        return self.config.zero_optimization.stage
+        return self.nano_config.zero_optimization.stage
 
     def loss_scale(self) -> float:
         """The configured static loss scale (0 = dynamic), as DeepSpeed's engine.loss_scale()."""
-        return self.config.fp16.loss_scale
+        return self.nano_config.fp16.loss_scale
 
     def current_loss_scale(self) -> float:
         """The scale the next backward will use (1.0 unless fp16)."""
         return self.optimizer.cur_scale
 
     def fp16_enabled(self) -> bool:
-        return self.config.fp16.enabled
+        return self.nano_config.fp16.enabled
 
     def bfloat16_enabled(self) -> bool:
-        return self.config.bf16.enabled
+        return self.nano_config.bf16.enabled
 
     # nano's observability
     def comm_stats(self) -> dict[str, dict[str, int]]:

@@ -54,7 +54,7 @@ def full_order(forward: Sequence[TracedUse]) -> list[TracedUse]:
 
 @dataclass(frozen=True)
 class FetchRules:
-    """The four keys of `zero_optimization` the rules read."""
+    """The three `stage3_*` keys of `zero_optimization` the rules read (persistence is `unit_policy`'s)."""
 
     prefetch_bucket_size: int
     max_live_parameters: int

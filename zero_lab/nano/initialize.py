@@ -1,11 +1,14 @@
 """`initialize` and `add_config_arguments`: DeepSpeed's entry points, building a NanoEngine.
 
 `initialize` runs in phases:
-    Phase 1: refuse what nano does not do (a user-built torch optimizer, model parallelism).
-    Phase 2: join the process group if needed, then load and check the config for its world size.
-    Phase 3: move the module to its device, and to fp16/bf16 when the config asks (as DeepSpeed does).
-    Phase 4: collect trainable parameter groups from `model_parameters` (params or dicts); a
-             parameter no group holds (frozen) that `zero.Init` partitioned is made whole, for good.
+    Phase 1: refuse what nano does not do (model parallelism).
+    Phase 2: join the process group if needed, then load and check the config for its world size;
+             a client's own optimizer is checked (`client_optimizers.py`: torch's Adam or AdamW).
+    Phase 3: move the module to its device, and its parameters (not its buffers: RoPE's inv_freq
+             stays fp32) to fp16/bf16 when the config asks, as official DeepSpeed casts them.
+    Phase 4: collect trainable parameter groups: the client optimizer's own, else from
+             `model_parameters` (params or dicts); a parameter no group holds (frozen) that
+             `zero.Init` partitioned is made whole, for good.
     Phase 5: decide the policies (which parameters share a flat buffer: `units`; where tensors
              live: `placement`), build the stage's ZeRO optimizer (flattening the parameters), the
              LR schedule and, with `training_data`, a distributed data loader.
@@ -21,8 +24,9 @@ import torch
 import torch.distributed
 
 from zero_lab.nano import init_partitions
+from zero_lab.nano.client_optimizers import adopt_groups, client_optimizer
 from zero_lab.nano.collectives import Collectives
-from zero_lab.nano.config import NanoConfig, load_config
+from zero_lab.nano.config import NanoConfig, load_config, read_config_source
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.engine import NanoEngine
 from zero_lab.nano.errors import NanoConfigError
@@ -91,9 +95,6 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     # Phase 1
     if model is None:
         raise NanoConfigError("initialize() needs model=; pass the torch.nn.Module to train")
-    if optimizer is not None:
-        raise NanoConfigError("nano builds its own ZeRO optimizer from the config's \"optimizer\" section; "
-                              "remove optimizer= and describe it in the config (type AdamW or Adam)")
     if mpu is not None or mesh_param is not None:
         raise NanoConfigError("nano does not support model parallelism (mpu/mesh_param); remove them")
     # Phase 2
@@ -101,19 +102,23 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
         init_distributed(distributed_port=distributed_port)
     collectives = Collectives()
     hidden_size = getattr(getattr(model, "config", None), "hidden_size", None)
-    nano_config = load_config(config if config is not None else config_params, args,
-                              world_size=collectives.world_size, hidden_size=hidden_size)
-    if nano_config.optimizer is None:
-        raise NanoConfigError('config has no "optimizer" section; add {"optimizer": {"type": "AdamW", '
-                              '"params": {"lr": 1e-4}}}')
+    raw_config = read_config_source(config if config is not None else config_params, args)
+    nano_config = load_config(raw_config, world_size=collectives.world_size, hidden_size=hidden_size)
+    if optimizer is not None:
+        optimizer = client_optimizer(optimizer, model_parameters, nano_config)
+    elif nano_config.optimizer is None:
+        raise NanoConfigError('config has no "optimizer" section and no optimizer= was given; add {"optimizer": '
+                              '{"type": "AdamW", "params": {"lr": 1e-4}}} or pass a torch.optim.AdamW')
     # Phase 3
     device = collectives.device  # where the collectives communicate: forward and backward run there too
-    if nano_config.precision == "fp32":
-        model.to(device)
-    else:
-        model.to(device=device, dtype=torch_dtype(nano_config.precision))
+    model.to(device)
+    if nano_config.precision != "fp32":
+        dtype = torch_dtype(nano_config.precision)
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and parameter.dtype != dtype:
+                parameter.data = parameter.data.to(dtype)
     # Phase 4
-    groups = _parameter_groups(model, model_parameters)
+    groups = adopt_groups(optimizer) if optimizer is not None else _parameter_groups(model, model_parameters)
     names = {parameter: name for name, parameter in model.named_parameters()}
     owned = {parameter for group in groups for parameter in group["params"]}
     for parameter in names:
@@ -130,7 +135,7 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
         model, units, groups, nano_config, collectives, _placement(nano_config, device), names)
     scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
     dataloader = _dataloader(training_data, nano_config, collate_fn)
-    engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader)
+    engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader, raw_config)
     placement = zero_optimizer.placement
     if placement.offload_optimizer and device.type != "cpu":  # on CPU the launcher already shares the cores
         torch.set_num_threads(host_threads())

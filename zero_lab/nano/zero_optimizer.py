@@ -155,13 +155,17 @@ class ZeroOptimizer:
                                      predivide=self.stage_facts.predivides and self._uses_reduce_scatter(),
                                      placement=placement)
         self.gradient_collection = self.GradientCollection(self)
-        # Phase 4: Adam.
-        hyper = config.optimizer.params
-        options = [{key: value for key, value in group.items() if key != "params"} for group in parameter_groups]
+        # Phase 4: Adam, over the groups' own dicts (a client optimizer's: its scheduler drives the lr).
         masters_of_group = [[master for buffer, master in zip(self.buffers, self.master_partitions)
                              if buffer.group_index == index] for index in range(len(parameter_groups))]
-        self.adam = PartitionedAdam(masters_of_group, options, hyper.lr, hyper.betas, hyper.eps,
-                                    hyper.weight_decay, config.optimizer.decoupled_weight_decay)
+        if config.optimizer is not None:
+            hyper = config.optimizer.params
+            self.adam = PartitionedAdam(masters_of_group, parameter_groups, hyper.lr, hyper.betas, hyper.eps,
+                                        hyper.weight_decay, config.optimizer.decoupled_weight_decay)
+        else:  # a client's torch Adam/AdamW (client_optimizers.py): every group carries its options
+            self.adam = PartitionedAdam(masters_of_group, parameter_groups, **{
+                key: parameter_groups[0][key] for key in ("lr", "betas", "eps", "weight_decay",
+                                                          "decoupled_weight_decay")})
         self.loss_scaler = LossScaler(config.fp16)
         self.checks_overflow = (config.precision != "bf16" or config.bf16.check_grad_overflow
                                 or not self.stage_facts.applies_unchecked_bf16_steps)

@@ -149,3 +149,12 @@ def difference(after: dict[str, OpCount], before: dict[str, OpCount]) -> dict[st
             delta[name] = OpCount(count.calls - earlier.calls, count.bytes - earlier.bytes,
                                   count.wire_bytes - earlier.wire_bytes)
     return delta
+
+
+def accumulate(totals: dict[str, OpCount], counts: dict[str, OpCount]) -> None:
+    """Add counts (a `difference`) into totals, op by op."""
+    for name, count in counts.items():
+        total = totals.setdefault(name, OpCount())
+        total.calls += count.calls
+        total.bytes += count.bytes
+        total.wire_bytes += count.wire_bytes

@@ -1,30 +1,20 @@
 """The one difference between a nano run and an official run: which module provides
 `init_distributed` and `initialize`, and which config dict it receives.
 
-Official DeepSpeed needs its environment set before `import deepspeed`:
-- `DS_ACCELERATOR` naming the run's device, on every device (a leftover `DS_ACCELERATOR=cpu` from
-  a CPU session would put a CUDA run on DeepSpeed's CPU accelerator), and on CPU `LOCAL_SIZE`
-  (its CPU accelerator reads the local world size there);
-- `TORCH_EXTENSIONS_DIR` inside the checkout, so any JIT build stays out of $HOME;
-- its first `init_distributed` JIT-builds a shared-memory comm op (about 40 s on 2 cores, and the
-  building run has crashed rank 1) that training never uses, so `build_shm_op` is replaced by a
-  no-op; `to_official_config` asks for torch's AdamW so FusedAdam is not compiled either;
-- on CUDA official builds FusedAdam, which needs nvcc, ninja and CUDA_HOME (`cuda_toolkit.py`):
-  without them it gets torch's AdamW too, and `engine_config` says so.
-Its INFO logging is lowered to warnings so rank 0's contract lines stay easy to read.
+Official DeepSpeed is prepared around its import by `official_import` (its accelerator, no
+shared-memory op build on CPU, quieter logging); on CUDA official builds FusedAdam, which needs
+nvcc, ninja and CUDA_HOME (`cuda_toolkit.py`): without them it gets torch's AdamW too, and
+`engine_config` says so.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from zero_lab.workload import official_import
 
 
 def default_single_process_env() -> None:
@@ -42,21 +32,11 @@ def load_engine_module(impl: str, device: torch.device) -> ModuleType:
         import zero_lab.nano as nano
 
         return nano
-    os.environ["DS_ACCELERATOR"] = accelerator_name(device)
-    if device.type == "cpu":
-        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".torch_extensions"))
+    official_import.prepare_environment(device.type)
     import deepspeed
 
-    if device.type == "cpu":
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    official_import.after_import(deepspeed, device.type)
     return deepspeed
-
-
-def accelerator_name(device: torch.device | str) -> str:
-    """DeepSpeed's DS_ACCELERATOR for a run's device: `cpu` or `cuda`."""
-    return "cpu" if torch.device(device).type == "cpu" else "cuda"
 
 
 def engine_config(impl: str, config: dict, device: torch.device) -> tuple[dict, list[str]]:

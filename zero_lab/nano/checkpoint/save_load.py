@@ -54,7 +54,7 @@ def _stored_tensors(engine, stage: stages.Stage) -> list[tuple[int, list[str]]]:
         names = [optimizer.parameter_names[parameter] for parameter in group]
         stored += [(group_index, part) for part in reshard.stored_tensor_names(
             names, numels, stage.checkpoint.cut, engine.collectives.world_size,
-            engine.config.zero_optimization.sub_group_size)]
+            engine.nano_config.zero_optimization.sub_group_size)]
     return stored
 
 
@@ -142,7 +142,7 @@ def _module_states(engine, stage: stages.Stage, stored: list[tuple[int, list[str
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
             "skipped_steps": engine.skipped_steps, "dp_world_size": world_size, "mp_world_size": 1,
-            "ds_config": engine.config.model_dump(mode="json", by_alias=True, exclude_unset=True),
+            "ds_config": engine.nano_config.model_dump(mode="json", by_alias=True, exclude_unset=True),
             "ds_version": FORMAT_VERSION, "zero_lab_nano": True}
 
 
@@ -152,7 +152,7 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     """Write one checkpoint; returns {"tag", "bytes" (this rank's files), "seconds"}."""
     started = time.perf_counter()
     optimizer, collectives = engine.optimizer, engine.collectives
-    rank, stage, precision = collectives.rank, stages.of(engine.zero_optimization_stage()), engine.config.precision
+    rank, stage, precision = collectives.rank, stages.of(engine.zero_optimization_stage()), engine.nano_config.precision
     # Phase 1
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     reserved = ENGINE_KEYS & set(client_state or {})

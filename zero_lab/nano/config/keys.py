@@ -15,12 +15,11 @@ DEEPSPEED_ONLY_TOP_LEVEL = frozenset({
     "seq_parallel_communication_data_type", "sequence_parallel_size", "sparse_attention",
     "sparse_gradients", "tensorboard", "tensor_parallel", "timers", "torch_autocast",
     "use_data_before_expert_parallelism", "use_node_local_storage", "wandb", "weight_quantization",
-    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
 })
 
 # zero_optimization keys official DeepSpeed accepts that nano does not implement (yet).
 DEEPSPEED_ONLY_ZERO = frozenset({
-    "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint",
+    "cpu_offload_use_pin_memory", "elastic_checkpoint",
     "ignore_unused_parameters_in_stage3", "load_from_fp32_weights", "memory_efficient_linear",
     "mics_hierarchical_params_gather", "mics_shard_size",
     "override_module_apply", "pipeline_loading_checkpoint", "reduce_scatter_dtype",
@@ -29,6 +28,10 @@ DEEPSPEED_ONLY_ZERO = frozenset({
     "zero_quantized_weights", "zeropp_loco_param", "log_trace_cache_warnings",
     "module_granularity_threshold", "legacy_stage1",
 })
+
+# Legacy zero_optimization switches and the sections official DeepSpeed maps them to (true: the
+# section with device "cpu"; false: nothing); a config may not give both.
+LEGACY_OFFLOAD_KEYS = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"}
 
 # Optimizer types official DeepSpeed accepts that nano does not implement.
 DEEPSPEED_ONLY_OPTIMIZERS = frozenset({

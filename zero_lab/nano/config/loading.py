@@ -3,7 +3,7 @@
     Phase 1: read the source (dict, JSON path, or `args.deepspeed_config`).
     Phase 2: reject keys nano does not know, saying whether official DeepSpeed knows them
              (`without_official_only_keys` is the part of a config for official that nano checks).
-    Phase 3: resolve "auto" values that can be derived; reject the rest.
+    Phase 3: resolve "auto" values that can be derived; reject the rest; map legacy offload switches.
     Phase 4: validate types and ranges (pydantic), turning the first error into one line.
     Phase 5: infer and check train_batch_size = micro batch x accumulation steps x world size.
 Every error is a `NanoConfigError` whose message names the field and the fix.
@@ -55,7 +55,8 @@ def _sections(raw: dict):
                                            ("data_types", DataTypesConfig, config_keys.DEEPSPEED_ONLY_DATA_TYPES),
                                            ("zero_optimization", ZeroConfig, config_keys.DEEPSPEED_ONLY_ZERO)):
         if isinstance(raw.get(section), dict):
-            yield raw[section], set(model.model_fields), deepspeed_only, f"{section}."
+            legacy = set(config_keys.LEGACY_OFFLOAD_KEYS) if section == "zero_optimization" else set()
+            yield raw[section], set(model.model_fields) | legacy, deepspeed_only, f"{section}."
 
 
 def official_only_keys(raw: dict) -> list[str]:
@@ -125,6 +126,25 @@ def _resolve_auto(raw: dict, hidden_size: Optional[int]) -> None:
                               "give an explicit value")
 
 
+def _map_legacy_offload(raw: dict) -> None:
+    """Phase 3: `cpu_offload: true` is `offload_optimizer: {device: cpu}` (and `cpu_offload_param`
+    `offload_param`), as official DeepSpeed maps them; false asks for nothing."""
+    zero = raw.get("zero_optimization")
+    if not isinstance(zero, dict):
+        return
+    for legacy, section in config_keys.LEGACY_OFFLOAD_KEYS.items():
+        if legacy not in zero:
+            continue
+        if section in zero:
+            raise NanoConfigError(f"zero_optimization.{legacy} and zero_optimization.{section} are both given; "
+                                  f"keep {section} ({legacy} is its deprecated switch)")
+        value = zero.pop(legacy)
+        if not isinstance(value, bool):
+            raise NanoConfigError(f"config field 'zero_optimization.{legacy}': must be true or false (got {value!r})")
+        if value:
+            zero[section] = {"device": "cpu"}
+
+
 def _first_error_line(error: ValidationError) -> str:
     """Phase 4 helper: the first pydantic error as 'field.path: message'."""
     first = error.errors()[0]
@@ -170,6 +190,7 @@ def validate_config(config: Any = None, args: Any = None, hidden_size: Optional[
         raise NanoConfigError("config must be a JSON object at the top level; wrap the keys in {}")
     _reject_unknown_keys(raw)
     _resolve_auto(raw, hidden_size)
+    _map_legacy_offload(raw)
     try:
         return NanoConfig.model_validate(raw)
     except ValidationError as error:

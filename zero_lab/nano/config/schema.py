@@ -7,8 +7,9 @@ models.
 
 from __future__ import annotations
 
+import math
 import sys
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
@@ -16,6 +17,7 @@ from zero_lab.nano import stages
 from zero_lab.nano.stages import START_ALIGNMENT_FACTOR
 
 DEFAULT_BUCKET_SIZE = 500_000_000
+TORCH_ADAMW_WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default weight_decay
 
 
 class _Strict(BaseModel):
@@ -28,7 +30,16 @@ class OptimizerParams(_Strict):
     eps: float = Field(1e-8, gt=0, description="Added to the denominator for stability.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled (AdamW) or L2 (Adam) decay; DeepSpeed's default is 0.")
     adam_w_mode: StrictBool = Field(True, description="True: AdamW's decoupled decay; False: Adam with L2 decay.")
-    torch_adam: StrictBool = Field(False, description="Official DeepSpeed's switch to torch.optim; nano's math always equals torch.optim.AdamW's.")
+    torch_adam: StrictBool = Field(False, description="Official DeepSpeed's switch to torch.optim (nano's math always "
+                                   "equals torch's); without weight_decay, AdamW then decays by torch's default 0.01.")
+
+    @model_validator(mode="after")
+    def _torch_default_decay(self) -> "OptimizerParams":
+        """Official DeepSpeed builds torch.optim.AdamW (Adam without adam_w_mode) from these params
+        when torch_adam is true, so an unset weight_decay is torch's default: AdamW's 0.01, Adam's 0."""
+        if self.torch_adam and "weight_decay" not in self.model_fields_set and self.adam_w_mode:
+            self.weight_decay = TORCH_ADAMW_WEIGHT_DECAY
+        return self
 
 
 class OptimizerConfig(_Strict):
@@ -46,6 +57,15 @@ class OptimizerConfig(_Strict):
     def decoupled_weight_decay(self) -> bool:
         """DeepSpeed: type AdamW always decouples; type Adam decouples unless adam_w_mode is false."""
         return self.type == "AdamW" or self.params.adam_w_mode
+
+    @model_validator(mode="after")
+    def _adamw_type_decays_as_torch(self) -> "OptimizerConfig":
+        """Type AdamW with torch_adam is torch.optim.AdamW even when adam_w_mode is false."""
+        params = self.params
+        if (self.type == "AdamW" and params.torch_adam and not params.adam_w_mode
+                and "weight_decay" not in params.model_fields_set):
+            params.weight_decay = TORCH_ADAMW_WEIGHT_DECAY
+        return self
 
 
 class SchedulerConfig(_Strict):
@@ -234,7 +254,8 @@ class NanoConfig(_Strict):
     train_batch_size: Optional[int] = Field(None, gt=0, description="Global batch: micro x accumulation x world size.")
     train_micro_batch_size_per_gpu: Optional[int] = Field(None, gt=0, description="Samples per rank per forward.")
     gradient_accumulation_steps: Optional[int] = Field(None, gt=0, description="Micro-steps per optimizer step.")
-    gradient_clipping: float = Field(0.0, ge=0, description="Clip by the global gradient norm; 0 = off.")
+    gradient_clipping: float = Field(1.0, ge=0, description="Clip by the global gradient norm; 0 = off. 1.0 by "
+                                     "default, as official DeepSpeed 0.19 (GRADIENT_CLIPPING_DEFAULT).")
     optimizer: Optional[OptimizerConfig] = Field(None, description="Required unless the engine is only used for inference.")
     scheduler: Optional[SchedulerConfig] = Field(None, description="Learning-rate schedule, stepped after each applied step.")
     fp16: Fp16Config = Field(default_factory=Fp16Config, description="fp16 mixed precision.")
@@ -245,8 +266,20 @@ class NanoConfig(_Strict):
     gradient_allreduce_op: Literal["mean", "sum"] = Field(
         "mean", description="Average gradients over ranks (mean) or add them up (sum).")
     data_types: DataTypesConfig = Field(default_factory=DataTypesConfig, description="dtype of gradient accumulation.")
-    steps_per_print: int = Field(10, ge=1, description="Rank 0 prints a progress line every this many steps.")
+    steps_per_print: Union[StrictInt, float] = Field(10, description="Rank 0 prints a progress line every this many "
+                                                     "steps; accelerate writes inf: never.")
+    zero_allow_untested_optimizer: StrictBool = Field(False, description="Official: let ZeRO take a client optimizer "
+                                                      "outside its tested list; nano takes Adam and AdamW either way.")
+    zero_force_ds_cpu_optimizer: StrictBool = Field(True, description="With offload_optimizer, a client optimizer must "
+                                                    "be DeepSpeedCPUAdam (false: any Adam/AdamW), as in official.")
     wall_clock_breakdown: Literal[False] = Field(False, description="Accepted as false only (nano has no timers).")
+
+    @field_validator("steps_per_print")
+    @classmethod
+    def _positive_or_never(cls, steps: Union[int, float]) -> Union[int, float]:
+        if not (steps == math.inf or (isinstance(steps, int) and steps >= 1)):
+            raise ValueError("must be a whole number of steps >= 1, or inf (never print)")
+        return steps
 
     @field_validator("gradient_allreduce_op", mode="before")
     @classmethod
