@@ -27,18 +27,18 @@ from zero_lab.analysis.logparse import parse_file  # noqa: E402 (after the path,
 from zero_lab.analysis.rundir import rank0_log  # noqa: E402
 
 IMPLS = ("nano", "official")
+OUT = REPO / "runs" / "bench" / "checkpoint-load"
 
 
 def run(args, impl: str, stage: int, steps: int, save_dir: Path, name: str, resume: bool) -> Path:
     """One `zero-lab run`; its run directory, or exit naming its error."""
-    out = REPO / "runs" / "bench" / "checkpoint-load"
     command = [str(Path(sys.executable).with_name("zero-lab")), "run", "--impl", impl, "--gpus", str(args.gpus),
                "--device", args.device, "--model", args.model, "--stage", str(stage), "--steps", str(steps),
-               "--dtype", args.dtype, "--save-dir", str(save_dir), "--out", str(out), "--name", name]
+               "--dtype", args.dtype, "--save-dir", str(save_dir), "--out", str(OUT), "--name", name]
     finished = subprocess.run(command + (["--resume"] if resume else []), capture_output=True, text=True, cwd=REPO)
     if finished.returncode != 0:
         sys.exit(f"error: {' '.join(command)} exited {finished.returncode}:\n{finished.stderr[-2000:]}")
-    return out / name
+    return OUT / name
 
 
 def load_seconds(run_dir: Path) -> float:
@@ -55,8 +55,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeats", type=int, default=3, help="resumes per impl and stage (the median counts)")
     args = parser.parse_args()
-    checkpoints = REPO / "runs" / "bench" / "checkpoint-load" / "checkpoints"
-    shutil.rmtree(checkpoints, ignore_errors=True)
+    shutil.rmtree(OUT, ignore_errors=True)  # this script's own runs and checkpoints, from a run before
+    checkpoints = OUT / "checkpoints"
     stages = [int(stage) for stage in args.stages.split(",")]
     seconds = {}
     for stage in stages:  # Phase 1

@@ -173,7 +173,7 @@ def read_file(path: str) -> dict:
                               f"or the file was removed; load another tag")
     try:
         with torch.serialization.safe_globals(STAND_INS):
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(f"checkpoint file {path} is truncated or corrupt ({reason[:160]}); "
