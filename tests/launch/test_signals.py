@@ -1,7 +1,6 @@
 """Stop signals deferred while a child starts: noted inside the block, raised as they would have
 been once it is done, and a signal that was ignored stays ignored."""
 
-import os
 import signal
 
 import pytest
@@ -13,7 +12,7 @@ def test_a_ctrl_c_inside_the_block_is_raised_once_the_block_is_done():
     finished_inside = False
     with pytest.raises(KeyboardInterrupt):
         with signals.deferred():
-            os.kill(os.getpid(), signal.SIGINT)  # delivered at once: Python runs the handler before the next line
+            signal.raise_signal(signal.SIGINT)  # to this thread; Python runs the handler before it returns
             finished_inside = True
     assert finished_inside
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the previous handler is back"
@@ -23,7 +22,7 @@ def test_sigterm_is_raised_as_stopped_with_its_number():
     with signals.stop_signals_raise():
         with pytest.raises(signals.Stopped) as stopped:
             with signals.deferred():
-                os.kill(os.getpid(), signal.SIGTERM)
+                signal.raise_signal(signal.SIGTERM)
         assert stopped.value.signal_number == signal.SIGTERM and signals.signal_name(stopped.value) == "SIGTERM"
 
 
@@ -31,7 +30,7 @@ def test_nothing_is_raised_without_a_signal_and_an_ignored_one_stays_ignored():
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         with signals.deferred():
-            os.kill(os.getpid(), signal.SIGHUP)
+            signal.raise_signal(signal.SIGHUP)
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)
