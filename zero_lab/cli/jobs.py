@@ -14,7 +14,9 @@ from pathlib import Path
 from zero_lab import signals
 from zero_lab.analysis import rundir
 from zero_lab.cli import input_checks, output
+from zero_lab.cli.errors import BadInput
 from zero_lab.launch import torchrun
+from zero_lab.workload.nodes import RANKS_PER_NODE_FIX, ranks_per_node_problem
 
 
 @dataclass
@@ -46,6 +48,11 @@ class SharedSettings:
 def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> None:
     """Before any config is read: known impls, processes the device can hold, a workload the harness accepts."""
     input_checks.check_impls(impls)
+    for world_size in world_sizes:
+        problem = ranks_per_node_problem(shared.workload.ranks_per_node,
+                                         shared.multi_node.world_size(world_size) or world_size)
+        if problem:
+            raise BadInput(problem, RANKS_PER_NODE_FIX)
     for world_size in world_sizes:
         input_checks.check_processes(world_size, shared.device, shared.multi_node)
     input_checks.check_workload(shared.workload, shared.device, impls, model_and_data=shared.script is None)
