@@ -72,6 +72,12 @@ class Collectives:
         self._stats[operation]["calls"] += 1
         self._stats[operation]["bytes"] += nbytes
 
+    def subgroup(self, group: torch.distributed.ProcessGroup) -> "Collectives":
+        """The collectives of a group of this one's ranks (hpZ's node), counted in this one's stats."""
+        collectives = Collectives(group)
+        collectives._stats = self._stats
+        return collectives
+
     def stats(self) -> dict[str, dict[str, int]]:
         """Calls and bytes per collective type since the last reset."""
         return {operation: dict(counts) for operation, counts in sorted(self._stats.items())}

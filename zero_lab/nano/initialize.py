@@ -37,12 +37,20 @@ from zero_lab.nano.stage0 import Stage0Optimizer
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
+from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer
 from zero_lab.nano.units import choose_units
 
 logger = logging.getLogger(__name__)
 
 STAGE_OPTIMIZERS = {optimizer.stage: optimizer
                     for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage2Optimizer, Stage3Optimizer)}
+
+
+def stage_optimizer(config: NanoConfig, world_size: int) -> type:
+    """Phase 5's optimizer class: the stage's, or at stage 3 with hpZ over more than one rank, hpZ's."""
+    if config.zero_optimization.hpz_enabled and world_size > 1:
+        return Stage3HierarchicalOptimizer
+    return STAGE_OPTIMIZERS[config.zero_optimization.stage]
 
 
 def _parameter_groups(model: torch.nn.Module, model_parameters: Any) -> list[dict]:
@@ -131,7 +139,7 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     # Phase 5
     units = choose_units(model, [parameter for group in groups for parameter in group["params"]],
                          nano_config.zero_optimization)
-    zero_optimizer = STAGE_OPTIMIZERS[nano_config.zero_optimization.stage](
+    zero_optimizer = stage_optimizer(nano_config, collectives.world_size)(
         model, units, groups, nano_config, collectives, _placement(nano_config, device), names)
     scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
     dataloader = _dataloader(training_data, nano_config, collate_fn)

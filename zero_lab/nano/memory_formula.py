@@ -37,7 +37,7 @@ MOMENTS = ("forward", "backward", "step", "between_steps")
 
 def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_size: int, moment: str = "step",
                                sharded: bool = False, gathered: bool = False, offload_optimizer: bool = False,
-                               offload_parameters: bool = False) -> dict[str, dict[str, int]]:
+                               offload_parameters: bool = False, hpz_partition_size: int = 1) -> dict[str, dict[str, int]]:
     """Bytes per rank of one flat buffer at one moment, per place ("device", "host") and category:
 
     forward:       inside the first micro-step's forward: no gradient buffer yet.
@@ -53,7 +53,9 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
     the end of backward, in the step and between steps); a buffer that is not sharded (persistent
     parameters) counts as at stage 2. With `offload_optimizer` the master, the optimizer states and
     the gradient partition live on the host. Communication buckets are excluded: they live only
-    while a bucket is being reduced.
+    while a bucket is being reduced. With hpZ (`hpz_partition_size` K > 1) a sharded buffer also
+    holds its secondary partition, padded / K elements on the device, from its first gather to the
+    end of the step (dropped after Adam: none between steps); it counts with the parameters.
     """
     facts = stages.of(stage)  # ValueError for a stage nano does not run
     if precision not in BYTES_OF_PRECISION:
@@ -71,6 +73,8 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
     has_master = precision != "fp32" or optimizer_place != parameter_place
     figures = {place: dict.fromkeys(CATEGORIES, 0) for place in ("device", "host")}  # Phase 2
     figures[parameter_place]["parameters"] = (partition if sharded else padded) * width
+    if sharded and hpz_partition_size > 1 and moment != "between_steps":
+        figures["device"]["parameters"] += padded // min(hpz_partition_size, world_size) * width
     figures["device"]["gathered_parameters"] = padded * width if sharded and gathered else 0
     figures["device"]["gradients"] = numel * width if holds_full_gradients else 0
     figures[optimizer_place]["fp32_master_partition"] = partition * FP32_BYTES if has_master else 0
@@ -81,10 +85,10 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
 
 def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, moment: str = "step",
                       sharded: bool = False, gathered: bool = False, offload_optimizer: bool = False,
-                      offload_parameters: bool = False) -> dict[str, int]:
+                      offload_parameters: bool = False, hpz_partition_size: int = 1) -> dict[str, int]:
     """`model_state_bytes_by_place`'s figures, device and host added together."""
     places = model_state_bytes_by_place(stage, precision, numel, world_size, moment, sharded, gathered,
-                                        offload_optimizer, offload_parameters)
+                                        offload_optimizer, offload_parameters, hpz_partition_size)
     return {category: places["device"][category] + places["host"][category] for category in CATEGORIES}
 
 
@@ -96,14 +100,15 @@ def total(figures: list[dict[str, int]]) -> dict[str, int]:
 def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, world_size: int,
                                     stage3_buffers: list[tuple[int, str]] | None = None,
                                     offload_optimizer: bool = False,
-                                    offload_parameters: bool = False) -> dict[str, int]:
+                                    offload_parameters: bool = False, hpz_partition_size: int = 1) -> dict[str, int]:
     """What a rank must fit besides activations, per place: {"device": bytes, "host": bytes}, each
     the larger of the backward and step moments (the two places may peak at different moments).
 
     At stage 3, `stage3_buffers` lists the model's flat buffers as (elements, role), role being
     "persistent", "root" or "block" (`units.flat_buffer_roles`); the peak comes inside a backward,
     with every gradient partition allocated and the root and the largest block gathered. Without
-    the list, stage 3 counts the whole model as one block gathered (an upper bound).
+    the list, stage 3 counts the whole model as one block gathered (an upper bound). With hpZ
+    (`hpz_partition_size` > 1) every sharded buffer adds its secondary partition at both moments.
     """
     offload = {"offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters}
     if not stages.of(stage).partitions_parameters:
@@ -116,10 +121,11 @@ def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, worl
                               if role == "block" and size == largest), None)
         inside_backward = [model_state_bytes_by_place(3, precision, size, world_size, "backward",
                                                       sharded=role != "persistent",
-                                                      gathered=role == "root" or index == largest_index, **offload)
+                                                      gathered=role == "root" or index == largest_index, **offload,
+                                                      hpz_partition_size=hpz_partition_size)
                            for index, (size, role) in enumerate(buffers)]
         step = [model_state_bytes_by_place(3, precision, size, world_size, "step", sharded=role != "persistent",
-                                           **offload) for size, role in buffers]
+                                           **offload, hpz_partition_size=hpz_partition_size) for size, role in buffers]
         moments = [{place: total([figure[place] for figure in figures]) for place in ("device", "host")}
                    for figures in (inside_backward, step)]
     return {place: max(sum(moment[place].values()) for moment in moments) for place in ("device", "host")}

@@ -31,6 +31,7 @@ from zero_lab.nano.units import Unit
 
 class Stage3Optimizer(Stage2Optimizer):
     stage = 3
+    sharded_buffer = ShardedFlatBuffer  # what holds a sharded unit's parameters (hpZ's adds a secondary partition)
 
     def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names):
         super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names)
@@ -47,8 +48,8 @@ class Stage3Optimizer(Stage2Optimizer):
         layout = self._layout(parameters)
         full = self.placement.empty(TensorKind.COMPUTE, layout.padded_numel, self.dtype)
         partition = self.placement.empty(TensorKind.PARTITION, layout.partition_numel, self.dtype)
-        return ShardedFlatBuffer(parameters, layout, self.collectives, group_index, full, partition,
-                                 self.placement.stage_in)
+        return self.sharded_buffer(parameters, layout, self.collectives, group_index, full, partition,
+                                   self.placement.stage_in)
 
     def _entry_of(self, index: int) -> GatheredUnit | None:
         return next((entry for entry in self.gathering.entries if self.buffers[index] in entry.buffers), None)

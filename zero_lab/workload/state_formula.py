@@ -35,7 +35,7 @@ def peak_bytes(model: torch.nn.Module, settings: NanoConfig, world_size: int) ->
                "offload_parameters": zero.offload_param.device == "cpu"}
     if zero.stage == 3:
         return peak_model_state_bytes_by_place(3, settings.precision, sum(n for n, _ in buffers), world_size,
-                                               buffers, **offload)
+                                               buffers, **offload, hpz_partition_size=zero.zero_hpz_partition_size)
     # Below stage 3 each parameter group is one buffer, padded on its own.
     figures = [peak_model_state_bytes_by_place(zero.stage, settings.precision, numel, world_size, **offload)
                for numel, _ in buffers]

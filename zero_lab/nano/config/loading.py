@@ -22,6 +22,7 @@ from zero_lab.nano.config import keys as config_keys
 from zero_lab.nano.config.schema import (DEFAULT_BUCKET_SIZE, Bf16Config, DataTypesConfig, Fp16Config, NanoConfig,
                                          ZeroConfig)
 from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.config.zeropp import hpz_world_problem
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 BUCKET_KEYS = ("reduce_bucket_size", "allgather_bucket_size")
@@ -202,4 +203,7 @@ def load_config(config: Any = None, args: Any = None, world_size: int = 1,
     """Read, check and complete a DeepSpeed config for `world_size` ranks (see the module phases)."""
     parsed = validate_config(config, args, hidden_size)
     _infer_batch_sizes(parsed, world_size)
+    problem = hpz_world_problem(parsed.zero_optimization.zero_hpz_partition_size, world_size)
+    if problem:
+        raise NanoConfigError(problem)
     return parsed

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 
 from zero_lab.nano import stages
 from zero_lab.nano.stages import START_ALIGNMENT_FACTOR
+from zero_lab.nano.config.zeropp import ZeroPlusPlusSettings
 
 DEFAULT_BUCKET_SIZE = 500_000_000
 TORCH_ADAMW_WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default weight_decay
@@ -161,7 +162,7 @@ class OffloadParamConfig(OffloadConfig):
     max_in_cpu: Optional[int] = Field(None, description="NVMe only.")
 
 
-class ZeroConfig(Stage3Settings):
+class ZeroConfig(Stage3Settings, ZeroPlusPlusSettings):
     stage: StrictInt = Field(0, description="0: data parallel; 1: partition optimizer states; 2: also gradients; "
                              "3: also parameters.")
     reduce_scatter: StrictBool = Field(True, description="Stage 1/2: reduce-scatter (True) or all-reduce + local scatter-back (False).")

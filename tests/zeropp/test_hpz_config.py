@@ -1,0 +1,31 @@
+"""zero_hpz_partition_size as nano reads it: DeepSpeed's key, stage 3 only, a divisor of the world size."""
+
+from __future__ import annotations
+
+import pytest
+
+from zero_lab.nano.config import load_config
+from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer
+from zero_lab.nano.initialize import STAGE_OPTIMIZERS, stage_optimizer
+
+
+def config(stage: int, partition_size: int) -> dict:
+    return {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": stage, "zero_hpz_partition_size": partition_size}}
+
+
+def test_hpz_is_read_at_stage_3_and_picks_the_hierarchical_optimizer():
+    settings = load_config(config(3, 2), world_size=4)
+    assert settings.zero_optimization.zero_hpz_partition_size == 2
+    assert stage_optimizer(settings, 4) is Stage3HierarchicalOptimizer
+    assert stage_optimizer(settings, 1) is STAGE_OPTIMIZERS[3]  # one rank: nothing to partition twice (official: min(K, W))
+    for off in (0, 1):  # official's default is 1; 0 is accepted as off too
+        assert stage_optimizer(load_config(config(3, off), world_size=4), 4) is STAGE_OPTIMIZERS[3]
+
+
+def test_hpz_below_stage_3_or_not_dividing_the_world_is_refused_by_name():
+    with pytest.raises(NanoConfigError, match="zero_hpz_partition_size 2 partitions parameters a second time"):
+        load_config(config(2, 2), world_size=4)
+    with pytest.raises(NanoConfigError, match="zero_hpz_partition_size 3 does not divide the world size 4"):
+        load_config(config(3, 3), world_size=4)
