@@ -1,7 +1,8 @@
-"""Train one workload with nano or official DeepSpeed; rank 0 prints the log contract.
+"""Train one workload with nano, official DeepSpeed or FSDP2; rank 0 prints the log contract.
 
-The two impls differ only in which module provides `init_distributed` and `initialize` (and the
-official config is derived from the same nano config). Lines and fields: docs/log-format.md.
+The impls differ only in which module provides `init_distributed` and `initialize` (the official
+config is derived from the same nano config; FSDP2's engine maps it: zero_lab/fsdp2/config_map.py,
+docs/fsdp2.md). Lines and fields: docs/log-format.md.
 
 Commands (from the repository root; on CPU each process is one rank):
 
@@ -9,6 +10,8 @@ Commands (from the repository root; on CPU each process is one rank):
     .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl nano \
         --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
     .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl official \
+        --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl fsdp2 \
         --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
 
     # checkpoints: save at steps 2 and 4, then resume from step 4 and train to step 8
@@ -93,6 +96,15 @@ def save(engine, args, rank: int, comm: CommMeter, step: int) -> None:
                                          time.perf_counter() - started))
 
 
+def model_state_formula(impl: str, model: torch.nn.Module, settings, world_size: int) -> dict | None:
+    """The impl's own model-state formula for this workload: nano's (official follows it) or FSDP2's."""
+    if impl == "fsdp2":
+        from zero_lab.fsdp2.memory_formula import peak_bytes
+
+        return peak_bytes(model, settings, world_size)
+    return state_formula.peak_bytes(model, settings, world_size)
+
+
 def dist_backend(device: torch.device) -> str:
     """The process group's backend for the run's device: gloo for CPU tensors, nccl for CUDA."""
     return "gloo" if device.type == "cpu" else "nccl"
@@ -163,7 +175,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     weight_decay = config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     # The config with DeepSpeed's defaults, as nano reads it (less what only official knows).
     settings = load_config(without_official_only_keys(config), world_size=world_size)
-    formula = state_formula.peak_bytes(model, settings, world_size)  # nano's, for the same workload
+    formula = model_state_formula(args.impl, model, settings, world_size)
     impl_config, notes = engine_config(args.impl, config, device)
     engine, _, _, _ = engine_module.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay), config=impl_config)
