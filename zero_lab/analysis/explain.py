@@ -35,7 +35,7 @@ from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
 from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
 from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units
 from zero_lab.workload.model_shapes import decays
-from zero_lab.workload.wire_bytes import wire_bytes
+from zero_lab.workload.wire_bytes import ranks_on_node, wire_split
 
 if TYPE_CHECKING:  # the typed config loads pydantic; the walk-through only reads its fields
     from zero_lab.nano.config import NanoConfig
@@ -84,6 +84,8 @@ class Collective:
     payload_bytes: int
     wire_bytes: int
     what: str  # the buffer, bucket or unit it moves
+    wire_intra_bytes: int = 0  # of wire_bytes, to ranks on this rank's node (rank 0's; nodes: ranks_per_node)
+    wire_inter_bytes: int = 0  # of wire_bytes, to ranks on other nodes
 
 
 @dataclass
@@ -99,6 +101,7 @@ class Walkthrough:
     buffers: list[Buffer]
     moments: dict[str, dict[str, dict[str, int]]]  # moment -> place -> category -> bytes
     collectives: list[Collective] = field(default_factory=list)
+    ranks_per_node: int | None = None  # nodes of this many consecutive ranks (None: one node)
 
     def phases(self) -> list[str]:
         skipped = {"reduce_gradients"} if self.stage >= 2 else set()
@@ -121,8 +124,11 @@ class Walkthrough:
                          "host_bytes": sum(self.moments[name]["host"].values())} for name in MOMENTS],
             "phases": [{"name": phase, "engine_call": PHASES[phase][0], "holds": PHASES[phase][1],
                         "summary": PHASES[phase][2]} for phase in self.phases()],
+            "ranks_per_node": self.ranks_per_node,
             "collectives": [{"phase": item.phase, "op": item.op, "payload_bytes": item.payload_bytes,
-                             "wire_bytes": item.wire_bytes, "what": item.what} for item in self.collectives],
+                             "wire_bytes": item.wire_bytes, "wire_intra_bytes": item.wire_intra_bytes,
+                             "wire_inter_bytes": item.wire_inter_bytes, "what": item.what}
+                            for item in self.collectives],
         }
 
 
@@ -173,7 +179,8 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_af
             places = model_state_bytes_by_place(zero.stage, config.precision, buffer.layout.numel, world_size,
                                                 formula_moment, sharded=buffer.sharded, gathered=gathered,
                                                 offload_optimizer=zero.offload_optimizer.device == "cpu",
-                                                offload_parameters=zero.offload_param.device == "cpu")
+                                                offload_parameters=zero.offload_param.device == "cpu",
+                                                hpz_partition_size=zero.zero_hpz_partition_size)
             for place, categories in places.items():
                 for category, nbytes in categories.items():
                     total[place][category] += nbytes
@@ -182,8 +189,11 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_af
 
 
 def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
-                micro_step: MicroStep | None) -> list[Collective]:
-    """Phase 3: every collective of one steady optimizer step, phase by phase."""
+                micro_step: MicroStep | None, ranks_per_node: int | None = None) -> list[Collective]:
+    """Phase 3: every collective of one steady optimizer step, phase by phase, each rank 0's wire
+    bytes split into intra- and inter-node ones (`wire_bytes.wire_split`). With hpZ a unit's first
+    gather of the step reads the primary partitions (the world); every later one, the secondary
+    partitions of the node's `zero_hpz_partition_size` ranks (`nano.hierarchical_partition`)."""
     if world_size == 1:
         return []
     zero, stage = config.zero_optimization, config.zero_optimization.stage
@@ -191,8 +201,13 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     communication_width = BYTES_OF_PRECISION[config.communication_data_type or config.precision]
     reduction = "reduce_scatter" if stage >= 1 and zero.reduce_scatter else "all_reduce"
 
-    def moved(phase: str, op: str, payload: int, what: str) -> Collective:
-        return Collective(phase, op, payload, wire_bytes(op, payload, world_size), what)
+    def moved(phase: str, op: str, payload: int, what: str, group_size: int = world_size) -> Collective:
+        on_my_node = ranks_on_node(list(range(group_size)), 0, ranks_per_node) if ranks_per_node else group_size
+        intra, inter = wire_split(op, payload, group_size, on_my_node)
+        return Collective(phase, op, payload, intra + inter, what, intra, inter)
+
+    secondary_group = min(zero.zero_hpz_partition_size, world_size) if zero.hpz_enabled else 0
+    with_secondary: set[str] = set()  # units gathered once this step: hpZ gathers them again in the node
 
     def reductions(phase: str, chosen: list[Buffer]) -> list[Collective]:
         found = []
@@ -204,8 +219,14 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
         return found
 
     def gathers(phase: str, units: list[str]) -> list[Collective]:
-        return [moved(phase, "all_gather", buffer.layout.padded_numel * width, buffer.name)
-                for unit in units for buffer in buffers if buffer.unit == unit and buffer.sharded]
+        found = []
+        for unit in units:
+            group_size = secondary_group if unit in with_secondary else world_size
+            found += [moved(phase, "all_gather", buffer.layout.padded_numel * width, buffer.name, group_size)
+                      for buffer in buffers if buffer.unit == unit and buffer.sharded]
+            if secondary_group:
+                with_secondary.add(unit)
+        return found
 
     found: list[Collective] = []
     if stage >= 2:  # every micro-step gathers (stage 3) and reduces as backward goes
@@ -230,14 +251,16 @@ def publish(buffer: Buffer, width: int, moved) -> list[Collective]:
 
 
 def explain(model: str, entries: list[ParameterEntry], blocks: list[str], config: NanoConfig,
-            world_size: int) -> Walkthrough:
+            world_size: int, ranks_per_node: int | None = None) -> Walkthrough:
     """The walk-through of one steady optimizer step of `config` (its stage, precision, buckets,
-    offload) on `world_size` ranks, for a model given as its parameter table and blocks."""
+    offload, hpZ) on `world_size` ranks in nodes of `ranks_per_node` (None: one node), for a model
+    given as its parameter table and blocks."""
     buffers = flat_buffers(entries, blocks, config, world_size)
     zero = config.zero_optimization
     micro_step = stage3_micro_step(entries, blocks, buffers, config) if zero.stage == 3 else None
     whole = micro_step.whole_after_forward if micro_step is not None else set()
     walk = Walkthrough(model, sum(entry.numel for entry in entries), zero.stage, world_size, config.precision,
                        config.gradient_accumulation_steps, buffers, moments(buffers, config, world_size, whole))
-    walk.collectives = collectives(buffers, config, world_size, micro_step)
+    walk.collectives = collectives(buffers, config, world_size, micro_step, ranks_per_node)
+    walk.ranks_per_node = ranks_per_node
     return walk

@@ -34,6 +34,7 @@ from zero_lab.cli import input_checks, output
 from zero_lab.cli.errors import EXIT_GATE, EXIT_RUN_FAILED, BadInput, check_choice, one_line_errors
 from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
+from zero_lab.workload.nodes import RANKS_PER_NODE_FIX, ranks_per_node_problem
 
 FORMATS = ("table", "json", "markdown")
 MEASURED_PRESET = "tiny"
@@ -113,6 +114,7 @@ def explain(
     offload: Annotated[str, typer.Option(help="CPU offload: none, optimizer or param (stage 3).")] = "none",
     format: Annotated[str, typer.Option(help="table, json or markdown.")] = "table",
     measure_tiny: Annotated[bool, typer.Option("--measure", help="Also run the stage on the tiny preset at W=N on CPU and check the prediction.")] = False,
+    ranks_per_node: Annotated[Optional[int], typer.Option(help="Nodes of K consecutive ranks: split the wire bytes into intra- and inter-node (default: one node).", metavar="K")] = None,
 ) -> None:
     """One optimizer step of nano as a sequence of phases: what one rank holds and what moves
     (payload and wire bytes), from nano's own formula and bucket layout. Nothing is launched
@@ -123,14 +125,17 @@ def explain(
     input_checks.check_stage(stage, "--stage")
     if gpus < 1:
         raise BadInput(f"--gpus must be 1 or more, not {gpus}", "give the world size, e.g. --gpus 4")
+    problem = ranks_per_node_problem(ranks_per_node, gpus)
+    if problem:
+        raise BadInput(problem, RANKS_PER_NODE_FIX)
     built, typed, source = explained_config(config, stage, dtype, offload, gpus)
     entries, blocks = model_table(model)
-    walk = walk_through(model, entries, blocks, typed, gpus)
+    walk = walk_through(model, entries, blocks, typed, gpus, ranks_per_node)
     result = walk.to_json()
     verdict = None
     if measure_tiny:
         prediction = walk if model == MEASURED_PRESET else walk_through(
-            MEASURED_PRESET, *model_table(MEASURED_PRESET), typed, gpus)
+            MEASURED_PRESET, *model_table(MEASURED_PRESET), typed, gpus, ranks_per_node)
         record = measure(built, dtype, gpus)
         problems = disagreements(prediction.to_json(), record)
         verdict = {"model": MEASURED_PRESET, "prediction": prediction.to_json(), "recorded": record,
@@ -152,6 +157,8 @@ def print_walk(walk, source: str, verdict: dict | None) -> None:
     output.print_table(*holdings_table(walk), title="What one rank holds (MB)")
     output.print_table(*collectives_table(walk.to_json()["collectives"]),
                        title="What moves (payload: the whole array; wire: what one rank sends)", numeric=False)
+    if walk.ranks_per_node:
+        output.stdout.print(node_split_line(walk.to_json()), markup=False)
     if verdict is None:
         return
     prediction, record = verdict["prediction"], verdict["recorded"]
@@ -161,6 +168,14 @@ def print_walk(walk, source: str, verdict: dict | None) -> None:
     output.print_table(*memory_comparison(prediction, record), title="Memory after each phase")
     for line in verdict_lines(verdict):
         output.stdout.print(line, markup=False)
+
+
+def node_split_line(result: dict) -> str:
+    """One step's wire bytes of one rank, inside its node and to other nodes."""
+    intra = sum(item["wire_intra_bytes"] for item in result["collectives"])
+    inter = sum(item["wire_inter_bytes"] for item in result["collectives"])
+    return (f"wire bytes per step, nodes of {result['ranks_per_node']} ranks: {intra} intra-node "
+            f"({intra / 2**20:.4f} MB), {inter} inter-node ({inter / 2**20:.4f} MB)")
 
 
 def verdict_lines(verdict: dict) -> list[str]:
