@@ -14,3 +14,7 @@ def test_hpz_matches_the_reference_and_backward_gathers_stay_in_the_node():
 
 def test_the_secondary_partition_costs_what_the_formula_says():
     assert run_distributed(hpz_workers.memory_worker, 4) == []
+
+
+def test_a_checkpoint_loaded_under_hpz_reaches_every_gather(tmp_path):
+    assert run_distributed(hpz_workers.resume_worker, 4, str(tmp_path)) == []
