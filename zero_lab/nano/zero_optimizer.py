@@ -27,6 +27,8 @@ comments are the rows below (stage 3 is stage 2 plus what it says).
                                                      gradients are produced
       optimizer.after_backward()    zero_optimizer   the stage's `GradientCollection.after_backward`:
         stages 0/1                  stage0.py        `BoundaryPacking`: nothing, param.grad waits
+        1, fp32 accumulation        stage1_fp32_accumulation  `Fp32Accumulation`: param.grad added
+                                                     into the fp32 gradients, released
         stages 2/3                  stage2.py        `ArrivalPacking`: reduce the buckets left
                                                      (unused parameters), `finish_all`; stage3.py
                                                      releases every unit
@@ -38,6 +40,7 @@ comments are the rows below (stage 3 is stage 2 plus what it says).
         stages 0/1                  stage0.py        `BoundaryPacking` packs param.grad into buckets
                                                      and reduces them (all-reduce at 0,
                                                      reduce-scatter at 1)
+        1, fp32 accumulation        stage1_fp32_accumulation  all-reduces the fp32 gradients' buckets
         stages 2/3                  stage2.py        `ArrivalPacking`: nothing, done in backward
       Phase 2 unscale               zero_optimizer   fp16: divide by the loss scale
       Phase 3 norm, skip, clip      zero_optimizer   `_global_norm`: partition sums of squares;
@@ -120,12 +123,13 @@ class ZeroOptimizer:
     """Stage-independent ZeRO optimizer; each stage module says what differs (see the stage table)."""
 
     stage = -1  # each stage module's number; its facts are the stage table's row (`stage_facts`)
+    variant = ""  # a stage variant's name (stages.py); "" for the stage itself
     GradientCollection = GradientCollection
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
                  collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
         self.model = model
-        self.stage_facts = stages.of(self.stage)
+        self.stage_facts = stages.of(self.stage, self.variant)
         self.units = units
         self.config = config
         self.collectives = collectives
