@@ -32,10 +32,11 @@ Layers, each importing only those listed before it:
     errors, stages, dtypes, fetch_policy, config.keys -> unit_policy, layout -> config.schema ->
     config.loading -> config -> official_config, memory_formula -> collectives, distributed ->
     init_partitions -> placement, units -> flat_buffer -> gradient_reduction, unit_gathering ->
-    adamw, loss_scaler, lr_schedules, client_optimizers -> zero_optimizer -> stage0 -> stage1 -> stage2 ->
+    adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, optimizer_memory ->
+    zero_optimizer -> stage0 -> stage1 -> stage2 ->
     stage3, stage1_fp32_accumulation -> checkpoint ->
-    checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save_load,
-    checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
+    checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
+    checkpoint.load, checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
     sub-package goes by its dotted name (`config.keys` is keys.py in the package config/), and the
     package's __init__ by the package's name (`config` re-exports the names of config/'s modules).
 Checkpoints (the `checkpoint` package, off the step's path; docs/checkpoints.md):

@@ -35,7 +35,7 @@ from zero_lab.nano.placement import TensorKind
 from zero_lab.nano.stage0 import parameter_gradient_bytes
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stages import FP32_ACCUMULATION
-from zero_lab.nano.zero_optimizer import GradientCollection
+from zero_lab.nano.gradient_collection import GradientCollection
 
 
 class Fp32Accumulation(GradientCollection):
