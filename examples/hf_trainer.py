@@ -18,7 +18,8 @@ Phase 1: the config's training settings, and the model: a 2-layer Llama from a c
 Phase 2: the data: random token ids from --seed, as many samples as --max-steps optimizer steps
          take; the Trainer's sampler is seeded too, so every impl sees the same batches in the same
          order.
-Phase 3: Trainer.train() for --max-steps optimizer steps, no checkpoints, no evaluation.
+Phase 3: Trainer.train() for --max-steps optimizer steps, no checkpoints, no evaluation; then the
+         process group is destroyed (the Trainer leaves it alive).
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ def main() -> None:
         trainer = Trainer(model=model, args=training_arguments(config, args, args.output_dir or scratch),
                           train_dataset=dataset)
         trainer.train()
+    # The Trainer leaves the process group alive; a gloo group alive at exit can abort the
+    # interpreter's teardown (SIGABRT), so end as PyTorch asks every script to.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -162,6 +162,8 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         result = accelerate_case(name, out) if name.startswith("accelerate") else trainer_case(name, out, args.resume_from)
         (out / f"rank{rank}.json").write_text(json.dumps(result))
+    if torch.distributed.is_initialized():  # a gloo group alive at exit can abort the teardown (SIGABRT)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A user's DeepSpeed training script in miniature, for the `zero-lab exec` tests: it imports
 `deepspeed` as any script does, says which one it got, trains a 2-layer model for --steps optimizer
 steps of the config's accumulation, prints every micro-step's loss on every rank (the reference
-the log contract's `[opt_step k] loss` must average), and exits with --exit-code.
+the log contract's `[opt_step k] loss` must average), destroys its process group and exits with
+--exit-code.
 
     zero-lab exec --impl nano --device cpu -- torchrun --nproc-per-node 2 tiny_deepspeed_script.py \
         --deepspeed_config ds.json --steps 3
@@ -60,6 +61,9 @@ def main() -> int:
             engine.backward(loss)
             engine.step()
             say(f"script-loss rank={rank} step={step} micro={micro} loss={loss.item():.9g}")
+    # As PyTorch asks of every script: a process that exits with its gloo group alive can abort in
+    # the interpreter's teardown ("terminate called without an active exception", SIGABRT).
+    torch.distributed.destroy_process_group()
     return args.exit_code
 
 

@@ -74,6 +74,9 @@ def compare(
                            "drop them, or compare without --script")
         shared.script = input_checks.user_script(script, shared.extra_torchrun_args, common.given)
         shared.extra_torchrun_args = []
+    if resume_check and "fsdp2" in impl_list:
+        raise BadInput("--resume-check saves DeepSpeed checkpoints, which are not part of --impl fsdp2",
+                       "drop --resume-check, or drop fsdp2 from --impls")
     jobs.check(shared, impl_list, world_sizes)
     with input_checks.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
         warmups = [

@@ -1,6 +1,8 @@
-"""`zero-lab config official`: the config official DeepSpeed accepts, derived from a nano config.
+"""`zero-lab config official`: the config official DeepSpeed accepts, derived from a nano config;
+`zero-lab config fsdp2`: how `--impl fsdp2` maps the same config onto FSDP2 (docs/fsdp2.md).
 
     zero-lab config official harness/configs/zero2.json --device cpu
+    zero-lab config fsdp2 harness/configs/zero3.json
 """
 
 from __future__ import annotations
@@ -35,3 +37,18 @@ def config_official(
     official = to_official_config(config, device=device)  # official's own keys pass through as they are
     check_value_types(without_official_only_keys(config), where=f"{path}: ")
     print(json.dumps(official, indent=2))
+
+
+@config_app.command("fsdp2")
+@one_line_errors
+def config_fsdp2(
+    path: Annotated[Path, typer.Argument(help="A nano DeepSpeed JSON config.")],
+    gpus: Annotated[int, typer.Option(help="World size the batch sizes are inferred for.")] = 1,
+) -> None:
+    """Print how `--impl fsdp2` runs a DeepSpeed config: each key's FSDP2 equivalent, or why none."""
+    config = input_checks.load_config_file(path)
+    plan = input_checks.fsdp2_plan(config, gpus, path)
+    width = max(len(row.key) for row in plan.rows) if plan.rows else 0
+    print(f"{'DeepSpeed key':<{width}}  value  ->  FSDP2")
+    for row in plan.rows:
+        print(f"{row.key:<{width}}  {json.dumps(row.value)}  ->  {row.fsdp2}")

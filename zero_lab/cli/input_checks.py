@@ -24,7 +24,7 @@ from zero_lab.cli.errors import BadInput, check_choice
 from zero_lab.nano import stages
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 
-IMPLS = ("nano", "official")
+IMPLS = ("nano", "official", "fsdp2")
 
 
 def check_stage(stage: int, source: str) -> int:
@@ -90,6 +90,18 @@ def official_config(config: dict, device: str) -> dict:
     from zero_lab.nano.official_config import to_official_config
 
     return to_official_config(config, device=device)
+
+
+def fsdp2_plan(config: dict, world_size: int, source: Path):
+    """How --impl fsdp2 runs this config (zero_lab.fsdp2.config_map), or BadInput naming what FSDP2 lacks."""
+    from zero_lab.fsdp2.config_map import map_config
+    from zero_lab.nano.errors import NanoConfigError
+
+    try:
+        return map_config(config, world_size=world_size)
+    except NanoConfigError as error:
+        problem, _, fix = str(error).partition("; ")
+        raise BadInput(f"{source}: {problem}", fix) from None
 
 
 def check_model(model: str) -> None:

@@ -14,7 +14,9 @@ from pathlib import Path
 from zero_lab import signals
 from zero_lab.analysis import rundir
 from zero_lab.cli import input_checks, output
+from zero_lab.cli.errors import BadInput
 from zero_lab.launch import torchrun
+from zero_lab.workload.nodes import RANKS_PER_NODE_FIX, ranks_per_node_problem
 
 
 @dataclass
@@ -46,6 +48,17 @@ class SharedSettings:
 def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> None:
     """Before any config is read: known impls, processes the device can hold, a workload the harness accepts."""
     input_checks.check_impls(impls)
+    if "fsdp2" in impls and shared.script is not None:
+        raise BadInput("--impl fsdp2 runs the built-in workload only (a script's `import deepspeed` cannot be FSDP2)",
+                       "drop fsdp2 from the impls, or drop --script")
+    if "fsdp2" in impls and (shared.workload.save_dir or shared.workload.resume):
+        raise BadInput("checkpoints (--save-dir, --resume, --resume-check) are not part of --impl fsdp2",
+                       "drop them, or drop fsdp2 from the impls")
+    for world_size in world_sizes:
+        problem = ranks_per_node_problem(shared.workload.ranks_per_node,
+                                         shared.multi_node.world_size(world_size) or world_size)
+        if problem:
+            raise BadInput(problem, RANKS_PER_NODE_FIX)
     for world_size in world_sizes:
         input_checks.check_processes(world_size, shared.device, shared.multi_node)
     input_checks.check_workload(shared.workload, shared.device, impls, model_and_data=shared.script is None)
@@ -63,6 +76,8 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     config = input_checks.received_config(staged, spec, source)
     official = input_checks.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     world_size = shared.multi_node.world_size(nproc) or nproc
+    if impl == "fsdp2":  # stages 0/1 and fp16 stop here, before any launch
+        input_checks.fsdp2_plan(config, world_size, source)
     note = note or ("warm-up" if steps is not None else None)
     label = f"{impl} w{world_size} s{stage}" + (f" ({note})" if note else "")
     return Job(spec, run_dir, config, official, label)

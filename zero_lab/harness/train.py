@@ -1,7 +1,8 @@
-"""Train one workload with nano or official DeepSpeed; rank 0 prints the log contract.
+"""Train one workload with nano, official DeepSpeed or FSDP2; rank 0 prints the log contract.
 
-The two impls differ only in which module provides `init_distributed` and `initialize` (and the
-official config is derived from the same nano config). Lines and fields: docs/log-format.md.
+The impls differ only in which module provides `init_distributed` and `initialize` (the official
+config is derived from the same nano config; FSDP2's engine maps it: zero_lab/fsdp2/config_map.py,
+docs/fsdp2.md). Lines and fields: docs/log-format.md.
 
 Commands (from the repository root; on CPU each process is one rank):
 
@@ -9,6 +10,8 @@ Commands (from the repository root; on CPU each process is one rank):
     .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl nano \
         --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
     .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl official \
+        --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
+    .venv/bin/torchrun --standalone --nproc_per_node=2 harness/train.py --impl fsdp2 \
         --model-name tiny --zero-stage 2 --steps 5 --batch-size 4 --seq-len 64
 
     # checkpoints: save at steps 2 and 4, then resume from step 4 and train to step 8
@@ -52,6 +55,7 @@ from zero_lab.workload.contract_lines import announce_rank, emit, model_header, 
 from zero_lab.workload.impls import default_single_process_env, engine_config, load_engine_module
 from zero_lab.workload import state_formula
 from zero_lab.workload.memory_meter import MemoryMeter
+from zero_lab.workload.nodes import resolve_ranks_per_node
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
 from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Phase, StepPhase, allocator_figures,
                                              is_out_of_memory, out_of_memory_line)
@@ -92,6 +96,15 @@ def save(engine, args, rank: int, comm: CommMeter, step: int) -> None:
                                          time.perf_counter() - started))
 
 
+def model_state_formula(impl: str, model: torch.nn.Module, settings, world_size: int) -> dict | None:
+    """The impl's own model-state formula for this workload: nano's (official follows it) or FSDP2's."""
+    if impl == "fsdp2":
+        from zero_lab.fsdp2.memory_formula import peak_bytes
+
+        return peak_bytes(model, settings, world_size)
+    return state_formula.peak_bytes(model, settings, world_size)
+
+
 def dist_backend(device: torch.device) -> str:
     """The process group's backend for the run's device: gloo for CPU tensors, nccl for CUDA."""
     return "gloo" if device.type == "cpu" else "nccl"
@@ -102,7 +115,9 @@ def prepare(argv: list[str] | None):
     args = build_parser().parse_args(argv)
     default_single_process_env()
     world_size = int(os.environ["WORLD_SIZE"])
-    device, config = check_launch(args, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    device, config = check_launch(args, world_size, local_world_size)
+    args.ranks_per_node = resolve_ranks_per_node(args.ranks_per_node, local_world_size, world_size)
     args.model_dtype = args.model_dtype or DTYPE_NAME_OF_PRECISION[precision_of(config)]
     tokenizer = load_tokenizer(args.model_name, args.trust_remote_code)
     batches = make_batches(tokenizer, args.seq_len, config["train_micro_batch_size_per_gpu"],
@@ -124,7 +139,7 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     and a refused allocation becomes OutOfMemory, one line naming the rank, the phase and the figures."""
     # Phase 2: the device first, then both meters before the engine exists (see their modules for why).
     select_device(device)
-    comm = CommMeter().install()
+    comm = CommMeter(getattr(args, "ranks_per_node", None)).install()  # resolved by `prepare`
     memory = MemoryMeter(device)
     memory.start()
     phase = StepPhase()
@@ -160,7 +175,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     weight_decay = config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     # The config with DeepSpeed's defaults, as nano reads it (less what only official knows).
     settings = load_config(without_official_only_keys(config), world_size=world_size)
-    formula = state_formula.peak_bytes(model, settings, world_size)  # nano's, for the same workload
+    formula = model_state_formula(args.impl, model, settings, world_size)
     impl_config, notes = engine_config(args.impl, config, device)
     engine, _, _, _ = engine_module.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay), config=impl_config)

@@ -62,7 +62,7 @@ def model_header(name: str, engine, precision: str, device: torch.device, seq_le
     config = getattr(engine.module, "config", None)
     return {
         "name": name, "params": parameter_count(engine.module),
-        "param_dtype": parameter.dtype, "compute_dtype": parameter.dtype,
+        "param_dtype": parameter.dtype, "compute_dtype": getattr(engine, "compute_dtype", parameter.dtype),
         "ds_precision": precision, "device": device.type,
         "seq_len": seq_len, "micro_batch": micro_batch,
         "attn_impl": getattr(config, "_attn_implementation", None) or "unknown",

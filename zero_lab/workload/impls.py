@@ -27,11 +27,15 @@ def default_single_process_env() -> None:
 
 
 def load_engine_module(impl: str, device: torch.device) -> ModuleType:
-    """`zero_lab.nano` or `deepspeed`, ready for `init_distributed` on this device."""
+    """`zero_lab.nano`, `zero_lab.fsdp2` or `deepspeed`, ready for `init_distributed` on this device."""
     if impl == "nano":
         import zero_lab.nano as nano
 
         return nano
+    if impl == "fsdp2":
+        import zero_lab.fsdp2 as fsdp2
+
+        return fsdp2
     official_import.prepare_environment(device.type)
     import deepspeed
 
@@ -43,7 +47,7 @@ def engine_config(impl: str, config: dict, device: torch.device) -> tuple[dict, 
     """The config dict the impl's `initialize` receives (nano's as is, official's converted) and
     the notes to log about it: official on CUDA without the toolkit FusedAdam needs runs torch's
     AdamW instead of failing."""
-    if impl == "nano":
+    if impl in ("nano", "fsdp2"):  # fsdp2 maps the nano config itself (zero_lab.fsdp2.config_map)
         return config, []
     from zero_lab.nano.official_config import to_official_config
     from zero_lab.workload import cuda_toolkit

@@ -11,6 +11,8 @@ The tracker only sees storages produced while it is active, so enter it before b
 A storage can also shrink or grow in place without any op (`untyped_storage().resize_(0)`, the
 way FSDP2 and nano free a buffer that other references still point to): while active, the
 tracker follows those resizes too, and `live_bytes` re-reads every storage's size when asked.
+A tensor subclass that wraps others (FSDP2's DTensor) counts as the storages of the tensors it
+wraps: its own storage has the whole tensor's size but holds nothing.
 
 Both meters count garbage too: a tensor kept by an unreachable reference cycle lives until
 Python's cyclic collector runs, at a moment that depends on allocation counts, not on the step
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 import psutil
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 
@@ -89,6 +91,14 @@ class LiveStorageTracker(TorchDispatchMode):
         return out
 
     def _observe(self, tensor: torch.Tensor) -> None:
+        if is_traceable_wrapper_subclass(tensor):
+            # A wrapper (FSDP2's DTensor) reports a storage the size of the whole tensor that holds
+            # no data; the bytes live in its inner tensors (a DTensor's local shard).
+            for name in tensor.__tensor_flatten__()[0]:
+                inner = getattr(tensor, name)
+                if isinstance(inner, torch.Tensor):
+                    self._observe(inner)
+            return
         try:
             storage = tensor.untyped_storage()
         except (NotImplementedError, RuntimeError):  # sparse and other storage-less layouts

@@ -25,8 +25,10 @@ from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
 from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN, PRESETS, check_model_name
+from zero_lab.workload.nodes import RANKS_PER_NODE_FIX, ranks_per_node_problem
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "harness" / "configs"  # shipped in the package
+IMPLS = ("nano", "official", "fsdp2")
 
 
 
@@ -35,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train one workload with nano or official DeepSpeed; rank 0 prints the log "
                     "contract of docs/log-format.md.")
     add = parser.add_argument
-    add("--impl", choices=("nano", "official"), default="nano",
-        help="which engine provides initialize(): zero_lab.nano or official deepspeed")
+    add("--impl", choices=IMPLS, default="nano",
+        help="which engine provides initialize(): zero_lab.nano, official deepspeed, or FSDP2 "
+             "(torch's fully_shard, the config mapped by zero_lab.fsdp2.config_map)")
     add("--deepspeed_config", default=None,
         help="DeepSpeed JSON config (default: harness/configs/zero<stage>.json)")
     add("--steps", type=int, default=10, help="optimizer steps (each is gradient_accumulation_steps micro-steps)")
@@ -64,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="accepted for the seed's commands: models are always read from local files only")
     add("--trust-remote-code", action="store_true", help="allow a local model's own code")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda if available")
+    add("--ranks-per-node", type=int, default=None, metavar="K",
+        help="group the ranks into nodes of K consecutive ranks for the intra-/inter-node wire bytes (must divide "
+             "the world size; default: the launcher's ranks per node)")
     add("--dist-timeout", type=float, default=1800.0,
         help="seconds a collective may wait for the other ranks before this rank gives up "
              "(the process group's timeout; default torch's 30 min)")
@@ -189,6 +195,19 @@ def precision_of(config: dict) -> str:
     return "bf16" if config.get("bf16", {}).get("enabled") else "fp32"
 
 
+def check_fsdp2(args: argparse.Namespace, config: dict, world_size: int) -> None:
+    """--impl fsdp2: a config FSDP2 can run (stage 2 or 3, no fp16: `config_map`), no checkpoints."""
+    from zero_lab.fsdp2.config_map import Fsdp2ConfigError, map_config
+
+    if args.save_dir or args.resume is not None:
+        raise WorkloadError("--save-dir and --resume are not part of --impl fsdp2 (its checkpoints are torch's "
+                            "distributed checkpoints, not DeepSpeed's)", "Drop them, or use --impl nano or official")
+    try:
+        map_config(config, world_size=world_size)
+    except Fsdp2ConfigError as error:
+        raise WorkloadError.from_nano(error) from None
+
+
 def check_launch(args: argparse.Namespace, world_size: int, local_world_size: int):
     """Phases 2-4: (device, nano config) of a run, or a WorkloadError naming the bad input."""
     if args.steps < 1 or args.seq_len < 2:
@@ -200,8 +219,13 @@ def check_launch(args: argparse.Namespace, world_size: int, local_world_size: in
     if not args.dist_timeout > 0:
         raise WorkloadError(f"--dist-timeout {args.dist_timeout:g} is not a time to wait", "Give seconds, more than 0")
     check_model_name(args.model_name)
+    problem = ranks_per_node_problem(args.ranks_per_node, world_size)
+    if problem:
+        raise WorkloadError(problem, RANKS_PER_NODE_FIX)
     device = rank_device(args.device, local_world_size)
     config = build_config(args, world_size)
+    if args.impl == "fsdp2":
+        check_fsdp2(args, config, world_size)
     if args.impl == "official" and device.type == "cpu" and precision_of(config) == "fp16":
         raise WorkloadError("official DeepSpeed rejects fp16 on this CPU ('Type fp16 is not "
                             "supported on your device')", "Use --model-dtype bfloat16 or float32 on CPU")

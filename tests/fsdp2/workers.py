@@ -1,0 +1,114 @@
+"""Per-rank bodies of the FSDP2 tests, run by tests.spawn.run_distributed; each returns failures.
+
+The reference and the configs are nano's (tests/nano/reference.py, tests/nano/workers.py): the
+single-process torch.optim.AdamW on the global batch, and nano itself on the same micro-batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import itertools
+
+import torch
+
+import zero_lab.fsdp2 as fsdp2
+import zero_lab.nano as nano
+from zero_lab.fsdp2.memory_formula import layout_bytes, moment_bytes
+from zero_lab.workload.memory_meter import LiveStorageTracker
+from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch, parameter_groups
+from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, STEPS, WEIGHT_DECAY, nano_config
+
+
+def parity_cases() -> list[dict]:
+    """Stages 2 and 3 x accumulation 1/3 x clipping off/on (8), fp32."""
+    return [dict(stage=stage, accumulation=accumulation, clipping=clipping)
+            for stage, accumulation, clipping in itertools.product((2, 3), (1, 3), (0.0, 0.05))]
+
+
+def whole(parameter: torch.Tensor) -> torch.Tensor:
+    """A parameter's full values: FSDP2's DTensor gathered, nano's as it is."""
+    return (parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter).detach().float()
+
+
+def train(module, config: dict, rank: int, steps: int, on_step=None) -> tuple[object, list[float]]:
+    """The harness's loop with either impl: per micro-step forward, engine.backward, engine.step;
+    returns the engine and this rank's losses, one per micro-step."""
+    engine_module = fsdp2 if module == "fsdp2" else nano
+    model = build_model()
+    engine, _, _, _ = engine_module.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
+                                               config=config)
+    losses = []
+    for step in range(steps):
+        for micro in range(config["gradient_accumulation_steps"]):
+            loss = loss_of(engine, micro_batch(step, micro, rank, MICRO_SIZE))
+            losses.append(loss.item())
+            engine.backward(loss)
+            engine.step()
+        if on_step is not None:
+            on_step(step, model)
+    return model, losses
+
+
+def parity_worker(rank: int, world_size: int) -> list[str]:
+    """After every step FSDP2's parameters match the reference; its losses and final parameters
+    match nano's on the same micro-batches."""
+    failures = []
+    for case in parity_cases():
+        config = nano_config(case["stage"], accumulation=case["accumulation"], clipping=case["clipping"])
+        reference = ReferenceTrainer(build_model(), LR, WEIGHT_DECAY, case["clipping"])
+        label = f"world size {world_size} {case}"
+
+        def compare(step: int, model: torch.nn.Module) -> None:
+            reference.step(step, world_size, case["accumulation"], MICRO_SIZE)
+            difference = max((whole(ours) - theirs.detach()).abs().max().item()
+                             for ours, theirs in zip(model.parameters(), reference.model.parameters()))
+            if not difference <= FP32_TOLERANCE:
+                failures.append(f"{label} step {step}: max |fsdp2 - reference| = {difference:.3g}")
+
+        fsdp2_model, fsdp2_losses = train("fsdp2", copy.deepcopy(config), rank, STEPS, compare)
+        nano_model, nano_losses = train("nano", copy.deepcopy(config), rank, STEPS)
+        loss_gap = max(abs(a - b) for a, b in zip(fsdp2_losses, nano_losses))
+        if len(fsdp2_losses) != len(nano_losses) or not loss_gap <= FP32_TOLERANCE:
+            failures.append(f"{label}: losses fsdp2 {fsdp2_losses} vs nano {nano_losses}")
+        parameter_gap = max((whole(ours) - whole(theirs)).abs().max().item()
+                            for ours, theirs in zip(fsdp2_model.parameters(), nano_model.parameters()))
+        if not parameter_gap <= FP32_TOLERANCE:
+            failures.append(f"{label}: final max |fsdp2 - nano| = {parameter_gap:.3g}")
+    return failures
+
+
+def live_bytes(tracker: LiveStorageTracker) -> int:
+    gc.collect()
+    return tracker.live_bytes
+
+
+def memory_worker(rank: int, world_size: int) -> list[str]:
+    """Bytes alive after the backward and between steps equal FSDP2's formula exactly, on every
+    rank, fp32 and bf16, stages 2 and 3 (the tracker counts a DTensor as its local shard)."""
+    failures = []
+    for precision, stage in itertools.product(("fp32", "bf16"), (2, 3)):
+        tracker = LiveStorageTracker("cpu")
+        with tracker:  # entered before the model exists, so every storage it and FSDP2 make is seen
+            model = build_model()
+            shapes = [tuple(parameter.shape) for parameter in model.parameters()]
+            engine, _, _, _ = fsdp2.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
+                                               config=nano_config(stage, precision=precision))
+            measured = {}
+            for step in range(2):  # Adam's states exist from the first step on: measure the second
+                engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE)))
+                measured["backward"] = live_bytes(tracker)
+                engine.step()
+            measured["between_steps"] = live_bytes(tracker)
+        for moment, live in measured.items():
+            expected = moment_bytes(shapes, world_size, moment, rank)
+            # Right after the backward gloo's finished reduce-scatter work may still hold its input,
+            # the unit's unsharded gradients (padded, fp32 or bf16), until its thread lets go
+            # (zero_lab/workload/memory_meter.py): exactly that much more, or nothing more.
+            leftover = world_size * layout_bytes(shapes, world_size)["gradients"] // (2 if precision == "bf16" else 1)
+            if moment == "backward" and live == expected + leftover:
+                continue
+            if live != expected:
+                failures.append(f"rank {rank} ws {world_size} {precision} stage {stage} {moment}: live bytes {live} "
+                                f"!= formula {expected}")
+    return failures
