@@ -182,40 +182,6 @@ def own_flat_partitions(own_file: dict, param_shapes: list[dict],
     return partitions
 
 
-@dataclass
-class OwnChunks:
-    """One rank's file of the per-parameter cut (stage 3): its chunk of every parameter, end to end."""
-
-    offsets: dict[str, int]  # where each parameter's chunk starts in `master` and in each moment
-    master: torch.Tensor
-    moments: dict[str, torch.Tensor]  # exp_avg and exp_avg_sq; empty before the first step
-    step: int
-
-
-def own_parameter_chunks(own_file: dict, param_shapes: list[dict], world_size: int) -> OwnChunks | None:
-    """One rank's file of a per-parameter cut read as its chunks: every stored tensor (official's
-    sub-groups) end to end, each parameter's chunk at its offset. None when the file is cut otherwise
-    or holds fewer elements than its parameters' chunks: then every rank's file is needed."""
-    state = own_file["optimizer_state_dict"]
-    stage = int(state["zero_stage"])
-    masters = state.get(fp32_key(stage))
-    if reshard.cut_of_stage(stage) != reshard.PER_PARAMETER or masters is None or len(masters) != len(param_shapes):
-        return None
-    offsets, start = {}, 0
-    for stored, shapes in zip(masters, param_shapes):
-        chunks = [reshard.chunk_numel(_numel(shape), world_size) for shape in shapes.values()]
-        if stored.numel() < sum(chunks):
-            return None
-        for name, chunk in zip(shapes, chunks):
-            offsets[name] = start
-            start += chunk
-        start += stored.numel() - sum(chunks)  # a stored tensor's own padding, if any
-    master = _group_tensors(masters, 0, stage)
-    moments = _group_moments(state.get(moments_key(stage), {}).get("state", {}), 0, stage)
-    kept = {key: moments[key] for key in MOMENTS if key in moments and moments[key].numel() >= master.numel()}
-    return OwnChunks(offsets, master, kept if len(kept) == len(MOMENTS) else {}, int(float(moments.get("step", 0))))
-
-
 def module_parameters(model_states: dict, path: str) -> SavedTraining:
     """The parameters only, from the model states' `module` (in the model's dtype), for a load of the
     module without optimizer files, as official's load_module_only reads them."""
