@@ -2,8 +2,8 @@
 
     Phase 1: resolve the tag; read the model states and all N optimizer files (at the saved world
              size with the flat cut on both sides, only this rank's: it holds this rank's partitions).
-             Stage 3's per-parameter cut is not nano's per-unit cut, so there every file is read
-             (memory-mapped): gathering the chunks over gloo instead was slower (docs/checkpoints.md).
+             Stage 3's per-parameter cut is not nano's per-unit cut: at the saved world size the N
+             files stay memory-mapped and Phase 3 copies only this rank's ranges out of them.
     Phase 2: check every trainable parameter is there with its shape (one line if not).
     Phase 3: partition -> whole parameter -> partition (`reshard.py`) into this rank's fp32
              masters and Adam moments; restore the steps, the LR schedule, the loss scaler.
@@ -19,7 +19,7 @@ import torch
 
 from zero_lab.nano import stages
 from zero_lab.nano.checkpoint import files, reshard
-from zero_lab.nano.checkpoint.contents import (ENGINE_KEYS, MOMENTS, SavedTraining, module_parameters,
+from zero_lab.nano.checkpoint.contents import (ENGINE_KEYS, MOMENTS, ChunkedFiles, SavedTraining, module_parameters,
                                                own_flat_partitions)
 from zero_lab.nano.checkpoint.save import buffers_of_each_group
 from zero_lab.nano.errors import CheckpointError
@@ -47,6 +47,43 @@ def _own_partitions(engine, model_states: dict, optimizer_paths: list[str]) -> t
                          reshard.stored_numel(buffer.layout, rank)))
     partitions = own_flat_partitions(own, model_states["param_shapes"], expected)
     return None if partitions is None else (saved, partitions)
+
+
+def _chunked_files(engine, model_states: dict, optimizer_paths: list[str]) -> tuple[SavedTraining, ChunkedFiles] | None:
+    """Phase 1's short way at stage 3, at the saved world size: the N files of a per-parameter cut,
+    memory-mapped and left in place (Phase 3 copies out of them only this rank's ranges). None:
+    another cut or world size; then every parameter is put back whole first."""
+    world_size = engine.collectives.world_size
+    stage = stages.of(engine.zero_optimization_stage())
+    if len(optimizer_paths) != world_size or stage.checkpoint.cut != reshard.PER_PARAMETER:
+        return None
+    optimizer_files = [files.read_file(path) for path in optimizer_paths]
+    saved = SavedTraining.header(optimizer_files[0], model_states["param_shapes"])
+    if saved.world_size != world_size or stages.of(saved.stage).checkpoint.cut != reshard.PER_PARAMETER:
+        return None
+    return saved, ChunkedFiles(optimizer_files, model_states["param_shapes"])
+
+
+def _adopt_chunk_ranges(optimizer, chunked: ChunkedFiles, with_optimizer: bool) -> None:
+    """Phase 3 by stage 3's short way: each buffer's partition (master and moments) copied piece by
+    piece from the chunks that hold it, so a rank copies its 1/N of the model, never the whole."""
+    rank = optimizer.collectives.rank
+    keys = ["master", *MOMENTS] if with_optimizer and chunked.step() > 0 and chunked.has_moments() else ["master"]
+    for index, buffer in enumerate(optimizer.buffers):
+        names = [optimizer.parameter_names[parameter] for parameter in buffer.parameters]
+        start, end = buffer.layout.partition_range(rank)
+        partitions = {key: torch.zeros(end - start, dtype=torch.float32) for key in keys}
+        for piece in buffer.layout.pieces(start, end):
+            low = piece.flat_start - start
+            for key in keys:
+                chunked.copy_range(key, names[piece.parameter_index], piece.parameter_offset,
+                                   partitions[key][low:low + piece.numel])
+        master = optimizer.master_partitions[index]
+        master.copy_(partitions["master"])
+        optimizer.adam.state.pop(master, None)
+        if len(keys) > 1:
+            optimizer.adam.state[master] = {"step": chunked.step(),
+                                            **{key: partitions[key].to(master.device) for key in MOMENTS}}
 
 
 def _adopt_own_partitions(optimizer, partitions: list, with_optimizer: bool) -> None:
@@ -106,8 +143,11 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
     optimizer_paths = files.optimizer_paths(load_dir, tag, parameters_only=load_module_only or not load_optimizer_states)
     model_path, model_states = files.read_model_states(load_dir, tag)
     own = _own_partitions(engine, model_states, optimizer_paths)
+    chunked = _chunked_files(engine, model_states, optimizer_paths) if own is None else None
     if own is not None:
         saved, partitions = own
+    elif chunked is not None:
+        saved, chunked, partitions = *chunked, None
     elif optimizer_paths:
         saved, partitions = SavedTraining.read([files.read_file(path) for path in optimizer_paths],
                                                model_states["param_shapes"], optimizer_paths), None
@@ -126,6 +166,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
     with_optimizer = load_optimizer_states and not load_module_only
     if partitions is not None:
         _adopt_own_partitions(optimizer, partitions, with_optimizer)
+    elif chunked is not None:
+        _adopt_chunk_ranges(optimizer, chunked, with_optimizer)
     else:
         _adopt_whole_parameters(optimizer, saved, with_optimizer)
     if with_optimizer:
