@@ -1,5 +1,12 @@
 """Per-rank body: nano and official DeepSpeed train the `tiny` preset at stage 3 under the same
-config, and each step's all-gathers are counted from outside (`workload.comm_meter`)."""
+config, and each step's all-gathers are counted from outside (`workload.comm_meter`).
+
+Two configs prefetch less than one block with reuse distance 0 (or prefetch nothing): there nano,
+which gathers a block as one unit, and official, which gathers each module's own parameters, part
+ways. For them the worker checks what explains official's bytes: `fetch_policy`'s rules run over
+every module the forward calls (containers included: official prefetches at each), one unit per
+module's own non-persistent parameters, predict official's extra bytes over a step that gathers
+every parameter once."""
 
 from __future__ import annotations
 
@@ -31,6 +38,53 @@ def configs() -> dict[str, dict]:
     del small_prefetch["zero_optimization"]["stage3_max_reuse_distance"]
     small_prefetch["zero_optimization"].update(stage3_prefetch_bucket_size=20_000, overlap_comm=True)
     return {"zero3.json": harness_zero3(), "defaults": defaults, "prefetch 20000": small_prefetch}
+
+
+def finer_configs() -> dict[str, dict]:
+    """zero3.json (reuse distance 0) prefetching less than one block, and prefetching nothing."""
+    configs = {}
+    for label, prefetch in (("prefetch 20000, reuse 0", 20_000), ("prefetch 0, reuse 0", 0)):
+        config = harness_zero3()
+        config["zero_optimization"]["stage3_prefetch_bucket_size"] = prefetch
+        configs[label] = config
+    return configs
+
+
+def forward_module_order(model: torch.nn.Module, ids: torch.Tensor) -> list[torch.nn.Module]:
+    """Every module the forward calls, in the order their forwards begin (official's trace)."""
+    called = []
+    handles = [module.register_forward_pre_hook(lambda module, args: called.append(module))
+               for module in model.modules()]
+    with torch.no_grad():
+        model(ids, labels=ids)
+    for handle in handles:
+        handle.remove()
+    return called
+
+
+def module_granularity_wire_bytes(config: dict, world_size: int) -> int:
+    """All-gather wire bytes of one steady micro-step (fp32) by `fetch_policy`'s rules with official's
+    granularity: a unit per module's own parameters above the persistence threshold."""
+    from zero_lab.nano.config import NanoConfig
+    from zero_lab.nano.fetch_policy import FetchRules, TracedUse, simulate_micro_step
+    from zero_lab.workload.models import build_model
+
+    zero = NanoConfig.model_validate(config).zero_optimization
+    model = build_model("tiny", seed=0)
+    ids = torch.zeros(1, SEQUENCE, dtype=torch.long)
+    trace, unit_numel = [], {}
+    for index, module in enumerate(forward_module_order(model, ids)):
+        own = list(module.parameters(recurse=False))
+        sharded = sum(p.numel() for p in own if p.numel() > zero.stage3_param_persistence_threshold)
+        name = f"module {id(module)}"
+        if sharded:
+            unit_numel[name] = sharded
+        trace.append(TracedUse(index, name if sharded else None, sum(p.numel() for p in own)))
+    rules = FetchRules(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters,
+                       zero.stage3_max_reuse_distance)
+    step = simulate_micro_step(trace, unit_numel, rules)
+    return sum((world_size - 1) * -(-unit_numel[name] // world_size) * 4
+               for name in step.forward_gathers + step.backward_gathers)
 
 
 def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter) -> list[tuple[int, int]]:
@@ -67,5 +121,18 @@ def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
         print(f"[gathers] rank {rank} {label}: nano {mine} official {theirs}", flush=True)
         if [wire for _, wire in mine[1:]] != [wire for _, wire in theirs[1:]]:
             failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes)")
+        if label == "zero3.json":
+            once = theirs[-1][1]  # every parameter gathered once a step (equal to nano's, checked above)
+    for label, config in finer_configs().items():
+        config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
+        mine = gather_bytes_per_step(nano, config, rank, meter)
+        theirs = gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"), rank, meter)
+        extra = module_granularity_wire_bytes(config, world_size) - module_granularity_wire_bytes(harness_zero3(),
+                                                                                                  world_size)
+        print(f"[gathers] rank {rank} {label}: nano {mine} official {theirs}; official's rules per module "
+              f"predict {once + extra} bytes a step", flush=True)
+        if [wire for _, wire in theirs[1:]] != [once + extra] * (STEPS - 1):
+            failures.append(f"{label}: official's all-gather bytes per step {theirs} are not the per-module "
+                            f"prediction {once + extra} (once a step {once} + {extra})")
     meter.uninstall()
     return failures

@@ -173,7 +173,8 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_af
             places = model_state_bytes_by_place(zero.stage, config.precision, buffer.layout.numel, world_size,
                                                 formula_moment, sharded=buffer.sharded, gathered=gathered,
                                                 offload_optimizer=zero.offload_optimizer.device == "cpu",
-                                                offload_parameters=zero.offload_param.device == "cpu")
+                                                offload_parameters=zero.offload_param.device == "cpu",
+                                                grad_accum_dtype=config.data_types.grad_accum_dtype)
             for place, categories in places.items():
                 for category, nbytes in categories.items():
                     total[place][category] += nbytes
@@ -189,7 +190,9 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     zero, stage = config.zero_optimization, config.zero_optimization.stage
     width = BYTES_OF_PRECISION[config.precision]
     communication_width = BYTES_OF_PRECISION[config.communication_data_type or config.precision]
-    reduction = "reduce_scatter" if stage >= 1 and zero.reduce_scatter else "all_reduce"
+    # stage 1's fp32-accumulation variant all-reduces its fp32 gradients whole, as official does
+    scatters = stage >= 1 and zero.reduce_scatter and not config.stage_facts.holds_fp32_gradients
+    reduction = "reduce_scatter" if scatters else "all_reduce"
 
     def moved(phase: str, op: str, payload: int, what: str) -> Collective:
         return Collective(phase, op, payload, wire_bytes(op, payload, world_size), what)

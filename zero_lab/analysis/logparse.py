@@ -40,6 +40,8 @@ STEP_FIELDS = (
     "peak_reserved_max_mb",
     "comm_mb",
     "comm_wire_mb",
+    "comm_wire_intra_mb",
+    "comm_wire_inter_mb",
 )
 MEMORY_FIELDS = ("alloc_max_mb", "peak_alloc_max_mb", "reserved_max_mb", "peak_reserved_max_mb")
 

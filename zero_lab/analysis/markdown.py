@@ -56,6 +56,10 @@ def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]
                  fmt(delta["comm_mb_delta"], 2, signed=True), ""])
     body.append(["wire MB / step", fmt(by_impl[candidate].get("comm_wire_mb"), 2),
                  fmt(by_impl[baseline].get("comm_wire_mb"), 2), "", f"ratio {fmt(delta.get('comm_wire_ratio'), 3)}"])
+    if any(by_impl[impl].get("comm_wire_inter_mb") for impl in (candidate, baseline)):  # --ranks-per-node: nodes
+        for label, name in (("intra-node wire MB / step", "comm_wire_intra_mb"),
+                            ("inter-node wire MB / step", "comm_wire_inter_mb")):
+            body.append([label, fmt(by_impl[candidate].get(name), 2), fmt(by_impl[baseline].get(name), 2), "", ""])
     body.append(["loss parity", "", "", fmt(delta["loss_parity"]), ""])
     return headers, body
 

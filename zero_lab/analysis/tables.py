@@ -33,10 +33,10 @@ CATEGORIES = ("run", "impl", "precision", "offload", "phase", "status", "baselin
 INTEGERS = ("world_size", "stage", "steps", "params", "exit_code", "failed_rank", "rank_exit_code", "skipped_lines")
 # Figures reduced over steps: the max (memory) or the median without the first step (speed).
 MAXIMA = (*MEMORY_FIELDS, "states_device_mb", "states_host_mb")
-STEADY_MEDIANS = ("step_ms", "comm_mb", "comm_wire_mb", "tokens_per_s")
+STEADY_MEDIANS = ("step_ms", "comm_mb", "comm_wire_mb", "comm_wire_intra_mb", "comm_wire_inter_mb", "tokens_per_s")
 # The order of a run's measured keys in summary.json and compare.json's rows.
 SUMMARY_COLUMNS = ("steps", "loss_last", *MEMORY_FIELDS, "step_ms", "comm_mb", "comm_wire_mb",
-                   "states_device_mb", "states_host_mb", "tokens_per_s")
+                   "comm_wire_intra_mb", "comm_wire_inter_mb", "states_device_mb", "states_host_mb", "tokens_per_s")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from zero_lab.analysis import rundir
 from zero_lab.cli import input_checks, output
 from zero_lab.cli.errors import BadInput
 from zero_lab.launch import torchrun
+from zero_lab.workload.nodes import RANKS_PER_NODE_FIX, ranks_per_node_problem
 
 
 @dataclass
@@ -53,6 +54,11 @@ def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> N
     if "fsdp2" in impls and (shared.workload.save_dir or shared.workload.resume):
         raise BadInput("checkpoints (--save-dir, --resume, --resume-check) are not part of --impl fsdp2",
                        "drop them, or drop fsdp2 from the impls")
+    for world_size in world_sizes:
+        problem = ranks_per_node_problem(shared.workload.ranks_per_node,
+                                         shared.multi_node.world_size(world_size) or world_size)
+        if problem:
+            raise BadInput(problem, RANKS_PER_NODE_FIX)
     for world_size in world_sizes:
         input_checks.check_processes(world_size, shared.device, shared.multi_node)
     input_checks.check_workload(shared.workload, shared.device, impls, model_and_data=shared.script is None)

@@ -47,6 +47,10 @@ DeviceMemory = Annotated[Optional[float], typer.Option(
     help="The memory the device offers, in GB (2^30 bytes): per GPU on CUDA, the host's on CPU. The preflight "
          "checks each run's predicted peak against it (default: free GPU memory, or available host memory), and on "
          "CPU the memory watch treats it as the ranks' limit.", metavar="GB", rich_help_panel=LAUNCH)]
+RanksPerNode = Annotated[Optional[int], typer.Option(
+    help="Group the ranks into nodes of K consecutive ranks (on one machine: simulated nodes; --gpus 4 with 2 is two "
+         "nodes of two) for the intra-/inter-node wire bytes; must divide the world size. Default: one node per "
+         "launcher node.", metavar="K", rich_help_panel=LAUNCH)]
 Force = Annotated[bool, typer.Option(help="Run even when a run is predicted not to fit in memory.",
                                      rich_help_panel=LAUNCH)]
 
@@ -83,6 +87,7 @@ COMMON_OPTIONS = [
     _option("seed", Seed, 42),
     _option("dataset_path", DatasetPath, None),
     _option("offload", Offload, "none"),
+    _option("ranks_per_node", RanksPerNode, None),
     _option("out", Out, Path("runs")),
     _option("name", Name, None),
     _option("nnodes", Nnodes, None),
@@ -98,12 +103,13 @@ CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, 
 
 
 def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
-           offload, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout, device_memory,
+           offload, ranks_per_node, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout, device_memory,
            force) -> Common:
     """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, a
     negative --stall-timeout, or a --device-memory that is not above 0."""
     work = torchrun.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
-                           dataset_path=dataset_path, offload=check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS)))
+                           dataset_path=dataset_path, offload=check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS)),
+                           ranks_per_node=ranks_per_node)
     node = torchrun.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     device = resolve_device_name(check_choice(device, "--device", DEVICES))
     check_not_negative(stall_timeout, "--stall-timeout")

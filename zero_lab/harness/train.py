@@ -55,6 +55,7 @@ from zero_lab.workload.contract_lines import announce_rank, emit, model_header, 
 from zero_lab.workload.impls import default_single_process_env, engine_config, load_engine_module
 from zero_lab.workload import state_formula
 from zero_lab.workload.memory_meter import MemoryMeter
+from zero_lab.workload.nodes import resolve_ranks_per_node
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
 from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Phase, StepPhase, allocator_figures,
                                              is_out_of_memory, out_of_memory_line)
@@ -114,7 +115,9 @@ def prepare(argv: list[str] | None):
     args = build_parser().parse_args(argv)
     default_single_process_env()
     world_size = int(os.environ["WORLD_SIZE"])
-    device, config = check_launch(args, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    device, config = check_launch(args, world_size, local_world_size)
+    args.ranks_per_node = resolve_ranks_per_node(args.ranks_per_node, local_world_size, world_size)
     args.model_dtype = args.model_dtype or DTYPE_NAME_OF_PRECISION[precision_of(config)]
     tokenizer = load_tokenizer(args.model_name, args.trust_remote_code)
     batches = make_batches(tokenizer, args.seq_len, config["train_micro_batch_size_per_gpu"],
@@ -136,7 +139,7 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     and a refused allocation becomes OutOfMemory, one line naming the rank, the phase and the figures."""
     # Phase 2: the device first, then both meters before the engine exists (see their modules for why).
     select_device(device)
-    comm = CommMeter().install()
+    comm = CommMeter(getattr(args, "ranks_per_node", None)).install()  # resolved by `prepare`
     memory = MemoryMeter(device)
     memory.start()
     phase = StepPhase()

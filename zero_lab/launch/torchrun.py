@@ -37,6 +37,7 @@ class Workload:
     save_dir: str | None = None  # the harness's --save-dir (checkpoints)
     save_every: int = 0
     resume: str | None = None  # the harness's --resume TAG ("latest": the tag `latest` names)
+    ranks_per_node: int | None = None  # the harness's --ranks-per-node K (None: the launcher's)
 
 
 @dataclass
@@ -161,7 +162,8 @@ def workload_arguments(work: Workload) -> list[str]:
     ]
     optional = (("--batch-size", work.batch_size), ("--seq-len", work.seq_len), ("--dataset-path", work.dataset_path),
                 ("--offload", None if work.offload == "none" else work.offload), ("--save-dir", work.save_dir),
-                ("--save-every", work.save_every or None), ("--resume", work.resume))
+                ("--save-every", work.save_every or None), ("--resume", work.resume),
+                ("--ranks-per-node", work.ranks_per_node))
     for flag, value in optional:
         if value is not None:
             arguments += [flag, str(value)]

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from zero_lab.nano import stages
-from zero_lab.nano.checkpoint import save_load
+from zero_lab.nano.checkpoint import load, save
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.errors import EngineUsageError
@@ -127,18 +127,18 @@ class NanoEngine(torch.nn.Module):
         """Release the engine's hold on the model (hooks, gradient buffers), as DeepSpeed's destroy()."""
         self.optimizer.destroy()
 
-    # DeepSpeed's checkpoints (checkpoint/save_load.py): its calls, its files, any world size
+    # DeepSpeed's checkpoints (checkpoint/save.py, checkpoint/load.py): its calls, its files, any world size
     def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict = {},  # noqa: B006 (DeepSpeed's; read only)
                         save_latest: bool = True) -> bool:
         """Every rank calls it; writes `<save_dir>/<tag>/` and then `latest`. True, as DeepSpeed returns."""
-        self.last_checkpoint = save_load.save_checkpoint(self, save_dir, tag, dict(client_state), save_latest)
+        self.last_checkpoint = save.save_checkpoint(self, save_dir, tag, dict(client_state), save_latest)
         return True
 
     def load_checkpoint(self, load_dir: str, tag: Any = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False) -> tuple[Optional[str], Optional[dict]]:
         """(path of the model-states file, client_state); (None, None) when `load_dir` has no `latest`."""
-        return save_load.load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
+        return load.load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
                                          load_lr_scheduler_states, load_module_only)
 
     # DeepSpeed's 16-bit weights for saving a model (the Trainer's and accelerate's save_model)

@@ -35,14 +35,16 @@ from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.nano.placement import Placement, host_threads
 from zero_lab.nano.stage0 import Stage0Optimizer
 from zero_lab.nano.stage1 import Stage1Optimizer
+from zero_lab.nano.stage1_fp32_accumulation import Stage1Fp32AccumulationOptimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
 from zero_lab.nano.units import choose_units
 
 logger = logging.getLogger(__name__)
 
-STAGE_OPTIMIZERS = {optimizer.stage: optimizer
-                    for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage2Optimizer, Stage3Optimizer)}
+STAGE_OPTIMIZERS = {(optimizer.stage, optimizer.variant): optimizer  # one per row of the stage table
+                    for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage1Fp32AccumulationOptimizer,
+                                      Stage2Optimizer, Stage3Optimizer)}
 
 
 def _parameter_groups(model: torch.nn.Module, model_parameters: Any) -> list[dict]:
@@ -131,7 +133,8 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     # Phase 5
     units = choose_units(model, [parameter for group in groups for parameter in group["params"]],
                          nano_config.zero_optimization)
-    zero_optimizer = STAGE_OPTIMIZERS[nano_config.zero_optimization.stage](
+    row = nano_config.stage_facts  # the stage, or its variant (stages.for_run)
+    zero_optimizer = STAGE_OPTIMIZERS[(row.number, row.variant)](
         model, units, groups, nano_config, collectives, _placement(nano_config, device), names)
     scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
     dataloader = _dataloader(training_data, nano_config, collate_fn)

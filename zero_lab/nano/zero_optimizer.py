@@ -77,55 +77,26 @@ from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.nano.flat_buffer import FlatParameterBuffer
-from zero_lab.nano.gradient_reduction import BucketReducer, optional_bytes
+from zero_lab.nano.gradient_collection import GradientCollection
+from zero_lab.nano.gradient_reduction import BucketReducer
 from zero_lab.nano.init_partitions import numel_of
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.loss_scaler import LossScaler
-from zero_lab.nano.memory_formula import CATEGORIES
+from zero_lab.nano.optimizer_memory import memory_breakdown
 from zero_lab.nano.placement import Placement, TensorKind
 from zero_lab.nano.units import Unit, split_groups_by_unit
-
-
-class GradientCollection:
-    """When and how a stage's gradients reach the reducer; each stage module defines its own, and
-    says in both methods below where its reduction happens (during backward or at the boundary)."""
-
-    def __init__(self, optimizer: "ZeroOptimizer"):
-        self.optimizer = optimizer
-
-    def after_backward(self) -> None:
-        """After every engine.backward()."""
-        raise NotImplementedError
-
-    def reduce_at_boundary(self) -> None:
-        """Step Phase 1: what is left to reduce, so that the gradient partitions are complete."""
-        raise NotImplementedError
-
-    def release(self) -> None:
-        """The window is over (stepped, skipped or zero_grad): drop what it collected."""
-
-    def gradient_bytes(self) -> int:
-        """Bytes of full-size gradients this collection holds now (autograd's param.grad)."""
-        return 0
-
-    def filling_bucket_bytes(self) -> int:
-        """Bytes of buckets still being filled."""
-        return 0
-
-    def destroy(self) -> None:
-        self.release()
 
 
 class ZeroOptimizer:
     """Stage-independent ZeRO optimizer; each stage module says what differs (see the stage table)."""
 
-    stage = -1  # each stage module's number; its facts are the stage table's row (`stage_facts`)
+    stage, variant = -1, ""  # each stage module's number (and variant, stages.py): its row, `stage_facts`
     GradientCollection = GradientCollection
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
                  collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
         self.model = model
-        self.stage_facts = stages.of(self.stage)
+        self.stage_facts = stages.of(self.stage, self.variant)
         self.units = units
         self.config = config
         self.collectives = collectives
@@ -300,36 +271,9 @@ class ZeroOptimizer:
                 parameter.zero_lab_flat_buffer = False
                 parameter.zero_lab_owner = None
 
-    # ----- observability -------------------------------------------------------------------
     def memory_breakdown(self, by_device: bool = False) -> dict:
-        """Bytes this rank holds per buffer category (see the vocabulary in zero_lab.nano) and their
-        total; with `by_device`, the same per place: {"device": {...}, "host": {...}} (the host
-        holds what offload moved there; see placement.py)."""
-        places: dict[str, dict[str, int]] = {}
-
-        def add(place: str, category: str, nbytes: int) -> None:
-            figures = places.setdefault(place, dict.fromkeys(CATEGORIES, 0))
-            figures[category] += nbytes
-
-        optimizer_place = self.placement.place(TensorKind.OPTIMIZER)
-        for buffer, master in zip(self.buffers, self.master_partitions):
-            add(self.placement.place(buffer.partition_kind), "parameters", buffer.parameter_bytes())
-            add("device", "gathered_parameters", buffer.gathered_bytes())
-            if master is not buffer.partition:
-                add(optimizer_place, "fp32_master_partition", optional_bytes(master))
-        add(optimizer_place, "optimizer_states", self.adam.state_bytes())
-        for partition in self.gradient_partitions:
-            add(optimizer_place, "gradient_partition", optional_bytes(partition))
-        add("device", "gradients", self.gradient_collection.gradient_bytes())
-        add("device", "communication_buckets",
-            self.reducer.in_flight_bytes() + self.gradient_collection.filling_bucket_bytes())
-        for figures in places.values():
-            figures["total"] = sum(figures.values())
-        if by_device:
-            return places
-        breakdown = {category: sum(figures[category] for figures in places.values()) for category in CATEGORIES}
-        breakdown["total"] = sum(breakdown.values())
-        return breakdown
+        """Bytes this rank holds per buffer category (`optimizer_memory.memory_breakdown`)."""
+        return memory_breakdown(self, by_device)
 
     # ----- DeepSpeed's optimizer attributes --------------------------------------------------
     @property

@@ -11,7 +11,10 @@ Byte convention (nano's own `engine.comm_stats()` uses the same one):
 - all_gather, all_gather_into_tensor (or _single): the total bytes of the output;
 - the coalesced variants: the sum over their tensors, by the same rule.
 Each call also counts its wire bytes: what one rank sends for that payload by NCCL-tests'
-bus-bytes convention, for the size of the group it ran on (`wire_bytes.py`).
+bus-bytes convention, for the size of the group it ran on (`wire_bytes.py`), and splits them into
+intra-node and inter-node bytes: what this rank sends to the group's ranks on its own node and on
+other nodes, nodes being `ranks_per_node` consecutive global ranks (`wire_bytes.wire_split`; no
+`ranks_per_node`: one node, everything intra-node).
 A call that emulates another collective counts under the collective it implements: nano's
 reduce-scatter on gloo is an `all_to_all_single` of the bucket's shares (each rank then adds up
 its own share's parts), named `reduce_scatter` by nano while it runs
@@ -36,7 +39,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from zero_lab.nano.collectives import EMULATED_COLLECTIVE
-from zero_lab.workload.wire_bytes import wire_bytes
+from zero_lab.workload.wire_bytes import ranks_on_node, wire_split
 
 
 def _nbytes(tensors) -> int:
@@ -70,15 +73,30 @@ class OpCount:
     calls: int = 0
     bytes: int = 0
     wire_bytes: int = 0
+    wire_intra_bytes: int = 0  # of wire_bytes: sent to ranks on this rank's node
+    wire_inter_bytes: int = 0  # of wire_bytes: sent to ranks on other nodes
+
+    def add(self, other: "OpCount", sign: int = 1) -> None:
+        self.calls += sign * other.calls
+        self.bytes += sign * other.bytes
+        self.wire_bytes += sign * other.wire_bytes
+        self.wire_intra_bytes += sign * other.wire_intra_bytes
+        self.wire_inter_bytes += sign * other.wire_inter_bytes
+
+    def copy(self) -> "OpCount":
+        return OpCount(self.calls, self.bytes, self.wire_bytes, self.wire_intra_bytes, self.wire_inter_bytes)
 
 
 class CommMeter:
-    """Counts every collective of `MEASURED_ARGUMENT` issued while installed and not paused."""
+    """Counts every collective of `MEASURED_ARGUMENT` issued while installed and not paused;
+    `ranks_per_node` groups the ranks into (simulated) nodes for the intra/inter split."""
 
-    def __init__(self):
+    def __init__(self, ranks_per_node: int | None = None):
+        self.ranks_per_node = ranks_per_node
         self.counts: dict[str, OpCount] = {}
         self._originals: dict[str, object] = {}
         self._depth = 0  # > 0 while inside a counted collective, or while paused
+        self._group_ranks: dict[object, list[int]] = {}
         self.trace: list[tuple[str, int, int]] | None = None  # a list: every call in order, (label, payload, wire)
 
     def install(self) -> "CommMeter":
@@ -107,7 +125,10 @@ class CommMeter:
                 bound = signature.bind(*args, **kwargs)
                 label = EMULATED_COLLECTIVE.get() or name
                 payload = _nbytes(bound.arguments[argument])
-                self.record(label, payload, wire_bytes(label, payload, c10d.get_world_size(bound.arguments.get("group"))))
+                group_ranks = self._ranks_of(bound.arguments.get("group"))
+                on_my_node = (ranks_on_node(group_ranks, c10d.get_rank(), self.ranks_per_node)
+                              if self.ranks_per_node else len(group_ranks))
+                self.record(label, payload, *wire_split(label, payload, len(group_ranks), on_my_node))
             self._depth += 1
             try:
                 return original(*args, **kwargs)
@@ -116,19 +137,24 @@ class CommMeter:
 
         return counted
 
-    def record(self, label: str, payload: int, wire: int) -> None:
-        count = self.counts.setdefault(label, OpCount())
-        count.calls += 1
-        count.bytes += payload
-        count.wire_bytes += wire
+    def _ranks_of(self, group) -> list[int]:
+        """The global ranks of a process group (None: the world), looked up once per group."""
+        if group not in self._group_ranks:
+            self._group_ranks[group] = (list(range(c10d.get_world_size())) if group is None
+                                        else c10d.get_process_group_ranks(group))
+        return self._group_ranks[group]
+
+    def record(self, label: str, payload: int, intra: int, inter: int = 0) -> None:
+        """One call: its payload, and its wire bytes to ranks on this node (intra) and on others (inter)."""
+        self.counts.setdefault(label, OpCount()).add(OpCount(1, payload, intra + inter, intra, inter))
         if self.trace is not None:
-            self.trace.append((label, payload, wire))
+            self.trace.append((label, payload, intra + inter))
 
     def reset(self) -> None:
         self.counts = {}
 
     def snapshot(self) -> dict[str, OpCount]:
-        return {name: OpCount(count.calls, count.bytes, count.wire_bytes) for name, count in self.counts.items()}
+        return {name: count.copy() for name, count in self.counts.items()}
 
     @contextmanager
     def paused(self):
@@ -146,15 +172,12 @@ def difference(after: dict[str, OpCount], before: dict[str, OpCount]) -> dict[st
     for name, count in after.items():
         earlier = before.get(name, OpCount())
         if count.calls != earlier.calls:
-            delta[name] = OpCount(count.calls - earlier.calls, count.bytes - earlier.bytes,
-                                  count.wire_bytes - earlier.wire_bytes)
+            delta[name] = count.copy()
+            delta[name].add(earlier, sign=-1)
     return delta
 
 
 def accumulate(totals: dict[str, OpCount], counts: dict[str, OpCount]) -> None:
     """Add counts (a `difference`) into totals, op by op."""
     for name, count in counts.items():
-        total = totals.setdefault(name, OpCount())
-        total.calls += count.calls
-        total.bytes += count.bytes
-        total.wire_bytes += count.wire_bytes
+        totals.setdefault(name, OpCount()).add(count)

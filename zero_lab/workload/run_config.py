@@ -25,6 +25,7 @@ from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
 from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN, PRESETS, check_model_name
+from zero_lab.workload.nodes import RANKS_PER_NODE_FIX, ranks_per_node_problem
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "harness" / "configs"  # shipped in the package
 IMPLS = ("nano", "official", "fsdp2")
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="accepted for the seed's commands: models are always read from local files only")
     add("--trust-remote-code", action="store_true", help="allow a local model's own code")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda if available")
+    add("--ranks-per-node", type=int, default=None, metavar="K",
+        help="group the ranks into nodes of K consecutive ranks for the intra-/inter-node wire bytes (must divide "
+             "the world size; default: the launcher's ranks per node)")
     add("--dist-timeout", type=float, default=1800.0,
         help="seconds a collective may wait for the other ranks before this rank gives up "
              "(the process group's timeout; default torch's 30 min)")
@@ -215,6 +219,9 @@ def check_launch(args: argparse.Namespace, world_size: int, local_world_size: in
     if not args.dist_timeout > 0:
         raise WorkloadError(f"--dist-timeout {args.dist_timeout:g} is not a time to wait", "Give seconds, more than 0")
     check_model_name(args.model_name)
+    problem = ranks_per_node_problem(args.ranks_per_node, world_size)
+    if problem:
+        raise WorkloadError(problem, RANKS_PER_NODE_FIX)
     device = rank_device(args.device, local_world_size)
     config = build_config(args, world_size)
     if args.impl == "fsdp2":

@@ -27,7 +27,7 @@ from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.phase_memory import PhaseSample, visible_categories
 
 MAX_OVER_RANKS = ("alloc", "reserved", "peak_alloc", "peak_reserved", "pre_step_alloc",
-                  "comm_bytes", "comm_wire_bytes", "step_ns")
+                  "comm_bytes", "comm_wire_bytes", "comm_wire_intra_bytes", "comm_wire_inter_bytes", "step_ns")
 
 
 class StepMetrics:
@@ -68,7 +68,9 @@ class StepMetrics:
         comm_bytes = sum(count.bytes for count in moved)
         comm_wire_bytes = sum(count.wire_bytes for count in moved)
         local_max = [memory.alloc, memory.reserved, memory.peak_alloc, memory.peak_reserved,
-                     self.pre_step_alloc(), comm_bytes, comm_wire_bytes, step_ns]
+                     self.pre_step_alloc(), comm_bytes, comm_wire_bytes,
+                     sum(count.wire_intra_bytes for count in moved), sum(count.wire_inter_bytes for count in moved),
+                     step_ns]
         with self.comm.paused():
             loss_sum = torch.stack(self._losses).sum().to(torch.float64).reshape(1)
             maxima = torch.tensor(local_max, dtype=torch.int64, device=self.device)
@@ -87,11 +89,15 @@ class StepMetrics:
             "peak_reserved_max_mb": worst["peak_reserved"] / MB,
             "comm_mb": worst["comm_bytes"] / MB,
             "comm_wire_mb": worst["comm_wire_bytes"] / MB,
+            "comm_wire_intra_mb": worst["comm_wire_intra_bytes"] / MB,
+            "comm_wire_inter_mb": worst["comm_wire_inter_bytes"] / MB,
             "pre_step_alloc_max_mb": worst["pre_step_alloc"] / MB,
             "alloc_max_bytes": worst["alloc"],
             "pre_step_alloc_max_bytes": worst["pre_step_alloc"],
             "comm_bytes": worst["comm_bytes"],
             "comm_wire_bytes": worst["comm_wire_bytes"],
+            "comm_wire_intra_bytes": worst["comm_wire_intra_bytes"],
+            "comm_wire_inter_bytes": worst["comm_wire_inter_bytes"],
         }
 
 
@@ -99,7 +105,9 @@ def comm_totals(counts: dict[str, OpCount], steps: int) -> list[dict]:
     """Fields of the `[comm]` lines: one per collective type, over all training steps."""
     return [{"op": name, "calls": count.calls, "mb": count.bytes / MB, "bytes": count.bytes,
              "bytes_per_step": count.bytes // steps, "wire_mb": count.wire_bytes / MB,
-             "wire_bytes": count.wire_bytes, "wire_bytes_per_step": count.wire_bytes // steps}
+             "wire_bytes": count.wire_bytes, "wire_bytes_per_step": count.wire_bytes // steps,
+             "wire_intra_bytes_per_step": count.wire_intra_bytes // steps,
+             "wire_inter_bytes_per_step": count.wire_inter_bytes // steps}
             for name, count in sorted(counts.items())]
 
 

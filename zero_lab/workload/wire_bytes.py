@@ -18,6 +18,26 @@ These are the algorithm's bytes, not a backend's: gloo implements some collectiv
 (its reduce-scatter is an all-reduce of a copy; its all-reduce and all-gather need not be rings),
 so on gloo they are the cost the algorithm needs, not the traffic gloo made. Results are rounded
 down to whole bytes.
+
+Intra- and inter-node (`wire_split`). Ranks form nodes of K consecutive global ranks (rank r is on
+node r // K; `--ranks-per-node K`, on a cluster the launcher's --nproc-per-node). Of the n ranks of
+a collective's group, k share this rank's node. The convention is the direct (pairwise) exchange:
+in a reduce-scatter, an all-gather or an all-to-all each rank owes each of its n-1 peers one 1/n
+share of S, so it sends
+
+    to ranks on its own node      (k-1)/n x S     intra-node
+    to ranks on other nodes       (n-k)/n x S     inter-node
+
+which add up to the (n-1)/n x S above; an all-reduce (a reduce-scatter, then an all-gather) sends
+twice each, and a broadcast or reduce splits its S in the same proportion, (k-1) : (n-k). So the
+inter-node bytes are exactly what this rank sends to ranks on other nodes, whichever node it is
+on; a group inside one node (k = n: stage 3's secondary partition under hpZ) sends none. Example,
+W=4, K=2, an all-gather of S over all four ranks: S/4 to the rank beside it, S/2 to the other
+node. Other algorithms cut the same bytes differently: a ring in rank order sends everything a
+rank sends to one neighbour (so only the rank at a node's edge crosses), and ZeRO++'s paper counts
+the whole volume of any collective that spans nodes as cross-node. The ratios between ZeRO
+variants are the same in all three, because every spanning collective of stage 3 spans the
+whole world.
 """
 
 from __future__ import annotations
@@ -64,3 +84,20 @@ def wire_bytes(operation: str, payload_bytes: int, world_size: int) -> int:
     """Bytes one rank sends for a collective whose payload (the whole array) is `payload_bytes`."""
     numerator, denominator = wire_factor(operation, world_size)
     return payload_bytes * numerator // denominator
+
+
+def wire_split(operation: str, payload_bytes: int, group_size: int, on_my_node: int) -> tuple[int, int]:
+    """(intra-node, inter-node) wire bytes of one rank, for a group of `group_size` ranks of which
+    `on_my_node` (this rank included) share its node; they add up to `wire_bytes`."""
+    wire = wire_bytes(operation, payload_bytes, group_size)
+    if group_size <= 1:
+        return 0, 0
+    numerator, denominator = wire_factor(operation, group_size)
+    inter = payload_bytes * numerator * (group_size - on_my_node) // (denominator * (group_size - 1))
+    return wire - inter, inter
+
+
+def ranks_on_node(group_ranks: list[int], rank: int, ranks_per_node: int) -> int:
+    """How many of a group's (global) ranks share `rank`'s node, nodes being `ranks_per_node` consecutive ranks."""
+    node = rank // ranks_per_node
+    return sum(1 for member in group_ranks if member // ranks_per_node == node)

@@ -4,7 +4,8 @@ CLI's offline tools (docs/checkpoints.md). Each module imports only those listed
     reshard     partition -> whole parameter -> partition, pure tensor arithmetic
     files       the files' names on disk, a safe write, a checked read
     contents    what the files hold, in official DeepSpeed's keys; `SavedTraining` reads them back
-    save_load   the engine's save_checkpoint and load_checkpoint (every rank, collectives)
+    save        the engine's save_checkpoint (every rank, collectives)
+    load        the engine's load_checkpoint (every rank, collectives)
     offline     inspect, consolidate and reshard on one process, without an engine
 
 The stage decides the layout on disk (`stages.Stage.checkpoint`); nothing here compares stage numbers.
