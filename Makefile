@@ -19,8 +19,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+# Two pytest-xdist workers, each taking whole files (a module's shared launch stays one launch), the
+# longest files first (tests/conftest.py): on 2 cores one worker's start-up, sleep or single process
+# runs beside the other's work. `pytest -q` alone runs the same tests one after another.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The quick loop while editing: everything but the tests that launch torchrun, spawn gloo ranks or
 # run official DeepSpeed (markers slow and official). The README's test command stays `make test`.

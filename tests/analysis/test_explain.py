@@ -20,9 +20,11 @@ REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
-def walk(stage, world_size=4, model="small", precision="bf16", micro_steps=1, **zero):
+def walk(stage, world_size=4, model="small", precision="bf16", micro_steps=1, data_types=None, **zero):
     config = json.loads((REPO / "harness" / "configs" / f"zero{stage}.json").read_text())
     config["bf16"] = {"enabled": precision == "bf16"}
+    if data_types:
+        config["data_types"] = data_types
     config["gradient_accumulation_steps"] = micro_steps
     config["zero_optimization"].update(zero)
     return explain(model, preset_parameters(model), preset_blocks(model), load_config(config, world_size=world_size),
@@ -53,6 +55,20 @@ def test_stage_2_reduces_during_backward_and_stage_1_at_the_boundary():
     assert {item["phase"] for item in walk(2).to_json()["collectives"]} == {"backward", "unscale_clip", "all_gather"}
     accumulating = walk(2, micro_steps=3)
     assert total(accumulating, "backward") == 3 * total(walk(2), "backward"), "every micro-step reduces"
+
+
+def test_stage_1_with_fp32_accumulation_all_reduces_full_fp32_gradients_at_the_boundary():
+    """The fp32-accumulation variant (bf16, grad_accum_dtype fp32): its buckets are all-reduced,
+    not reduce-scattered, and it holds full-size fp32 gradients (padded) where stage 1 holds bf16
+    param.grad after backward and an fp32 gradient partition in the step."""
+    plain, variant = walk(1), walk(1, data_types={"grad_accum_dtype": "fp32"})
+    padded = sum(buffer.layout.padded_numel for buffer in variant.buffers)
+    assert total(variant, op="reduce_scatter") == 0
+    assert total(variant, "reduce_gradients", op="all_reduce") == total(plain, "reduce_gradients") == padded * 2
+    memory = {moment["name"]: moment["bytes"] for moment in variant.to_json()["moments"]}
+    for moment in ("end_of_backward", "optimizer_step"):
+        assert (memory[moment]["gradients"], memory[moment]["gradient_partition"]) == (padded * 4, 0)
+    assert memory["between_steps"]["gradients"] == 0
 
 
 def test_stage_3_gathers_each_block_again_for_backward_unless_reuse_keeps_it():

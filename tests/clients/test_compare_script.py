@@ -1,7 +1,7 @@
 """`zero-lab compare --script`: a user's Hugging Face Trainer script (examples/hf_trainer.py), run
 under torchrun with nano and with official DeepSpeed, gives the built-in workload's tables, verdict
 and compare.json, read from the log contract the engines printed. 2 processes on CPU, stage 2,
-3 optimizer steps: about 3 minutes on 2 loaded cores.
+3 optimizer steps: about 3 minutes on 2 loaded cores; and examples/accelerate_loop.py the same way, 2 steps.
 """
 
 import json
@@ -42,3 +42,23 @@ def test_compare_script_runs_the_trainer_on_both_impls_and_the_verdict_passes(tm
         command = (tmp_path / "cmp" / "cells" / f"w2-s2-{impl}" / "command.txt").read_text()
         assert command.split()[-2:] == ["--deepspeed_config", str(tmp_path / "cmp" / "cells" / f"w2-s2-{impl}" / name)]
     assert "hf_trainer.py" in report.read_text().splitlines()[0]
+
+
+def test_compare_script_runs_the_accelerate_loop_on_both_impls_and_the_verdict_passes(tmp_path):
+    """examples/accelerate_loop.py (accelerate's DeepSpeedPlugin, the config's optimizer through
+    DummyOptim) under `compare --script`: 2 processes, stage 2, 2 steps of 16 tokens, the least
+    that shows a step after the first; the same batches, so fp32 losses within 1e-6."""
+    done = subprocess.run(
+        [ZERO_LAB, "compare", "--script", str(REPO / "examples" / "accelerate_loop.py"), "--gpus", "2", "--device",
+         "cpu", "--stages", "2", "--out", str(tmp_path), "--name", "cmp", "--format", "json",
+         "--stall-timeout", "600", "--", "--max-steps", "2", "--seq-len", "16"],
+        capture_output=True, text=True, timeout=1200, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-4000:]
+    comparison = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert comparison["verdict"]["ok"] and comparison["verdict"]["loss_parity"]
+    rows = {row["impl"]: row for row in comparison["rows"]}
+    assert set(rows) == {"nano", "official"}
+    for row in rows.values():
+        assert (row["status"], row["steps"], row["world_size"], row["stage"]) == ("ok", 2, 2, 2)
+    [delta] = comparison["deltas"]
+    assert delta["max_step_loss_delta"] <= 1e-6

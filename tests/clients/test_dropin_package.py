@@ -47,6 +47,8 @@ print("RESULT " + json.dumps({
     "arange_is_torch": partition_parameters._orig_torch_arange is torch.arange,
     "logger": logger.name, "accelerator": deepspeed.get_accelerator().device_name(0),
     "refusals": refusals}))
+if torch.distributed.is_initialized():  # a gloo group alive at exit can abort the teardown (SIGABRT)
+    torch.distributed.destroy_process_group()
 """
 
 

@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 
 import zero_lab.nano
-from zero_lab.nano.memory_formula import model_state_bytes
+from zero_lab.nano.memory_formula import model_state_bytes, peak_model_state_bytes
 from tests.docs.doc_text import REPO, read, table_after
 from tests.nano.test_layers import layer_of, module_name
 
@@ -57,22 +57,35 @@ def value(expression: str, world_size: int) -> Fraction:
     return sum((Fraction(term.strip().replace("N", str(world_size))) for term in expression.split("+")), Fraction(0))
 
 
-def bytes_per_parameter(stage: int, precision: str, world_size: int, moment: str, sharded: bool = False) -> Fraction:
+def bytes_per_parameter(stage: int, precision: str, world_size: int, moment: str, sharded: bool = False,
+                        grad_accum_dtype: str | None = None) -> Fraction:
     numel = 2 * world_size * 1000  # no padding: the table's figures are per parameter
-    return Fraction(sum(model_state_bytes(stage, precision, numel, world_size, moment, sharded=sharded).values()), numel)
+    figures = model_state_bytes(stage, precision, numel, world_size, moment, sharded=sharded,
+                                grad_accum_dtype=grad_accum_dtype)
+    return Fraction(sum(figures.values()), numel)
+
+
+def precisions_of(cell: str) -> list[tuple[str, str | None]]:
+    """'bf16/fp16' -> both; 'bf16, `grad_accum_dtype: fp32`' -> bf16 with that data type."""
+    if "grad_accum_dtype" in cell:
+        return [(cell.split(",")[0], re.search(r"grad_accum_dtype: (\w+)", cell).group(1))]
+    return [(precision, None) for precision in cell.split("/")]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_the_bytes_per_parameter_table_is_the_memory_formula(world_size):
     rows = table_after(NANO_MD, "## Bytes per parameter on each rank")
     assert rows[0] == ["precision", "stage", "end of backward", "optimizer step", "between steps", "peak at N=2"]
-    assert len(rows) == 7
+    assert len(rows) == 8
     for precisions, stage, *cells in rows[1:]:
-        for precision in ("bf16", "fp16") if precisions == "bf16/fp16" else (precisions,):
+        for precision, grad_accum_dtype in precisions_of(precisions):
             for cell, moment in zip(cells, ("backward", "step", "between_steps")):
-                expected = bytes_per_parameter(int(stage), precision, world_size, moment)
+                expected = bytes_per_parameter(int(stage), precision, world_size, moment,
+                                               grad_accum_dtype=grad_accum_dtype)
                 assert {value(side, world_size) for side in cell.split("=")} == {expected}, (precision, stage, moment)
-            peak = max(bytes_per_parameter(int(stage), precision, 2, moment) for moment in ("backward", "step"))
+            numel = 4000
+            peak = Fraction(peak_model_state_bytes(int(stage), precision, numel, 2, grad_accum_dtype=grad_accum_dtype),
+                            numel)
             assert value(cells[3], 2) == peak, (precision, stage, "peak")
 
 

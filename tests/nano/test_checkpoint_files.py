@@ -197,3 +197,39 @@ def test_load_module_only_of_a_stage3_checkpoint_without_optimizer_files_is_refu
         engine.load_checkpoint(str(tmp_path), load_module_only=True)
     assert "holds no whole values" in str(refusal.value) and "\n" not in str(refusal.value)
     engine.destroy()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_a_range_copied_out_of_the_chunked_files_is_the_whole_parameters_range(world_size):
+    """Stage 3's load at the saved world size copies each range of a parameter out of the chunks
+    that hold it (`ChunkedFiles.copy_range`): every range equals that range of the whole values,
+    across sub-groups and ranks, for the master and both moments."""
+    from collections import OrderedDict
+
+    from zero_lab.nano.checkpoint.contents import ChunkedFiles, optimizer_states
+
+    generator = torch.Generator().manual_seed(world_size)
+    shapes = OrderedDict([("a", torch.Size([5, 3])), ("b", torch.Size([7])), ("c", torch.Size([2, 4])),
+                          ("d", torch.Size([1]))])
+    keys = ("master", "exp_avg", "exp_avg_sq")
+    whole = {key: {name: torch.randn(shape.numel(), generator=generator) for name, shape in shapes.items()}
+             for key in keys}
+    parts = [["a", "b"], ["c", "d"]]  # two sub-groups of one parameter group
+    param_shapes = [OrderedDict((name, shapes[name]) for name in part) for part in parts]
+    optimizer_files = []
+    for rank in range(world_size):
+        stored = {key: [reshard.per_parameter_partition([whole[key][name] for name in part], world_size, rank)
+                        for part in parts] for key in keys}
+        moments = [{"exp_avg": stored["exp_avg"][index], "exp_avg_sq": stored["exp_avg_sq"][index]}
+                   for index in range(len(parts))]
+        optimizer_files.append(optimizer_states(3, world_size, [{"lr": 1.0}], [0, 0], stored["master"], moments,
+                                                [4, 4], {}))
+    chunked = ChunkedFiles(optimizer_files, param_shapes)
+    assert chunked.has_moments() and chunked.step() == 4
+    for key in keys:
+        for name, shape in shapes.items():
+            for start in range(shape.numel()):
+                for stop in range(start + 1, shape.numel() + 1):
+                    out = torch.full((stop - start,), float("nan"))
+                    chunked.copy_range(key, name, start, out)
+                    assert torch.equal(out, whole[key][name][start:stop]), (key, name, start, stop)

@@ -52,10 +52,11 @@ BAD_CONFIGS = [
     (with_(zero_optimization__contiguous_gradients=False), "contiguous_gradients"),
     (with_(scheduler={"type": "OneCycle", "params": {}}), "OneCycle"),
     (with_(fp16={"enabled": True, "auto_cast": True}), "'fp16.auto_cast' is known to official DeepSpeed"),
-    (with_(bf16={"enabled": True, "immediate_grad_update": True}), "bf16.immediate_grad_update true"),
     (with_(zero_optimization={"stage": 2, "allgather_bucket_size": 5}), "zero_optimization.allgather_bucket_size"),
-    (with_(zero_optimization={"stage": 1}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
+    (with_(zero_optimization={"stage": 0}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
      "data_types.grad_accum_dtype fp32"),
+    (with_(zero_optimization={"stage": 1, "offload_optimizer": {"device": "cpu"}}, bf16={"enabled": True},
+           data_types={"grad_accum_dtype": "fp32"}), "stage 1 with offload_optimizer accumulates gradients in bf16"),
     (with_(zero_optimization={"stage": 3}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "bf16"}),
      "data_types.grad_accum_dtype bf16"),
     (with_(data_types={"param_dtype": "bf16"}), "'data_types.param_dtype' is known to official DeepSpeed"),
@@ -137,9 +138,12 @@ def test_official_config_is_accepted_by_deepspeed():
     with_(zero_optimization={"stage": 2}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
     with_(zero_optimization={"stage": 1}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "bf16"}),
     with_(zero_optimization={"stage": 3}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
+    with_(zero_optimization={"stage": 1}, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}),
+    with_(zero_optimization={"stage": 0}, bf16={"enabled": True, "immediate_grad_update": True}),
     with_(gradient_allreduce_op="SUM"),
 ], ids=["stage3 keys below stage 3", "bf16 overflow check off", "immediate update at stage 2",
-        "fp32 accumulation at stage 2", "bf16 accumulation at stage 1", "fp32 accumulation at stage 3", "sum"])
+        "fp32 accumulation at stage 2", "bf16 accumulation at stage 1", "fp32 accumulation at stage 3",
+        "fp32 accumulation at stage 1", "immediate update at stage 0", "sum"])
 def test_keys_official_deepspeed_accepts_are_accepted_with_its_meaning(accepted):
     """Keys official DeepSpeed takes (and ignores below stage 3, for the stage-3 ones) load, and
     DeepSpeed's own config class accepts the same dict."""

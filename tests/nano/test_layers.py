@@ -63,16 +63,21 @@ def test_every_module_is_listed_and_imports_only_lower_layers():
 
 def test_each_stage_reduces_its_gradients_where_its_row_of_the_stage_table_says():
     """Step Phase 1 is explicit: a stage reducing during backward collects by arrival (stage 2's
-    `ArrivalPacking`), the others at the boundary (stage 0's `BoundaryPacking`), and each of the two
-    says in both of its methods what it does then, rather than inheriting a silent no-op."""
+    `ArrivalPacking`), stage 1's fp32-accumulation variant in its fp32 gradients (`Fp32Accumulation`),
+    the others at the boundary (stage 0's `BoundaryPacking`), and each collection says in both of its
+    methods what it does then, rather than inheriting a silent no-op. Every row has its optimizer."""
     from zero_lab.nano import stages
     from zero_lab.nano.initialize import STAGE_OPTIMIZERS
     from zero_lab.nano.stage0 import BoundaryPacking
+    from zero_lab.nano.stage1_fp32_accumulation import Fp32Accumulation
     from zero_lab.nano.stage2 import ArrivalPacking
 
-    for number, optimizer in STAGE_OPTIMIZERS.items():
-        expected = ArrivalPacking if stages.of(number).reduces_during_backward else BoundaryPacking
+    assert set(STAGE_OPTIMIZERS) == {(row.number, row.variant) for row in stages.STAGES if row.implemented}
+    for (number, variant), optimizer in STAGE_OPTIMIZERS.items():
+        row = stages.of(number, variant)
+        expected = (ArrivalPacking if row.reduces_during_backward else
+                    Fp32Accumulation if row.holds_fp32_gradients else BoundaryPacking)
         assert issubclass(optimizer.GradientCollection, expected), \
-            f"stage {number} collects with {optimizer.GradientCollection.__name__}, not {expected.__name__}"
-    for collection in (BoundaryPacking, ArrivalPacking):
+            f"{row.name} collects with {optimizer.GradientCollection.__name__}, not {expected.__name__}"
+    for collection in (BoundaryPacking, ArrivalPacking, Fp32Accumulation):
         assert {"after_backward", "reduce_at_boundary"} <= set(vars(collection)), collection.__name__

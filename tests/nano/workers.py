@@ -136,15 +136,21 @@ def _live_bytes(tracker: LiveStorageTracker) -> int:
 
 def memory_worker(rank: int, world_size: int) -> list[str]:
     """Bytes alive after backward, while Adam runs, and between steps equal the documented per-group
-    formula for each stage and precision; memory_breakdown() reports the same categories."""
+    formula for each stage and precision, and for stage 1's fp32-accumulation variant (bf16 with
+    grad_accum_dtype fp32, with and without immediate_grad_update); memory_breakdown() reports the
+    same categories."""
     failures = []
-    for precision, stage in itertools.product(("fp32", "bf16"), (0, 1, 2)):
+    fp32_accumulation = {"data_types": {"grad_accum_dtype": "fp32"}}
+    cases = [(precision, stage, None, {}) for precision, stage in itertools.product(("fp32", "bf16"), (0, 1, 2))]
+    cases += [("bf16", 1, "fp32", fp32_accumulation),
+              ("bf16", 1, "fp32", {**fp32_accumulation, "bf16": {"enabled": True, "immediate_grad_update": True}})]
+    for precision, stage, grad_accum_dtype, extra in cases:
         tracker = LiveStorageTracker("cpu")
         with tracker:  # entered before the model exists, so every storage it and nano make is seen
             model = build_model()
             group_sizes = [sum(p.numel() for p in group["params"]) for group in parameter_groups(model, 0.0)]
             engine, _, _, _ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
-                                              config=nano_config(stage, precision=precision, bucket=11))
+                                              config=nano_config(stage, precision=precision, bucket=11, **extra))
             moments = {}
 
             def measure_step(optimizer, args, kwargs):  # the moment Adam runs
@@ -159,9 +165,10 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             moments["between_steps"] = (_live_bytes(tracker), engine.memory_breakdown())
             hook.remove()
         for moment, (measured, reported) in moments.items():
-            formulas = [model_state_bytes(stage, precision, numel, world_size, moment) for numel in group_sizes]
+            formulas = [model_state_bytes(stage, precision, numel, world_size, moment, grad_accum_dtype=grad_accum_dtype)
+                        for numel in group_sizes]
             expected = {key: sum(formula[key] for formula in formulas) for key in formulas[0]}
-            label = f"ws {world_size} {precision} stage {stage} {moment}"
+            label = f"ws {world_size} {precision} stage {stage} {extra} {moment}"
             if measured != sum(expected.values()):
                 failures.append(f"{label}: live bytes {measured} != formula {sum(expected.values())} ({expected})")
             mismatched = {key: (reported[key], expected[key]) for key in expected if reported[key] != expected[key]}

@@ -19,9 +19,9 @@ def test_hpz_is_read_at_stage_3_and_picks_the_hierarchical_optimizer():
     settings = load_config(config(3, 2), world_size=4)
     assert settings.zero_optimization.zero_hpz_partition_size == 2
     assert stage_optimizer(settings, 4) is Stage3HierarchicalOptimizer
-    assert stage_optimizer(settings, 1) is STAGE_OPTIMIZERS[3]  # one rank: nothing to partition twice (official: min(K, W))
+    assert stage_optimizer(settings, 1) is STAGE_OPTIMIZERS[(3, "")]  # one rank: nothing to partition twice (official: min(K, W))
     for off in (0, 1):  # official's default is 1; 0 is accepted as off too
-        assert stage_optimizer(load_config(config(3, off), world_size=4), 4) is STAGE_OPTIMIZERS[3]
+        assert stage_optimizer(load_config(config(3, off), world_size=4), 4) is STAGE_OPTIMIZERS[(3, "")]
 
 
 def test_hpz_below_stage_3_or_not_dividing_the_world_is_refused_by_name():

@@ -4,9 +4,12 @@ A *cell* here is one (world size, stage); each cell runs every impl. Deltas are 
 baseline` (by default nano - official, the seed's sign convention), percentages relative to the
 baseline. The input is the runs' summaries (summary.json: a row, plus the per-step `losses`).
 
-Phase 1: order the runs by cell, then by impl order; the first two runs of a cell that logged
-         steps are its candidate and its baseline.
-Phase 2: `cell_deltas`: candidate and baseline merged on the cell; differences, percentages of the
+Phase 1: order the runs by cell, then by impl order. In a cell, the baseline is the run of the
+         baseline impl (`--baseline`, default official) that logged steps, or else the second
+         run that did; every other run that logged steps is a candidate against it
+         (`against_baseline`), and each pair of candidates is compared too, so loss parity is
+         checked pairwise (nano vs fsdp2 beside nano vs official and fsdp2 vs official).
+Phase 2: `cell_deltas`: each pair merged on the cell; differences, percentages of the
          baseline and ratios, column by column (missing where an operand is missing, or a
          percentage's or ratio's baseline is 0).
 Phase 3: `step_loss_gaps`: both runs' per-step losses joined on (cell, step), so only the steps both
@@ -66,14 +69,32 @@ def step_loss_gaps(losses: pd.DataFrame, candidates: pd.Series, baselines: pd.Se
     return gaps.reindex(candidates.index)
 
 
-def cell_deltas(summaries: list[dict], loss_tol: float) -> pd.DataFrame:
-    """Phase 2: one row per cell with two measured runs (summaries in Phase 1's order)."""
+DEFAULT_BASELINE = "official"
+
+
+def compared_pairs(measured: pd.DataFrame, baseline_impl: str) -> pd.DataFrame:
+    """Phase 1: (run, baseline run, against_baseline) per pair of measured runs in each cell."""
+    pairs = []
+    for _, cell in measured.groupby(CELL, sort=False):
+        if len(cell) < 2:
+            continue
+        chosen = cell[cell["impl"] == baseline_impl]
+        baseline = int(chosen["run"].iloc[0] if len(chosen) else cell["run"].iloc[1])
+        candidates = [int(run) for run in cell["run"] if run != baseline]
+        pairs += [(run, baseline, True) for run in candidates]
+        pairs += [(first, second, False) for index, first in enumerate(candidates) for second in candidates[index + 1:]]
+    return pd.DataFrame(pairs, columns=["run", "run_baseline", "against_baseline"])
+
+
+def cell_deltas(summaries: list[dict], loss_tol: float, baseline_impl: str = DEFAULT_BASELINE) -> pd.DataFrame:
+    """Phase 2: one row per pair of measured runs of a cell (summaries in Phase 1's order)."""
     runs = run_frame(summaries).rename_axis("run").reset_index()
     measured = runs[runs["steps"] > 0]
-    by_cell = measured.groupby(CELL, sort=False)
-    candidate, baseline = by_cell.nth(0), by_cell.nth(1)
-    pairs = candidate.merge(baseline, on=CELL, suffixes=("", "_baseline"))
-    deltas = pairs[CELL].assign(impl=pairs["impl"], baseline=pairs["impl_baseline"])
+    chosen = compared_pairs(measured, baseline_impl)
+    # inner merges keep the left frame's order: Phase 1's pairs, cell by cell
+    pairs = chosen.merge(runs, on="run").merge(runs.drop(columns=CELL).add_suffix("_baseline"), on="run_baseline")
+    deltas = pairs[CELL].assign(impl=pairs["impl"], baseline=pairs["impl_baseline"],
+                                against_baseline=pairs["against_baseline"])
     for name in MEMORY_FIELDS:
         change = pairs[name] - pairs[f"{name}_baseline"]
         deltas[f"{name}_delta"] = change
@@ -130,11 +151,13 @@ def build_comparison(
     fail_on_regression: float | None = None,
     interrupted_by: str | None = None,
     resumed: list[dict] | None = None,
+    baseline: str = DEFAULT_BASELINE,
 ) -> dict[str, object]:
     """rows, deltas and verdict from run summaries (each a row plus its per-step `losses`).
 
-    The first impl of impl_order present in a cell is the candidate, the second the baseline.
-    interrupted_by: the signal that cut the comparison short, if one did.
+    In each cell the run of `baseline` is the baseline (without one: the second impl of impl_order
+    present), every other impl a candidate against it, and the candidates are paired among
+    themselves for loss parity. interrupted_by: the signal that cut the comparison short, if one did.
     """
     rank = {impl: index for index, impl in enumerate(impl_order)}
     ordered = sorted(  # Phase 1
@@ -142,10 +165,11 @@ def build_comparison(
     )
     tolerance = resolve_loss_tol(loss_tol, [s.get("precision", "fp32") for s in ordered])
     rows = [{key: value for key, value in summary.items() if key not in SUMMARY_ONLY} for summary in ordered]
-    deltas = delta_records(cell_deltas(ordered, tolerance))
+    deltas = delta_records(cell_deltas(ordered, tolerance, baseline))
     resumes = None if resumed is None else resume_checks(ordered, resumed)
     comparison = {
         "rows": rows,
+        "baseline": baseline,
         "deltas": deltas,
         "verdict": verdict(rows, deltas, tolerance, fail_on_regression, interrupted_by, resumes),  # Phase 4
     }

@@ -180,6 +180,7 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_af
                                                 formula_moment, sharded=buffer.sharded, gathered=gathered,
                                                 offload_optimizer=zero.offload_optimizer.device == "cpu",
                                                 offload_parameters=zero.offload_param.device == "cpu",
+                                                grad_accum_dtype=config.data_types.grad_accum_dtype,
                                                 hpz_partition_size=zero.zero_hpz_partition_size)
             for place, categories in places.items():
                 for category, nbytes in categories.items():
@@ -199,7 +200,9 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     zero, stage = config.zero_optimization, config.zero_optimization.stage
     width = BYTES_OF_PRECISION[config.precision]
     communication_width = BYTES_OF_PRECISION[config.communication_data_type or config.precision]
-    reduction = "reduce_scatter" if stage >= 1 and zero.reduce_scatter else "all_reduce"
+    # stage 1's fp32-accumulation variant all-reduces its fp32 gradients whole, as official does
+    scatters = stage >= 1 and zero.reduce_scatter and not config.stage_facts.holds_fp32_gradients
+    reduction = "reduce_scatter" if scatters else "all_reduce"
 
     def moved(phase: str, op: str, payload: int, what: str, group_size: int = world_size) -> Collective:
         on_my_node = ranks_on_node(list(range(group_size)), 0, ranks_per_node) if ranks_per_node else group_size

@@ -76,7 +76,9 @@ def estimate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     and the measured peak beside the predicted one (model states, activations and temporaries:
     analysis.peak_memory)."""
     with_host = any(row.get("states_formula_host_mb") or row.get("states_host_mb") for row in rows)
-    headers = ["world size", "stage", "impl", "alloc MB", "peak alloc MB", "nano formula MB",
+    # an fsdp2 run logs FSDP2's own formula (zero_lab/fsdp2/memory_formula.py), the others nano's
+    formula = "formula MB (fsdp2: FSDP2's, else nano's)" if any(row["impl"] == "fsdp2" for row in rows) else "nano formula MB"
+    headers = ["world size", "stage", "impl", "alloc MB", "peak alloc MB", formula,
                *(["nano states MB (device / host)", "nano formula host MB"] if with_host else []), "ZeRO paper MB",
                "predicted peak MB", "peak error %"]
     body = []
@@ -151,6 +153,47 @@ def environment_section(environment: dict) -> str:
     return markdown_table(["", "value"], body) + "\n"
 
 
+def cell_tables(rows: list[dict], deltas: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, headers, body) per cell: two impls as `cell_table`; three or more as one table with
+    a column per impl, each candidate's delta % against the baseline, and loss parity pairwise."""
+    cells: dict[tuple, list[dict]] = {}
+    for delta in deltas:
+        cells.setdefault((delta["world_size"], delta["stage"]), []).append(delta)
+    tables = []
+    for (world_size, stage), pairs in cells.items():
+        against = [delta for delta in pairs if delta.get("against_baseline", True)]
+        if len(against) == 1 and len(pairs) == 1:
+            title = f"world size {world_size}, stage {stage}: {against[0]['impl']} vs {against[0]['baseline']}"
+            tables.append((title, *cell_table(rows, against[0])))
+            continue
+        baseline = against[0]["baseline"]
+        title = f"world size {world_size}, stage {stage}: {', '.join(d['impl'] for d in against)} vs {baseline}"
+        tables.append((title, *impls_table(rows, against, pairs)))
+    return tables
+
+
+def impls_table(rows: list[dict], against: list[dict], pairs: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """One cell with several candidates: values per impl, delta % against the baseline."""
+    baseline = against[0]["baseline"]
+    impls = [delta["impl"] for delta in against] + [baseline]
+    by_impl = {row["impl"]: row for row in rows
+               if (row["world_size"], row["stage"]) == (against[0]["world_size"], against[0]["stage"])}
+    headers = ["metric", *impls, *(f"{delta['impl']} delta %" for delta in against)]
+    body = [[METRIC_LABELS[name], *(fmt(by_impl[impl].get(name)) for impl in impls),
+             *(fmt(delta[f"{name}_delta_pct"], 2, signed=True) for delta in against)] for name in MEMORY_FIELDS]
+    body.append(["last loss", *(fmt(by_impl[impl].get("loss_last"), 6) for impl in impls), *([""] * len(against))])
+    body.append(["step ms", *(fmt(by_impl[impl].get("step_ms")) for impl in impls),
+                 *(f"ratio {fmt(delta['step_time_ratio'], 3)}" for delta in against)])
+    body.append(["comm MB / step", *(fmt(by_impl[impl].get("comm_mb"), 2) for impl in impls), *([""] * len(against))])
+    body.append(["wire MB / step", *(fmt(by_impl[impl].get("comm_wire_mb"), 2) for impl in impls),
+                 *(f"ratio {fmt(delta.get('comm_wire_ratio'), 3)}" for delta in against)])
+    for delta in pairs:  # loss parity, pairwise
+        label = f"max step loss delta {delta['impl']} vs {delta['baseline']}"
+        body.append([label, *([""] * len(impls)), *([""] * (len(against) - 1)),
+                     f"{fmt(delta['max_step_loss_delta'], 8)} ({'parity' if delta['loss_parity'] else 'NO parity'})"])
+    return headers, body
+
+
 def failure_section(rows: list[dict]) -> str:
     parts = []
     for row in rows:
@@ -170,9 +213,8 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
     """The whole markdown report; plot paths are relative to the report."""
     rows, deltas = comparison["rows"], comparison["deltas"]
     out = [f"# {title}", "", *verdict_lines(comparison["verdict"]), ""]
-    for delta in deltas:
-        out += [f"## world size {delta['world_size']}, stage {delta['stage']}: "
-                f"{delta['impl']} vs {delta['baseline']}", "", markdown_table(*cell_table(rows, delta)), ""]
+    for title, headers, body in cell_tables(rows, deltas):
+        out += [f"## {title}", "", markdown_table(headers, body), ""]
     out += ["## Runs", "", markdown_table(*run_table(rows)), ""]
     out += ["## Measured memory against model-state estimates", "",
             "`alloc` is the live tensor bytes when the harness samples them and `peak alloc` the peak within a "

@@ -51,7 +51,7 @@ def verdict(
         if row["status"] not in ("ok", "interrupted")
     ]
     parity_failures = [
-        f"world_size={d['world_size']} stage={d['stage']}: max step loss delta "
+        f"world_size={d['world_size']} stage={d['stage']} ({d['impl']} vs {d['baseline']}): max step loss delta "
         f"{d['max_step_loss_delta']} > {loss_tol}"
         for d in deltas
         if not d["loss_parity"]
@@ -59,6 +59,8 @@ def verdict(
     regressions = []
     if fail_on_regression is not None:
         for d in deltas:
+            if not d.get("against_baseline", True):  # a pair of candidates: loss parity only
+                continue
             for name in memory_regressions(d, fail_on_regression):
                 regressions.append(
                     f"world_size={d['world_size']} stage={d['stage']}: {name} "

@@ -23,7 +23,7 @@ from typing import Annotated, Optional
 import typer
 
 from zero_lab.analysis import rundir
-from zero_lab.analysis.markdown import cell_table, render_report, run_table, verdict_lines
+from zero_lab.analysis.markdown import cell_tables, render_report, run_table, verdict_lines
 from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli.environment import environment
 from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors, parse_int_list
@@ -37,12 +37,14 @@ FORMATS = ("table", "json", "markdown")
 @options.common_options
 def compare(
     gpus: Annotated[str, typer.Option(help="World sizes, e.g. 2,8: GPUs per node on CUDA, processes on CPU.")] = "2",
-    impls: Annotated[str, typer.Option(help="Impls; the first is compared against the second.")] = "nano,official",
+    impls: Annotated[str, typer.Option(help="Impls, any of nano, official, fsdp2 (FSDP2: docs/fsdp2.md).")] = "nano,official",
+    baseline: Annotated[Optional[str], typer.Option(help="The impl every delta is relative to (default official; "
+                                                         "without official in --impls, the second impl).")] = None,
     stages: Annotated[str, typer.Option(help="ZeRO stages, e.g. 1,2.")] = "1,2",
     warmup_steps: Annotated[int, typer.Option(help="Unrecorded warm-up run per impl first (0: none).")] = 0,
     report: Annotated[Optional[Path], typer.Option(help="Also write a markdown report (and PNG plots) here.")] = None,
     loss_tol: Annotated[Optional[float], typer.Option(help="Max per-step loss difference for parity (default 1e-4 fp32, 5e-2 bf16/fp16).")] = None,
-    fail_on_regression: Annotated[Optional[float], typer.Option(help="Exit 1 when a memory figure of the first impl exceeds the second's by more than PCT %.", metavar="PCT")] = None,
+    fail_on_regression: Annotated[Optional[float], typer.Option(help="Exit 1 when a memory figure of an impl exceeds the baseline's by more than PCT %.", metavar="PCT")] = None,
     format: Annotated[str, typer.Option(help="table, json (one object; docs/compare-json.md) or markdown.")] = "table",
     resume_check: Annotated[bool, typer.Option(help="Also prove exact resume per cell: train half the steps, save, "
                                                     "resume to the end; the losses after the checkpoint must equal "
@@ -53,7 +55,7 @@ def compare(
     *,
     common: options.Common,
 ) -> None:
-    """Run nano and official DeepSpeed on the same workload and compare memory, loss and speed.
+    """Run nano and official DeepSpeed (and FSDP2) on the same workload and compare memory, loss and speed.
 
     Exit codes: 0 fine, 1 a gate failed (loss parity, --fail-on-regression), 2 bad input, 3 a run
     failed, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP. Arguments after `--` go to torchrun, or with
@@ -67,6 +69,10 @@ def compare(
     world_sizes = parse_int_list(gpus, "--gpus")
     stage_list = [input_checks.check_stage(stage, "--stages") for stage in parse_int_list(stages, "--stages")]
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
+    if baseline is not None and baseline not in impl_list:
+        raise BadInput(f"--baseline {baseline} is not one of --impls {','.join(impl_list)}",
+                       "pass one of the impls compared")
+    baseline_impl = baseline or "official"
     shared = common.shared
     if script is not None:  # the arguments after `--` are the script's, not torchrun's
         if warmup_steps or resume_check:
@@ -105,13 +111,14 @@ def compare(
 
     comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression, interrupted_by,
                                   resumed=[run for run in resumed if run["run_dir"].endswith("resumed")]
-                                  if resume_check else None)
+                                  if resume_check else None, baseline=baseline_impl)
     comparison.update(interrupted=interrupted_by is not None, compare_dir=str(compare_dir), environment=env)
     if shared.script is not None:
         comparison["script"] = {"path": str(script), "arguments": shared.script.arguments}
     rundir.write_json(compare_dir / rundir.COMPARE, output.json_safe(comparison))
     if report is not None:
-        title = f"zero-lab: nano vs official DeepSpeed on {script}" if script is not None else None
+        title = (f"zero-lab: nano vs official DeepSpeed on {script}" if script is not None
+                 else f"zero-lab: {', '.join(impl_list)}" if len(impl_list) > 2 else None)
         write_report(comparison, summaries, report, *([title] if title else []))
     show(comparison, summaries, format)
     report_problems(summaries)
@@ -125,9 +132,8 @@ def show(comparison: dict, summaries: list[dict], format: str) -> None:
     if format == "markdown":
         print(render_report(comparison, summaries, "zero-lab compare", plots=[]))
         return
-    for delta in comparison["deltas"]:
-        title = f"world size {delta['world_size']}, stage {delta['stage']}: {delta['impl']} vs {delta['baseline']}"
-        output.print_table(*cell_table(comparison["rows"], delta), title=title)
+    for title, headers, body in cell_tables(comparison["rows"], comparison["deltas"]):
+        output.print_table(headers, body, title=title)
     output.print_table(*run_table(comparison["rows"]), title="runs")
     for line in verdict_lines(comparison["verdict"]):
         output.stdout.print(line.replace("**", ""), markup=False, highlight=False)

@@ -3,6 +3,7 @@
     zero-lab estimate --model qwen3-0.6b --gpus 1,2,8 --stages 0,1,2,3 --dtype bfloat16
     zero-lab estimate --model qwen3-0.6b --gpus 1,4 --stages 2,3 --offload optimizer
     zero-lab estimate --model small --gpus 2 --stages 0,1,2,3 --dtype float32 --seq-len 128 --micro-batch 4
+    zero-lab estimate --model small --gpus 2,4 --stages 2,3 --impls nano,official,fsdp2
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ def activation_figures(model: str, precision: str, seq_len: int, micro_batch: in
     return None
 
 
+def fsdp2_figures(model: str, numel: int, offload: str, rows: list[dict]) -> None:
+    """Add FSDP2's model-state MB after the backward (its sharded gradients beside parameters and states; zero_lab.fsdp2.memory_formula)
+    to each row in place: a preset's own parameter shapes (padding counted), else one flat parameter of
+    numel elements; stages 0 and 1 have no FSDP2 equivalent (None)."""
+    from zero_lab.fsdp2.memory_formula import moment_bytes
+    from zero_lab.workload.model_shapes import PRESETS, preset_parameters
+
+    shapes = [entry.shape for entry in preset_parameters(model)] if model in PRESETS else [(numel,)]
+    for row in rows:
+        figure = moment_bytes(shapes, row["world_size"], "backward") / MIB if row["stage"] in (2, 3) else None
+        row["fsdp2_mb"] = figure if offload == "none" else None
+        row["fsdp2_host_mb"] = figure if offload != "none" else None
+
+
 @one_line_errors
 def estimate(
     model: Annotated[str, typer.Option(help="Preset, local HF directory, or a parameter count (600M, 1.5B, 7e9).")] = "qwen3-0.6b",
@@ -65,6 +80,8 @@ def estimate(
     attn_impl: Annotated[str, typer.Option(help="Attention implementation: sdpa, eager or flash_attention_2.")] = "sdpa",
     gradient_checkpointing: Annotated[bool, typer.Option(help="Activations with gradient checkpointing.")] = False,
     format: Annotated[str, typer.Option(help="table or json.")] = "table",
+    impls: Annotated[str, typer.Option(help="Impls whose formulas get columns: nano,official; fsdp2 adds FSDP2's "
+                                            "(stages 2 and 3, docs/fsdp2.md).")] = "nano,official",
     device_memory: Annotated[Optional[float], typer.Option(
         help="Judge each row against this memory, in GB: per GPU, or the host's for CPU ranks "
              "(default: this machine's free GPU memory, else its available host memory).", metavar="GB")] = None,
@@ -87,6 +104,8 @@ def estimate(
     check_choice(format, "--format", ESTIMATE_FORMATS)
     check_choice(attn_impl, "--attn-impl", ATTENTION_IMPLEMENTATIONS)
     check_positive(device_memory, "--device-memory")
+    impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
+    input_checks.check_impls(impl_list)
     if seq_len < 2:
         raise BadInput(f"--seq-len {seq_len} is below 2", "give --seq-len 2 or more")
     if micro_batch is not None and micro_batch < 1:
@@ -104,6 +123,9 @@ def estimate(
     rows = estimate_rows(numel, world_sizes, stage_list, precision, largest, stage3_buffers=buffers, offload=offload)
     note = activation_figures(model, precision, seq_len, micro_batch, attn_impl, gradient_checkpointing, rows)
     offered_name = preflight.add_row_verdicts(rows, device, device_memory, offload)
+    with_fsdp2 = "fsdp2" in impl_list
+    if with_fsdp2:
+        fsdp2_figures(model, numel, offload, rows)
     if format == "json":
         output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "offload": offload,
                            "seq_len": seq_len, "micro_batch": micro_batch, "attn_impl": attn_impl,
@@ -113,11 +135,13 @@ def estimate(
     with_host = offload != "none"
     headers = ["world size", "stage", "ZeRO paper MB", "nano states MB (step's most)",
                *(["nano host MB"] if with_host else []),
-               "official estimator MB", *(["official host MB / node"] if with_host else []), "activations MB",
+               "official estimator MB", *(["official host MB / node"] if with_host else []),
+               *([f"fsdp2 {'host ' if with_host else ''}states MB (after backward)"] if with_fsdp2 else []), "activations MB",
                "predicted peak MB", f"fits in {offered_name}"]
     body = [[str(r["world_size"]), str(r["stage"]), fmt(r["paper_mb"]), fmt(r["nano_mb"]),
              *([fmt(r["nano_host_mb"])] if with_host else []), fmt(r["official_estimator_mb"]),
-             *([fmt(r["official_estimator_host_mb_per_node"])] if with_host else []), fmt(r["activations_mb"]),
+             *([fmt(r["official_estimator_host_mb_per_node"])] if with_host else []),
+             *([fmt(r["fsdp2_host_mb" if with_host else "fsdp2_mb"])] if with_fsdp2 else []), fmt(r["activations_mb"]),
              fmt(r["predicted_peak_mb"]), r["fit"]] for r in rows]
     title = f"{model}: {numel:,} parameters, {dtype}, micro-batch {micro_batch} x {seq_len} tokens, per rank" + (
         f", {offload} offloaded to the host" if with_host else "")

@@ -66,7 +66,7 @@ def report_problems(summaries: list[dict]) -> None:
 @one_line_errors
 @options.common_options
 def run(
-    impl: Annotated[str, typer.Option(help="nano or official.")] = "nano",
+    impl: Annotated[str, typer.Option(help="nano, official or fsdp2 (FSDP2: docs/fsdp2.md).")] = "nano",
     gpus: Annotated[int, typer.Option(help="Processes per node: GPUs on CUDA, processes on CPU.")] = 1,
     stage: Annotated[int | None, typer.Option(help="ZeRO stage; overrides the config's.")] = None,
     format: Annotated[str, typer.Option(help="table or json.")] = "table",

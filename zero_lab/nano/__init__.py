@@ -5,8 +5,8 @@
                                                            config="ds_config.json")
 
 Vocabulary: every tensor a reader meets, and the bytes each takes on one rank (P = parameters of
-a flat buffer, padded to a multiple of 2N at stages 1-3 as official DeepSpeed pads, and a bf16
-buffer at stage 0 (nano's own); N ranks; w = 4 in fp32, 2 in bf16/fp16). What each stage partitions, and what
+a flat buffer, padded to a multiple of 2N at stages 1-3 as official DeepSpeed pads, not at stage
+0; N ranks; w = 4 in fp32, 2 in bf16/fp16). What each stage partitions, and what
 follows from it, is the stage table in `stages.py`.
 
 | name                       | what it is                                                     | stage 0 | stage 1 | stage 2   | stage 3   |
@@ -16,7 +16,7 @@ follows from it, is the stage table in `stages.py`.
 | gathered parameters        | stage 3: a sharded unit's whole buffer, from before its use to after it | -  | -       | -         | wP per unit in use |
 | partition                  | this rank's slice [rank*P/N, (rank+1)*P/N) of a flat buffer     | all of it | P/N   | P/N       | P/N       |
 | fp32 master partition      | fp32 copy of the partition that Adam updates (fp32: none, the partition itself is the master) | 4P | 4P/N | 4P/N | 4P/N |
-| full gradients             | autograd's own param.grad, accumulated over the window         | wP      | wP      | -         | -         |
+| full gradients             | autograd's own param.grad, accumulated over the window (stage 1 with bf16 and grad_accum_dtype fp32: moved after each backward into full-size fp32 gradients, 4P, whose slice is the gradient partition) | wP | wP | - | - |
 | gradient bucket            | a flat range of gradients reduced together (reduce_bucket_size) | transient | transient | transient | transient |
 | gradient partition         | the partition's averaged gradients, fp32                       | 4P      | 4P/N    | 4P/N      | 4P/N      |
 | optimizer-state partition  | Adam's exp_avg and exp_avg_sq for the partition, fp32          | 8P      | 8P/N    | 8P/N      | 8P/N      |
@@ -34,7 +34,7 @@ Layers, each importing only those listed before it:
     init_partitions -> placement, units -> flat_buffer -> gradient_reduction, unit_gathering ->
     adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, optimizer_memory ->
     zero_optimizer -> stage0 -> stage1 -> stage2 ->
-    stage3 -> hierarchical_partition -> checkpoint ->
+    stage3, stage1_fp32_accumulation -> hierarchical_partition -> checkpoint ->
     checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
     checkpoint.load, checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
     sub-package goes by its dotted name (`config.keys` is keys.py in the package config/), and the

@@ -1,7 +1,9 @@
 """The interface between autograd's gradients and a stage's reducer, which each stage implements.
 
 A stage collects its gradients either at the boundary, from `param.grad` (stages 0/1,
-`stage0.BoundaryPacking`), or as they arrive during backward (stages 2/3, `stage2.ArrivalPacking`).
+`stage0.BoundaryPacking`), or as they arrive during backward (stages 2/3, `stage2.ArrivalPacking`);
+stage 1's fp32-accumulation variant moves them into fp32 after each backward and reduces those at
+the boundary (`stage1_fp32_accumulation.Fp32Accumulation`).
 `ZeroOptimizer` calls the same methods either way: `after_backward` after every backward,
 `reduce_at_boundary` in the step's Phase 1, `release` once the window is over.
 """

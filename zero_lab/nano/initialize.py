@@ -35,6 +35,7 @@ from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.nano.placement import Placement, host_threads
 from zero_lab.nano.stage0 import Stage0Optimizer
 from zero_lab.nano.stage1 import Stage1Optimizer
+from zero_lab.nano.stage1_fp32_accumulation import Stage1Fp32AccumulationOptimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
 from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer
@@ -42,15 +43,17 @@ from zero_lab.nano.units import choose_units
 
 logger = logging.getLogger(__name__)
 
-STAGE_OPTIMIZERS = {optimizer.stage: optimizer
-                    for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage2Optimizer, Stage3Optimizer)}
+STAGE_OPTIMIZERS = {(optimizer.stage, optimizer.variant): optimizer  # one per row of the stage table
+                    for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage1Fp32AccumulationOptimizer,
+                                      Stage2Optimizer, Stage3Optimizer)}
 
 
 def stage_optimizer(config: NanoConfig, world_size: int) -> type:
     """Phase 5's optimizer class: the stage's, or at stage 3 with hpZ over more than one rank, hpZ's."""
     if config.zero_optimization.hpz_enabled and world_size > 1:
         return Stage3HierarchicalOptimizer
-    return STAGE_OPTIMIZERS[config.zero_optimization.stage]
+    row = config.stage_facts  # the stage, or its variant (stages.for_run)
+    return STAGE_OPTIMIZERS[(row.number, row.variant)]
 
 
 def _parameter_groups(model: torch.nn.Module, model_parameters: Any) -> list[dict]:

@@ -37,14 +37,18 @@ MOMENTS = ("forward", "backward", "step", "between_steps")
 
 def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_size: int, moment: str = "step",
                                sharded: bool = False, gathered: bool = False, offload_optimizer: bool = False,
-                               offload_parameters: bool = False, hpz_partition_size: int = 1) -> dict[str, dict[str, int]]:
+                               offload_parameters: bool = False, grad_accum_dtype: str | None = None,
+                               hpz_partition_size: int = 1) -> dict[str, dict[str, int]]:
     """Bytes per rank of one flat buffer at one moment, per place ("device", "host") and category:
 
     forward:       inside the first micro-step's forward: no gradient buffer yet.
     backward:      the window's backward is done. Stages 0/1 hold full-size `param.grad`
-                   (the parameters' dtype); stages 2/3 hold their fp32 gradient partition instead.
+                   (the parameters' dtype); stages 2/3 hold their fp32 gradient partition instead;
+                   stage 1 with bf16 and `grad_accum_dtype` fp32 (the stage table's fp32-accumulation
+                   variant) holds full-size fp32 gradients, padded (its gradient partition is a view
+                   of them, no bytes of its own), and has released `param.grad`.
     step:          Adam is running: every stage holds its fp32 gradient partition (full at stage 0)
-                   and has released `param.grad`.
+                   and has released `param.grad`; the fp32-accumulation variant its fp32 gradients.
     between_steps: every gradient buffer is released; parameters, masters and states remain.
     fp32 needs no master copy: the partition is the master, unless the optimizer is offloaded (the
     master then lives on the host, the partition on the device). At stage 3 a `sharded` buffer
@@ -57,7 +61,7 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
     holds its secondary partition, padded / K elements on the device, from its first gather to the
     end of the step (dropped after Adam: none between steps); it counts with the parameters.
     """
-    facts = stages.of(stage)  # ValueError for a stage nano does not run
+    facts = stages.for_run(stage, precision, grad_accum_dtype, offload_optimizer)  # ValueError: not run by nano
     if precision not in BYTES_OF_PRECISION:
         raise ValueError(f"precision must be one of {sorted(BYTES_OF_PRECISION)}, not {precision!r}")
     if moment not in MOMENTS:
@@ -65,8 +69,11 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
     width = BYTES_OF_PRECISION[precision]
     layout = FlatLayout.for_stage((numel,), stage, precision, world_size)  # Phase 1
     padded, partition = layout.padded_numel, layout.partition_numel
-    holds_full_gradients = moment == "backward" and not facts.reduces_during_backward
-    holds_gradient_partition = moment == "step" or (moment == "backward" and facts.reduces_during_backward)
+    in_window = moment in ("backward", "step")
+    holds_fp32_gradients = in_window and facts.holds_fp32_gradients
+    holds_full_gradients = moment == "backward" and not facts.reduces_during_backward and not holds_fp32_gradients
+    holds_gradient_partition = (moment == "step" or (moment == "backward" and facts.reduces_during_backward)) \
+        and not facts.holds_fp32_gradients
     sharded = sharded and facts.partitions_parameters
     optimizer_place = "host" if offload_optimizer else "device"
     parameter_place = "host" if sharded and offload_parameters else "device"
@@ -76,7 +83,8 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
     if sharded and hpz_partition_size > 1 and moment != "between_steps":
         figures["device"]["parameters"] += padded // min(hpz_partition_size, world_size) * width
     figures["device"]["gathered_parameters"] = padded * width if sharded and gathered else 0
-    figures["device"]["gradients"] = numel * width if holds_full_gradients else 0
+    figures["device"]["gradients"] = (numel * width if holds_full_gradients else
+                                      padded * FP32_BYTES if holds_fp32_gradients else 0)
     figures[optimizer_place]["fp32_master_partition"] = partition * FP32_BYTES if has_master else 0
     figures[optimizer_place]["optimizer_states"] = partition * FP32_BYTES * ADAM_STATE_COUNT
     figures[optimizer_place]["gradient_partition"] = partition * FP32_BYTES if holds_gradient_partition else 0
@@ -85,10 +93,12 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
 
 def model_state_bytes(stage: int, precision: str, numel: int, world_size: int, moment: str = "step",
                       sharded: bool = False, gathered: bool = False, offload_optimizer: bool = False,
-                      offload_parameters: bool = False, hpz_partition_size: int = 1) -> dict[str, int]:
+                      offload_parameters: bool = False, grad_accum_dtype: str | None = None,
+                      hpz_partition_size: int = 1) -> dict[str, int]:
     """`model_state_bytes_by_place`'s figures, device and host added together."""
     places = model_state_bytes_by_place(stage, precision, numel, world_size, moment, sharded, gathered,
-                                        offload_optimizer, offload_parameters, hpz_partition_size)
+                                        offload_optimizer, offload_parameters, grad_accum_dtype,
+                                        hpz_partition_size)
     return {category: places["device"][category] + places["host"][category] for category in CATEGORIES}
 
 
@@ -99,10 +109,13 @@ def total(figures: list[dict[str, int]]) -> dict[str, int]:
 
 def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, world_size: int,
                                     stage3_buffers: list[tuple[int, str]] | None = None,
-                                    offload_optimizer: bool = False,
-                                    offload_parameters: bool = False, hpz_partition_size: int = 1) -> dict[str, int]:
+                                    offload_optimizer: bool = False, offload_parameters: bool = False,
+                                    grad_accum_dtype: str | None = None,
+                                    hpz_partition_size: int = 1) -> dict[str, int]:
     """What a rank must fit besides activations, per place: {"device": bytes, "host": bytes}, each
     the larger of the backward and step moments (the two places may peak at different moments).
+    In the fp32-accumulation variant the last backward's bf16 gradients coexist with the fp32
+    gradients until they are added in, so that moment counts both.
 
     At stage 3, `stage3_buffers` lists the model's flat buffers as (elements, role), role being
     "persistent", "root" or "block" (`units.flat_buffer_roles`); the peak comes inside a backward,
@@ -112,8 +125,13 @@ def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, worl
     """
     offload = {"offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters}
     if not stages.of(stage).partitions_parameters:
-        moments = [model_state_bytes_by_place(stage, precision, numel, world_size, moment, **offload)
+        moments = [model_state_bytes_by_place(stage, precision, numel, world_size, moment,
+                                              grad_accum_dtype=grad_accum_dtype, **offload)
                    for moment in ("backward", "step")]
+        if stages.for_run(stage, precision, grad_accum_dtype, offload_optimizer).holds_fp32_gradients:
+            before_moving = {place: dict(figures) for place, figures in moments[0].items()}
+            before_moving["device"]["gradients"] += numel * BYTES_OF_PRECISION[precision]
+            moments.append(before_moving)
     else:
         buffers = stage3_buffers or [(numel, "block")]
         largest = max((size for size, role in buffers if role == "block"), default=0)
@@ -132,6 +150,8 @@ def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, worl
 
 
 def peak_model_state_bytes(stage: int, precision: str, numel: int, world_size: int,
-                           stage3_buffers: list[tuple[int, str]] | None = None) -> int:
+                           stage3_buffers: list[tuple[int, str]] | None = None,
+                           grad_accum_dtype: str | None = None) -> int:
     """`peak_model_state_bytes_by_place` without offload: everything on the device."""
-    return peak_model_state_bytes_by_place(stage, precision, numel, world_size, stage3_buffers)["device"]
+    return peak_model_state_bytes_by_place(stage, precision, numel, world_size, stage3_buffers,
+                                           grad_accum_dtype=grad_accum_dtype)["device"]

@@ -58,13 +58,18 @@ class BoundaryPacking(GradientCollection):
                 parameter.grad = None
 
     def gradient_bytes(self) -> int:
-        storages = {}
-        for buffer in self.optimizer.buffers:
-            for parameter in buffer.parameters:
-                if parameter.grad is not None:
-                    storage = parameter.grad.untyped_storage()
-                    storages[storage.data_ptr()] = storage.nbytes()
-        return sum(storages.values())
+        return parameter_gradient_bytes(self.optimizer.buffers)
+
+
+def parameter_gradient_bytes(buffers: list) -> int:
+    """Bytes of the storages behind the buffers' parameters' `param.grad` (each storage once)."""
+    storages = {}
+    for buffer in buffers:
+        for parameter in buffer.parameters:
+            if parameter.grad is not None:
+                storage = parameter.grad.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 class Stage0Optimizer(ZeroOptimizer):

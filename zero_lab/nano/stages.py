@@ -14,6 +14,12 @@ What a stage partitions decides the rest:
     parameters       -> parameters are gathered for each use, unit by unit, and the checkpoint
                         takes official's stage-3 files (one model-states file per rank, the fp32
                         masters cut per parameter).
+
+A row may be a variant of its stage: it partitions the same but collects gradients its own way.
+The one variant, FP32_ACCUMULATION, is stage 1 with bf16 and `data_types.grad_accum_dtype: fp32`
+(without offload), where official DeepSpeed runs its BF16_Optimizer: gradients accumulate in a
+full-size fp32 buffer and are all-reduced from it at the boundary (`stage1_fp32_accumulation.py`).
+`for_run` picks the row a configuration runs.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 
 START_ALIGNMENT_FACTOR = 2  # official DeepSpeed's nccl_start_alignment_factor: 4 bytes / 2-byte elements
 OPTIMIZER_STATES, GRADIENTS, PARAMETERS = "optimizer states", "gradients", "parameters"
+FP32_ACCUMULATION = "fp32 accumulation"  # the variant's name, as messages and `explain` print it
 FLAT, PER_PARAMETER = "flat", "per_parameter"  # the two cuts of a checkpoint's partitions (checkpoint/reshard.py)
 
 
@@ -52,6 +59,18 @@ class Stage:
     # bf16's `check_grad_overflow: false` lets a step with non-finite gradients through: official's
     # stage-1/2 optimizer honours it; its stage-0 bf16 and its stage-3 optimizers check every step.
     applies_unchecked_bf16_steps: bool = False
+    variant: str = ""  # "" for the stage itself, else the variant's name (the module docstring)
+
+    @property
+    def name(self) -> str:
+        """'stage 1', or 'stage 1 (fp32 accumulation)' for a variant."""
+        return f"stage {self.number}" + (f" ({self.variant})" if self.variant else "")
+
+    @property
+    def holds_fp32_gradients(self) -> bool:
+        """Gradients accumulate over the window in one full-size fp32 buffer per flat buffer, whose
+        slice this rank owns is its gradient partition (a view, no storage of its own)."""
+        return self.variant == FP32_ACCUMULATION
 
     @property
     def partitions_optimizer_states(self) -> bool:
@@ -73,17 +92,16 @@ class Stage:
 
     def flat_alignment(self, precision: str, world_size: int) -> int:
         """The multiple a group's flat buffer is padded to, as official DeepSpeed pads it: to 2 x
-        world_size where it partitions (each 16-bit partition starts 4-byte aligned). At stage 0 a
-        bf16 group is padded to 2 x world_size too, by nano's own choice: official 0.19.8 runs
-        stage-0 bf16 with FP16_UnfusedOptimizer, which keeps no flat buffer (docs/nano.md)."""
-        if self.partitions_optimizer_states or precision == "bf16":
-            return START_ALIGNMENT_FACTOR * world_size
-        return 1
+        world_size where it partitions (each 16-bit partition starts 4-byte aligned), not at all at
+        stage 0 (official's stage 0 keeps no flat buffer in any precision: its bf16 runs
+        FP16_UnfusedOptimizer, one fp32 copy per parameter). The precision changes nothing."""
+        return START_ALIGNMENT_FACTOR * world_size if self.partitions_optimizer_states else 1
 
     def gradient_accumulation_precision(self, precision: str) -> str:
         """Where gradients accumulate over a window: the fp32 gradient partition when they are
-        reduced during backward, else autograd's param.grad in the parameters' precision."""
-        return "fp32" if self.reduces_during_backward else precision
+        reduced during backward, the full-size fp32 gradients in the fp32-accumulation variant,
+        else autograd's param.grad in the parameters' precision."""
+        return "fp32" if self.reduces_during_backward or self.holds_fp32_gradients else precision
 
     @property
     def gathers_in_allgather_buckets(self) -> bool:
@@ -97,9 +115,13 @@ STAGES = (
     Stage(1, (OPTIMIZER_STATES,), FLAT_FILES, predivides=True, applies_unchecked_bf16_steps=True),
     Stage(2, (OPTIMIZER_STATES, GRADIENTS), FLAT_FILES, predivides=True, applies_unchecked_bf16_steps=True),
     Stage(3, (OPTIMIZER_STATES, GRADIENTS, PARAMETERS), PER_PARAMETER_FILES),  # gathered for each use
+    # Official's BF16_Optimizer: all-reduces whole buckets (no predivide) and skips every step
+    # whose gradient norm is not finite, whatever bf16.check_grad_overflow says.
+    Stage(1, (OPTIMIZER_STATES,), FLAT_FILES, variant=FP32_ACCUMULATION),
 )
-BY_NUMBER = {row.number: row for row in STAGES}
-IMPLEMENTED = tuple(row.number for row in STAGES if row.implemented)
+BY_NUMBER = {row.number: row for row in STAGES if not row.variant}
+VARIANTS = {(row.number, row.variant): row for row in STAGES}
+IMPLEMENTED = tuple(row.number for row in STAGES if row.implemented and not row.variant)
 
 
 def implemented_list() -> str:
@@ -118,9 +140,23 @@ def refusal(stage: object) -> str | None:
     return f"ZeRO stage {stage!r} does not exist; use stage {implemented_list()}"
 
 
-def of(stage: object) -> Stage:
-    """The row of a stage nano runs; ValueError with the refusal otherwise."""
+def of(stage: object, variant: str = "") -> Stage:
+    """The row of a stage nano runs (or of its variant); ValueError with the refusal otherwise."""
     refused = refusal(stage)
     if refused:
         raise ValueError(refused)
-    return BY_NUMBER[stage]
+    if (stage, variant) not in VARIANTS:
+        raise ValueError(f"stage {stage} has no variant {variant!r}")
+    return VARIANTS[(stage, variant)]
+
+
+def for_run(stage: object, precision: str, grad_accum_dtype: str | None = None,
+            offload_optimizer: bool = False) -> Stage:
+    """The row a configuration runs: stage 1 with bf16 parameters and `grad_accum_dtype` fp32
+    takes the fp32-accumulation variant, as official DeepSpeed then takes its BF16_Optimizer
+    (with offload_optimizer official keeps its stage-1 optimizer, so nano keeps stage 1)."""
+    row = of(stage)
+    if (row.number == 1 and precision == "bf16" and grad_accum_dtype == "fp32"
+            and not offload_optimizer):
+        return of(stage, FP32_ACCUMULATION)
+    return row

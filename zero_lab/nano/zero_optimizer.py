@@ -90,13 +90,13 @@ from zero_lab.nano.units import Unit, split_groups_by_unit
 class ZeroOptimizer:
     """Stage-independent ZeRO optimizer; each stage module says what differs (see the stage table)."""
 
-    stage = -1  # each stage module's number; its facts are the stage table's row (`stage_facts`)
+    stage, variant = -1, ""  # each stage module's number (and variant, stages.py): its row, `stage_facts`
     GradientCollection = GradientCollection
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
                  collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
         self.model = model
-        self.stage_facts = stages.of(self.stage)
+        self.stage_facts = stages.of(self.stage, self.variant)
         self.units = units
         self.config = config
         self.collectives = collectives

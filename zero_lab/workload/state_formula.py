@@ -37,6 +37,7 @@ def peak_bytes(model: torch.nn.Module, settings: NanoConfig, world_size: int) ->
         return peak_model_state_bytes_by_place(3, settings.precision, sum(n for n, _ in buffers), world_size,
                                                buffers, **offload, hpz_partition_size=zero.zero_hpz_partition_size)
     # Below stage 3 each parameter group is one buffer, padded on its own.
-    figures = [peak_model_state_bytes_by_place(zero.stage, settings.precision, numel, world_size, **offload)
+    figures = [peak_model_state_bytes_by_place(zero.stage, settings.precision, numel, world_size,
+                                               grad_accum_dtype=settings.data_types.grad_accum_dtype, **offload)
                for numel, _ in buffers]
     return {place: sum(figure[place] for figure in figures) for place in ("device", "host")}

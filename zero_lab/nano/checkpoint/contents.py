@@ -182,38 +182,48 @@ def own_flat_partitions(own_file: dict, param_shapes: list[dict],
     return partitions
 
 
-@dataclass
-class OwnChunks:
-    """One rank's file of the per-parameter cut (stage 3): its chunk of every parameter, end to end."""
+class ChunkedFiles:
+    """The N optimizer files of a per-parameter cut (stage 3), read in place: where each parameter's
+    chunk lies in every rank's stored tensors (official's sub-groups), without joining anything."""
 
-    offsets: dict[str, int]  # where each parameter's chunk starts in `master` and in each moment
-    master: torch.Tensor
-    moments: dict[str, torch.Tensor]  # exp_avg and exp_avg_sq; empty before the first step
-    step: int
+    def __init__(self, optimizer_files: list[dict], param_shapes: list[dict]):
+        self.states = [file["optimizer_state_dict"] for file in optimizer_files]
+        stage = int(self.states[0]["zero_stage"])
+        self.masters = [state[fp32_key(stage)] for state in self.states]
+        self.moments = [[entry for _, entry in sorted(state[moments_key(stage)]["state"].items())]
+                        for state in self.states]
+        self.world_size = len(optimizer_files)
+        self.where: dict[str, tuple[int, int, int]] = {}  # name -> (stored tensor, offset, chunk)
+        for stored, shapes in enumerate(param_shapes):
+            offset = 0
+            for name, shape in shapes.items():
+                chunk = reshard.chunk_numel(_numel(shape), self.world_size)
+                self.where[name] = (stored, offset, chunk)
+                offset += chunk
 
+    def has_moments(self) -> bool:
+        return all(len(entries) == len(masters) and all(key in entry for entry in entries for key in MOMENTS)
+                   for entries, masters in zip(self.moments, self.masters))
 
-def own_parameter_chunks(own_file: dict, param_shapes: list[dict], world_size: int) -> OwnChunks | None:
-    """One rank's file of a per-parameter cut read as its chunks: every stored tensor (official's
-    sub-groups) end to end, each parameter's chunk at its offset. None when the file is cut otherwise
-    or holds fewer elements than its parameters' chunks: then every rank's file is needed."""
-    state = own_file["optimizer_state_dict"]
-    stage = int(state["zero_stage"])
-    masters = state.get(fp32_key(stage))
-    if reshard.cut_of_stage(stage) != reshard.PER_PARAMETER or masters is None or len(masters) != len(param_shapes):
-        return None
-    offsets, start = {}, 0
-    for stored, shapes in zip(masters, param_shapes):
-        chunks = [reshard.chunk_numel(_numel(shape), world_size) for shape in shapes.values()]
-        if stored.numel() < sum(chunks):
-            return None
-        for name, chunk in zip(shapes, chunks):
-            offsets[name] = start
-            start += chunk
-        start += stored.numel() - sum(chunks)  # a stored tensor's own padding, if any
-    master = _group_tensors(masters, 0, stage)
-    moments = _group_moments(state.get(moments_key(stage), {}).get("state", {}), 0, stage)
-    kept = {key: moments[key] for key in MOMENTS if key in moments and moments[key].numel() >= master.numel()}
-    return OwnChunks(offsets, master, kept if len(kept) == len(MOMENTS) else {}, int(float(moments.get("step", 0))))
+    def step(self) -> int:
+        return max((int(float(entry.get("step", 0))) for entries in self.moments for entry in entries), default=0)
+
+    def values(self, key: str, rank: int, stored: int) -> torch.Tensor:
+        """Rank `rank`'s stored tensor `stored` of the master ("master") or a moment, flat."""
+        tensor = self.masters[rank][stored] if key == "master" else self.moments[rank][stored][key]
+        return tensor.detach().reshape(-1)
+
+    def copy_range(self, key: str, name: str, start: int, out: torch.Tensor) -> None:
+        """Elements [start, start + out.numel()) of parameter `name`'s whole flat values into `out`,
+        taken from the ranks whose chunks hold them."""
+        stored, offset, chunk = self.where[name]
+        done = 0
+        while done < out.numel():
+            element = start + done
+            rank, within = divmod(element, chunk)
+            count = min(out.numel() - done, chunk - within)
+            out[done:done + count] = self.values(key, rank, stored)[offset + within:offset + within + count]
+            done += count
 
 
 def module_parameters(model_states: dict, path: str) -> SavedTraining:

@@ -1,10 +1,9 @@
 """`engine.load_checkpoint`: DeepSpeed's files, nano's or official's, at any stage and world size.
 
-    Phase 1: resolve the tag; read the model states and the optimizer files. At the saved world
-             size each rank reads only its own optimizer file: with the flat cut (stages 1-2 on
-             both sides) it holds exactly this rank's partitions; with the per-parameter cut
-             (stage 3) it holds this rank's chunk of every parameter, and Phase 3 gathers each
-             buffer's chunks, one buffer at a time, as the save does. Otherwise every rank's file.
+    Phase 1: resolve the tag; read the model states and all N optimizer files (at the saved world
+             size with the flat cut on both sides, only this rank's: it holds this rank's partitions).
+             Stage 3's per-parameter cut is not nano's per-unit cut: at the saved world size the N
+             files stay memory-mapped and Phase 3 copies only this rank's ranges out of them.
     Phase 2: check every trainable parameter is there with its shape (one line if not).
     Phase 3: partition -> whole parameter -> partition (`reshard.py`) into this rank's fp32
              masters and Adam moments; restore the steps, the LR schedule, the loss scaler.
@@ -20,8 +19,8 @@ import torch
 
 from zero_lab.nano import stages
 from zero_lab.nano.checkpoint import files, reshard
-from zero_lab.nano.checkpoint.contents import (ENGINE_KEYS, MOMENTS, OwnChunks, SavedTraining, module_parameters,
-                                               own_flat_partitions, own_parameter_chunks)
+from zero_lab.nano.checkpoint.contents import (ENGINE_KEYS, MOMENTS, ChunkedFiles, SavedTraining, module_parameters,
+                                               own_flat_partitions)
 from zero_lab.nano.checkpoint.save import buffers_of_each_group
 from zero_lab.nano.errors import CheckpointError
 
@@ -50,49 +49,40 @@ def _own_partitions(engine, model_states: dict, optimizer_paths: list[str]) -> t
     return None if partitions is None else (saved, partitions)
 
 
-def _own_chunks(engine, model_states: dict, optimizer_paths: list[str]) -> tuple[SavedTraining, OwnChunks] | None:
-    """Phase 1's short way at stage 3, at the saved world size: this rank's optimizer file holds its
-    chunk of every parameter (per-parameter cut), so it is the one optimizer file read. None: the
-    files are cut otherwise, or by another world size; read every rank's."""
-    rank, world_size = engine.collectives.rank, engine.collectives.world_size
+def _chunked_files(engine, model_states: dict, optimizer_paths: list[str]) -> tuple[SavedTraining, ChunkedFiles] | None:
+    """Phase 1's short way at stage 3, at the saved world size: the N files of a per-parameter cut,
+    memory-mapped and left in place (Phase 3 copies out of them only this rank's ranges). None:
+    another cut or world size; then every parameter is put back whole first."""
+    world_size = engine.collectives.world_size
     stage = stages.of(engine.zero_optimization_stage())
     if len(optimizer_paths) != world_size or stage.checkpoint.cut != reshard.PER_PARAMETER:
         return None
-    own = files.read_file(optimizer_paths[rank])
-    saved = SavedTraining.header(own, model_states["param_shapes"])
-    if saved.world_size != world_size:
+    optimizer_files = [files.read_file(path) for path in optimizer_paths]
+    saved = SavedTraining.header(optimizer_files[0], model_states["param_shapes"])
+    if saved.world_size != world_size or stages.of(saved.stage).checkpoint.cut != reshard.PER_PARAMETER:
         return None
-    chunks = own_parameter_chunks(own, model_states["param_shapes"], world_size)
-    return None if chunks is None else (saved, chunks)
+    return saved, ChunkedFiles(optimizer_files, model_states["param_shapes"])
 
 
-def _adopt_gathered_chunks(optimizer, chunks: OwnChunks, with_optimizer: bool) -> None:
-    """Phase 3 by stage 3's short way, one buffer at a time: every rank's chunks of the buffer's
-    parameters (master and moments in one all-gather) put back whole, and this rank's partition
-    of the buffer cut from them. Holds one buffer's whole values at a time, not the model's."""
-    world_size, rank = optimizer.collectives.world_size, optimizer.collectives.rank
-    keys = ["master", *MOMENTS] if with_optimizer and chunks.step > 0 and chunks.moments else ["master"]
-    sources = {"master": chunks.master, **chunks.moments}
+def _adopt_chunk_ranges(optimizer, chunked: ChunkedFiles, with_optimizer: bool) -> None:
+    """Phase 3 by stage 3's short way: each buffer's partition (master and moments) copied piece by
+    piece from the chunks that hold it, so a rank copies its 1/N of the model, never the whole."""
+    rank = optimizer.collectives.rank
+    keys = ["master", *MOMENTS] if with_optimizer and chunked.step() > 0 and chunked.has_moments() else ["master"]
     for index, buffer in enumerate(optimizer.buffers):
         names = [optimizer.parameter_names[parameter] for parameter in buffer.parameters]
-        numels = buffer.layout.parameter_numels
-        sizes = [reshard.chunk_numel(numel, world_size) for numel in numels]
-        local = torch.cat([sources[key][chunks.offsets[name]:chunks.offsets[name] + size]
-                           for key in keys for name, size in zip(names, sizes)]).to(optimizer.placement.device)
-        gathered = torch.empty(world_size * local.numel(), dtype=torch.float32, device=local.device)
-        optimizer.collectives.all_gather_into_tensor(gathered, local)
-        per_rank = gathered.cpu().view(world_size, len(keys), sum(sizes))
-        partitions = {}
-        for position, key in enumerate(keys):
-            starts = [sum(sizes[:which]) for which in range(len(sizes))]
-            wholes = [per_rank[:, position, start:start + size].reshape(-1)[:numel]
-                      for start, size, numel in zip(starts, sizes, numels)]
-            partitions[key] = reshard.flat_partition(wholes, buffer.layout, rank)
+        start, end = buffer.layout.partition_range(rank)
+        partitions = {key: torch.zeros(end - start, dtype=torch.float32) for key in keys}
+        for piece in buffer.layout.pieces(start, end):
+            low = piece.flat_start - start
+            for key in keys:
+                chunked.copy_range(key, names[piece.parameter_index], piece.parameter_offset,
+                                   partitions[key][low:low + piece.numel])
         master = optimizer.master_partitions[index]
         master.copy_(partitions["master"])
         optimizer.adam.state.pop(master, None)
         if len(keys) > 1:
-            optimizer.adam.state[master] = {"step": chunks.step,
+            optimizer.adam.state[master] = {"step": chunked.step(),
                                             **{key: partitions[key].to(master.device) for key in MOMENTS}}
 
 
@@ -153,11 +143,11 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
     optimizer_paths = files.optimizer_paths(load_dir, tag, parameters_only=load_module_only or not load_optimizer_states)
     model_path, model_states = files.read_model_states(load_dir, tag)
     own = _own_partitions(engine, model_states, optimizer_paths)
-    chunks = _own_chunks(engine, model_states, optimizer_paths) if own is None else None
+    chunked = _chunked_files(engine, model_states, optimizer_paths) if own is None else None
     if own is not None:
         saved, partitions = own
-    elif chunks is not None:
-        saved, chunks, partitions = *chunks, None
+    elif chunked is not None:
+        saved, chunked, partitions = *chunked, None
     elif optimizer_paths:
         saved, partitions = SavedTraining.read([files.read_file(path) for path in optimizer_paths],
                                                model_states["param_shapes"], optimizer_paths), None
@@ -176,8 +166,8 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
     with_optimizer = load_optimizer_states and not load_module_only
     if partitions is not None:
         _adopt_own_partitions(optimizer, partitions, with_optimizer)
-    elif chunks is not None:
-        _adopt_gathered_chunks(optimizer, chunks, with_optimizer)
+    elif chunked is not None:
+        _adopt_chunk_ranges(optimizer, chunked, with_optimizer)
     else:
         _adopt_whole_parameters(optimizer, saved, with_optimizer)
     if with_optimizer:

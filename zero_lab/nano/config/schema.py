@@ -88,8 +88,9 @@ class Bf16Config(_Strict):
     enabled: StrictBool = Field(False, description="bf16 parameters with fp32 master partitions; no loss scaling.")
     check_grad_overflow: StrictBool = Field(True, description="Skip a step whose gradients hold an inf or NaN (false: "
                                             "apply it at stages 1 and 2; stages 0 and 3 skip it anyway, as official).")
-    immediate_grad_update: StrictBool = Field(False, description="Move each gradient into fp32 as soon as it is "
-                                              "produced; true is refused at stage 0 bf16 (see NanoConfig).")
+    immediate_grad_update: StrictBool = Field(False, description="Move each gradient into the fp32 gradients as soon "
+                                              "as autograd produces it: read by stage 1's fp32-accumulation variant, "
+                                              "as official reads it only in its BF16_Optimizer; elsewhere no effect.")
 
 
 class Stage3Settings(_Strict):
@@ -296,21 +297,26 @@ class NanoConfig(_Strict):
     @model_validator(mode="after")
     def _gradients_accumulate_where_nano_keeps_them(self) -> "NanoConfig":
         """Stages 0/1 accumulate in autograd's param.grad (the parameters' dtype), stages 2/3 in their
-        fp32 gradient partitions (the stage says: `gradient_accumulation_precision`); a config asking
-        for anything else cannot be honoured. immediate_grad_update true asks for fp32 accumulation
-        during backward, which nano's stage 0 bf16 does not do (it keeps bf16 param.grad until the
-        boundary). Official 0.19.8 reads the key only in its BF16_Optimizer (stage 1 with
-        grad_accum_dtype fp32, which nano refuses) and ignores it at stage 0 (docs/nano.md)."""
-        stage, precision = self.zero_optimization.stage_facts, self.precision
-        if self.bf16.immediate_grad_update and not stage.partitions_optimizer_states and precision == "bf16":
-            raise ValueError("bf16.immediate_grad_update true asks for fp32 accumulation during backward, but nano's "
-                             "stage 0 keeps bf16 param.grad until the boundary; set it to false or use stage 2")
+        fp32 gradient partitions, and stage 1 with bf16 and grad_accum_dtype fp32 in full-size fp32
+        gradients (the row `stage_facts` picks says: `gradient_accumulation_precision`); a config
+        asking for anything else cannot be honoured. Official refuses the same mixes at stage 0
+        ("unsupported mix") and runs fp32 accumulation at stage 1 only without offload."""
+        stage, precision = self.stage_facts, self.precision
         wanted = self.data_types.grad_accum_dtype
         kept = stage.gradient_accumulation_precision(precision)
         if wanted is not None and wanted != kept:
-            raise ValueError(f"data_types.grad_accum_dtype {wanted} cannot be honoured: nano's stage {stage.number} "
+            raise ValueError(f"data_types.grad_accum_dtype {wanted} cannot be honoured: nano's {stage.name}"
+                             f"{' with offload_optimizer' if self.zero_optimization.offload_optimizer.enabled else ''} "
                              f"accumulates gradients in {kept}; set it to {kept} or remove it")
         return self
+
+    @property
+    def stage_facts(self) -> stages.Stage:
+        """The stage-table row this configuration runs: its stage, or the stage's variant that
+        precision and data_types ask for (`stages.for_run`)."""
+        zero = self.zero_optimization
+        return stages.for_run(zero.stage, self.precision, self.data_types.grad_accum_dtype,
+                              zero.offload_optimizer.enabled)
 
     @property
     def precision(self) -> str:
