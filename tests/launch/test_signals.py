@@ -8,7 +8,17 @@ import pytest
 from zero_lab import signals
 
 
-def test_a_ctrl_c_inside_the_block_is_raised_once_the_block_is_done():
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT handled as Python handles it in a terminal. A pytest started in the background by a
+    shell without job control (`pytest ... &` in a script) inherits SIGINT ignored, and Python keeps
+    it ignored: `deferred` then rightly leaves it alone, and nothing would be raised."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_inside_the_block_is_raised_once_the_block_is_done(ctrl_c_raises):
     finished_inside = False
     with pytest.raises(KeyboardInterrupt):
         with signals.deferred():
