@@ -163,10 +163,10 @@ def official_worker(rank: int, world_size: int) -> list[str]:
     return failures
 
 
-def checkpoint_worker(rank: int, world_size: int, root: str) -> list[str]:
-    """The variant saves after two steps and trains two more; nano and official DeepSpeed (its
-    BF16_Optimizer), each built from another seed, load that checkpoint and train the same two steps:
-    every loss and the final parameters equal the saver's."""
+def checkpoint_worker(rank: int, world_size: int, root: str, saver_name: str = "nano") -> list[str]:
+    """The saver (nano's variant, or official's BF16_Optimizer) saves after two steps and trains two
+    more; nano and official DeepSpeed, each built from another seed, load that checkpoint and train
+    the same two steps: every loss and the final parameters equal the saver's."""
     deepspeed = import_official_deepspeed(world_size)
     config = variant_config()
     failures = []
@@ -188,7 +188,7 @@ def checkpoint_worker(rank: int, world_size: int, root: str) -> list[str]:
                 engine.step()
         return losses
 
-    saver = engine_of(nano, 5)
+    saver = engine_of(nano if saver_name == "nano" else deepspeed, 5)
     train(saver, range(2))
     saver.save_checkpoint(root)
     expected_losses = train(saver, range(2, 4))
@@ -201,10 +201,10 @@ def checkpoint_worker(rank: int, world_size: int, root: str) -> list[str]:
         loss_delta = max(abs(a - b) for a, b in zip(losses, expected_losses))
         parameter_delta = max((a - b.detach().float()).abs().max().item()
                               for a, b in zip(expected, resumed.module.parameters()))
-        print(f"[fp32-accumulation] rank {rank} {name} resumed nano's checkpoint: max loss delta {loss_delta:.3g}, "
+        print(f"[fp32-accumulation] rank {rank} {name} resumed {saver_name}'s checkpoint: max loss delta {loss_delta:.3g}, "
               f"max parameter delta {parameter_delta:.3g}", flush=True)
         if loss_delta or parameter_delta:
-            failures.append(f"{name} resumed nano's checkpoint: loss delta {loss_delta:.3g}, "
+            failures.append(f"{name} resumed {saver_name}'s checkpoint: loss delta {loss_delta:.3g}, "
                             f"parameter delta {parameter_delta:.3g}")
         resumed.destroy()
     return failures

@@ -22,3 +22,9 @@ def test_fp32_accumulation_matches_official_bf16_optimizer():
 @pytest.mark.official
 def test_nano_and_official_resume_the_fp32_accumulation_checkpoint_nano_wrote(tmp_path):
     assert run_distributed(workers.checkpoint_worker, 2, str(tmp_path)) == []
+
+
+@pytest.mark.official
+def test_nano_and_official_resume_the_checkpoint_officials_bf16_optimizer_wrote(tmp_path):
+    """Official's BF16_Optimizer files hold no zero_stage: nano reads them as stage 1's flat cut."""
+    assert run_distributed(workers.checkpoint_worker, 2, str(tmp_path), "official") == []

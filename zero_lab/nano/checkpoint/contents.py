@@ -93,6 +93,19 @@ def scaler_fields(scaler: object) -> dict:
     return {key: value for key, value in vars(scaler).items() if isinstance(value, (bool, int, float, str))}
 
 
+
+def saved_stage(state: dict) -> int:
+    """The ZeRO stage an optimizer file was written at. Official's BF16_Optimizer (stage 1 with bf16
+    and `data_types.grad_accum_dtype: fp32`) writes no zero_stage and no loss scaler: its flat fp32
+    partitions and torch.optim state are stage 1's cut, under stage 1's keys, so it reads as stage 1."""
+    if "zero_stage" in state:
+        return int(state["zero_stage"])
+    if fp32_key(1) in state and moments_key(1) in state:
+        return 1
+    raise CheckpointError("an optimizer file holds neither zero_stage nor BF16_Optimizer's flat fp32 partitions: "
+                          "it is not a DeepSpeed ZeRO checkpoint; load another tag or load_module_only=True")
+
+
 @dataclass
 class SavedTraining:
     """Everything the optimizer files of one tag say, with the partitions put back together."""
@@ -110,7 +123,7 @@ class SavedTraining:
     def header(cls, optimizer_file: dict, param_shapes: list[dict]) -> "SavedTraining":
         """What any one rank's optimizer file says of the whole: stage, world size, groups, scaler."""
         first = optimizer_file["optimizer_state_dict"]
-        stage = int(first["zero_stage"])
+        stage = saved_stage(first)
         count = first["partition_count"]
         loss_scaler = first.get("loss_scaler")
         saved = cls(stage, max(count) if isinstance(count, list) else int(count),
@@ -165,7 +178,7 @@ def own_flat_partitions(own_file: dict, param_shapes: list[dict],
     stored master `expected[g][1]` elements, as the loading rank's layout would cut it. None when
     the file is laid out otherwise: then every rank's file is needed."""
     state = own_file["optimizer_state_dict"]
-    stage = int(state["zero_stage"])
+    stage = saved_stage(state)
     masters, moments = state.get(fp32_key(stage)), state.get(moments_key(stage), {})
     param_groups = moments.get("param_groups", [])
     if masters is None or len(masters) != len(expected) or len(param_shapes) != len(expected) \
@@ -188,7 +201,7 @@ class ChunkedFiles:
 
     def __init__(self, optimizer_files: list[dict], param_shapes: list[dict]):
         self.states = [file["optimizer_state_dict"] for file in optimizer_files]
-        stage = int(self.states[0]["zero_stage"])
+        stage = saved_stage(self.states[0])
         self.masters = [state[fp32_key(stage)] for state in self.states]
         self.moments = [[entry for _, entry in sorted(state[moments_key(stage)]["state"].items())]
                         for state in self.states]
