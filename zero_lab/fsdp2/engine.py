@@ -79,6 +79,9 @@ class Fsdp2Engine:
         if dist.get_world_size() > 1:
             dist.all_reduce(squares, op=dist.ReduceOp.SUM)
         norm = squares.sqrt().item()
+        # gloo's worker thread may hold the all_reduce's tensor a moment after the wait: release its
+        # bytes now, so what a rank holds between steps does not depend on thread timing.
+        squares.untyped_storage().resize_(0)
         if self.plan.gradient_clipping > 0 and math.isfinite(norm):
             coefficient = self.plan.gradient_clipping / (norm + CLIP_EPSILON)
             if coefficient < 1:
