@@ -34,7 +34,7 @@ def whole(parameter: torch.Tensor) -> torch.Tensor:
 
 def train(module, config: dict, rank: int, steps: int, on_step=None) -> tuple[object, list[float]]:
     """The harness's loop with either impl: per micro-step forward, engine.backward, engine.step;
-    returns the engine and this rank's losses, one per micro-step."""
+    returns the model and this rank's losses, one per micro-step."""
     engine_module = fsdp2 if module == "fsdp2" else nano
     model = build_model()
     engine, _, _, _ = engine_module.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
