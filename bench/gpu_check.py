@@ -20,7 +20,7 @@ Phase 3: the steps of `plan`, one after another, each within its share of the bu
          then nano and official with the optimizer offloaded at stages 2 and 3. The comparisons
          run with ZERO_LAB_COLLECTIVES_AT_WORLD_ONE=1, so nano's every collective goes through
          NCCL on the one GPU (FSDP2 at world size 1 copies instead of communicating: torch's
-         own shortcut, so its comm columns are empty). Official's FusedAdam
+         own shortcut, so its comm MB are 0). Official's FusedAdam
          JIT-builds into `.torch_extensions/` where nvcc and ninja exist (else official runs
          torch's AdamW; the table's `optimizer` column says which).
 Phase 4: one table of every run: optimizer, memory, peak, step time, the largest loss delta of

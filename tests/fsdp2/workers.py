@@ -16,6 +16,7 @@ import torch
 import zero_lab.fsdp2 as fsdp2
 import zero_lab.nano as nano
 from zero_lab.fsdp2.memory_formula import layout_bytes, moment_bytes
+from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.memory_meter import LiveStorageTracker
 from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch, parameter_groups
 from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, STEPS, WEIGHT_DECAY, nano_config
@@ -132,4 +133,24 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             if live != expected:
                 failures.append(f"rank {rank} ws {world_size} {precision} stage {stage} {moment}: live bytes {live} "
                                 f"!= formula {expected}")
+    return failures
+
+
+def collectives_worker(rank: int, world_size: int) -> list[str]:
+    """The collectives FSDP2 calls while it trains (counted by the harness's CommMeter), stages 2
+    and 3: in a world of one none (torch copies instead of its all-gather and reduce-scatter, the
+    engine skips the norm's all_reduce), so gpu-check's one-GPU FSDP2 rows show 0 comm MB; in a
+    larger world its all-gathers and reduce-scatters, which the meter does see."""
+    failures = []
+    for stage in (2, 3):
+        meter = CommMeter().install()
+        try:
+            train("fsdp2", nano_config(stage), rank, 2)
+        finally:
+            meter.uninstall()
+        called = {name for name, count in meter.snapshot().items() if count.calls}
+        if world_size == 1 and called:
+            failures.append(f"stage {stage}, a world of one called {sorted(called)}")
+        if world_size > 1 and not {"all_gather_single", "reduce_scatter_single"} <= called:
+            failures.append(f"stage {stage}, world size {world_size}: the meter saw only {sorted(called)}")
     return failures
