@@ -154,3 +154,45 @@ def collectives_worker(rank: int, world_size: int) -> list[str]:
         if world_size > 1 and not {"all_gather_single", "reduce_scatter_single"} <= called:
             failures.append(f"stage {stage}, world size {world_size}: the meter saw only {sorted(called)}")
     return failures
+
+
+def tied_qwen3(seed: int = 0) -> torch.nn.Module:
+    """The tiny preset with its LM head tied to the embedding, as qwen3-0.6b's is (gpu-check's
+    model; tiny and small are untied)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from zero_lab.workload.model_shapes import PRESETS, SHARED
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(Qwen3Config(**{**PRESETS["tiny"], **SHARED, "tie_word_embeddings": True}))
+    model.config.use_cache = False
+    return model
+
+
+def tied_embeddings_worker(rank: int, world_size: int) -> list[str]:
+    """FSDP2 keeps a tied LM head tied (one sharded parameter, both modules see it) and trains it
+    as nano does: per-step losses and gradient norms within 1e-5, stages 2 and 3, clipping on."""
+    from zero_lab.workload.models import parameter_groups as harness_groups
+
+    failures = []
+    for stage in (2, 3):
+        runs = {}
+        for module in (fsdp2, nano):
+            model = tied_qwen3()
+            config = {**nano_config(stage, clipping=1.0), "train_micro_batch_size_per_gpu": 2}
+            engine, _, _, _ = module.initialize(model=model, model_parameters=harness_groups(model, WEIGHT_DECAY),
+                                                config=config)
+            trace = []
+            for step in range(3):
+                tokens = torch.randint(0, 260, (2, 32), generator=torch.Generator().manual_seed(1000 * step + rank))
+                loss = engine(input_ids=tokens, labels=tokens).loss
+                engine.backward(loss)
+                engine.step()
+                trace += [loss.item(), engine.get_global_grad_norm()]
+            if model.lm_head.weight is not model.model.embed_tokens.weight:
+                failures.append(f"stage {stage}: {module.__name__} untied the LM head from the embedding")
+            runs[module.__name__] = trace
+        gap = max(abs(a - b) for a, b in zip(runs["zero_lab.fsdp2"], runs["zero_lab.nano"]))
+        if not gap <= FP32_TOLERANCE:
+            failures.append(f"stage {stage}: losses and norms fsdp2 {runs['zero_lab.fsdp2']} vs nano {runs['zero_lab.nano']}")
+    return failures
