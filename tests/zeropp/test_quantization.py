@@ -1,24 +1,26 @@
-"""qwZ's block-wise int8 format (`nano.quantization`) against a pure-torch round trip written here,
-one block at a time, and its error bound: every element within absmax(block) / 128 of its value, all
-but a block's largest positive one within absmax / 256. No processes."""
+"""ZeRO++'s block-wise formats (`nano.quantization`) against pure-torch round trips written here, one
+block at a time, and their error bounds. qwZ's int8: every element within absmax(block) / 128 of its
+value, all but a block's largest positive one within absmax / 256. qgZ's int4, two per byte: within
+absmax / 8, all but the clamped one within absmax / 16. No processes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zero_lab.nano.quantization import block_count, dequantize, max_error, quantize
+from zero_lab.nano.quantization import (GRADIENT_BLOCK, block_count, dequantize, dequantize_int4, gradient_chunk,
+                                        int4_max_error, max_error, quantize, quantize_int4)
 
 
-def reference_round_trip(tensor: torch.Tensor, blocks: int) -> torch.Tensor:
-    """Official's Symmetric 8-bit kernel, one block at a time: scale 2^8 / (2 absmax), round to
-    nearest, clamp to [-128, 127], multiply back by the stored inverse."""
+def reference_round_trip(tensor: torch.Tensor, blocks: int, bits: int = 8) -> torch.Tensor:
+    """Official's Symmetric kernel, one block at a time: scale 2^bits / (2 absmax), round to nearest,
+    clamp to [-2^(bits-1), 2^(bits-1) - 1], multiply back by the stored inverse."""
     out = []
     for block in tensor.float().chunk(blocks):
         absmax = block.abs().max().item()
-        multiplier = 256 / (2 * absmax) if absmax else 1.0
+        multiplier = 2 ** bits / (2 * absmax) if absmax else 1.0
         stored = 1 / multiplier
-        out.append(torch.round(block * multiplier).clamp(-128, 127) * stored)
+        out.append(torch.round(block * multiplier).clamp(-2 ** (bits - 1), 2 ** (bits - 1) - 1) * stored)
     return torch.cat(out)
 
 
@@ -71,3 +73,39 @@ def test_several_ranks_blocks_dequantize_end_to_end():
     for rank, part in enumerate(parts):
         alone = dequantize(quantized[rank].values, quantized[rank].scales, torch.empty(4_000, dtype=torch.bfloat16))
         assert torch.equal(whole[rank * 4_000:(rank + 1) * 4_000], alone)
+
+
+def test_gradient_chunks_are_even_blocks_of_at_most_the_block_size():
+    assert gradient_chunk(1) == (2, 1)  # one byte holds two values: a row is never odd
+    assert gradient_chunk(GRADIENT_BLOCK) == (GRADIENT_BLOCK, 1)
+    assert gradient_chunk(GRADIENT_BLOCK + 1) == (GRADIENT_BLOCK + 4, 2)  # 2 blocks of 513 -> 514
+    for largest in (3, 777, 5_000, 123_457):
+        chunk, blocks = gradient_chunk(largest)
+        assert chunk >= largest and chunk % blocks == 0 and (chunk // blocks) % 2 == 0
+        assert chunk // blocks <= GRADIENT_BLOCK and chunk - largest < 2 * blocks  # padding: under 2 per block
+
+
+@pytest.mark.parametrize("largest", [7, 1_000, 2_500])
+def test_an_int4_round_trip_equals_the_reference_and_stays_within_the_bound(largest):
+    generator = torch.Generator().manual_seed(largest)
+    chunk, blocks = gradient_chunk(largest)
+    rows = torch.zeros(3, chunk)
+    rows[:, :largest] = torch.randn(3, largest, generator=generator) * torch.rand(3, 1, generator=generator)
+    packed, scales = quantize_int4(rows, blocks)
+    assert packed.dtype == torch.int8 and packed.shape == (3, chunk // 2)  # two values a byte
+    assert scales.dtype == torch.float32 and scales.shape == (3, blocks)
+    back = dequantize_int4(packed, scales)
+    for row in range(3):
+        torch.testing.assert_close(back[row], reference_round_trip(rows[row], blocks, bits=4), rtol=1e-6, atol=1e-9)
+    error, bound = (back - rows).abs(), int4_max_error(rows, blocks)
+    assert bool((error <= bound * (1 + 1e-5)).all())
+    assert int((error > bound / 2 * (1 + 1e-5)).sum()) <= 3 * blocks  # at most one clamped element per block
+    assert error.max() > bound.max() / 8  # int4 is lossy: the round trip is no copy
+
+
+def test_int4_packs_the_first_value_in_the_high_nibble():
+    """Official's PackedInt4{high, low} bit fields: value 2i in bits 4-7, 2i + 1 in bits 0-3."""
+    packed, scales = quantize_int4(torch.tensor([[8.0, -8.0, 1.0, 0.0]]), 1)  # absmax 8: scale 1
+    assert scales.tolist() == [[1.0]]
+    assert packed.view(torch.uint8).tolist() == [[0x78, 0x10]]  # +8 clamps to 7; -8 is 0x8; 1, 0
+    assert dequantize_int4(packed, scales).tolist() == [[7.0, -8.0, 1.0, 0.0]]

@@ -1,6 +1,7 @@
 """ZeRO++'s bytes through the harness at W=4 in nodes of 2 (tiny, CPU, gloo): the measured intra- and
 inter-node wire bytes of a steady step equal `zero-lab explain`'s prediction exactly, for plain stage 3,
-hpZ, qwZ and both; and official DeepSpeed 0.19.8, which trains with zero_hpz_partition_size on CPU, takes
+hpZ, qwZ, qgZ and all three (which covers qwZ with hpZ; qgZ's node size reaches nano from the harness's
+--ranks-per-node); and official DeepSpeed 0.19.8, which trains with zero_hpz_partition_size on CPU, takes
 the same losses and moves the same bytes per steady step.
 
 The config keeps no block gathered from its forward to its backward (stage3_prefetch_bucket_size 0,
@@ -32,7 +33,9 @@ WORLD_SIZE, RANKS_PER_NODE, STEPS = 4, 2, 3
 
 # The ZeRO++ keys of each case: a name of its ideas ("stage3": none of them).
 KEYS = {"stage3": {}, "hpz": {"zero_hpz_partition_size": RANKS_PER_NODE}, "qwz": {"zero_quantized_weights": True},
-        "qwz_hpz": {"zero_quantized_weights": True, "zero_hpz_partition_size": RANKS_PER_NODE}}
+        "qgz": {"zero_quantized_gradients": True},
+        "all_three": {"zero_quantized_weights": True, "zero_hpz_partition_size": RANKS_PER_NODE,
+                      "zero_quantized_gradients": True}}
 
 
 def config(case: str) -> dict:
@@ -130,3 +133,10 @@ def test_official_trains_with_hpz_to_the_same_losses_and_inter_node_bytes(run):
     inter = {name: log[STEPS]["comm_wire_inter_bytes"] for name, log in (("nano", nano), ("official", official))}
     assert 0 <= inter["official"] - inter["nano"] <= 64, inter
     assert inter["official"] < plain[STEPS]["comm_wire_inter_bytes"]
+
+
+def test_qgz_sends_fewer_bytes_and_fewer_across_nodes(run):
+    """qgZ's int4 all-to-alls replace the fp32 reduce-scatter: fewer bytes in all, and fewer cross nodes."""
+    plain, qgz = run("nano", "stage3")[3], run("nano", "qgz")[3]
+    assert qgz["comm_wire_inter_bytes"] < plain["comm_wire_inter_bytes"]
+    assert qgz["comm_bytes"] < plain["comm_bytes"]

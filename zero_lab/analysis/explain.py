@@ -14,7 +14,8 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
                       backward use or `stage3_max_reuse_distance` keeps it;
     backward          stage 3: each block freed after its forward is gathered again; stages 2
                       and 3: every gradient bucket is reduce-scattered (all-reduced with
-                      `reduce_scatter: false`) as its gradients arrive, in every micro-step;
+                      `reduce_scatter: false`; with qgZ over several nodes, four all-to-alls) as
+                      its gradients arrive, in every micro-step;
     reduce_gradients  stages 0 and 1, the step's first phase: every bucket is packed from
                       `param.grad` and reduced, once per optimizer step (stage 0 all-reduces);
     unscale_clip      stages 1-3: the squared gradient norm is summed over ranks (4 bytes);
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.layout import FlatLayout
-from zero_lab.nano.quantization import block_count
+from zero_lab.nano.quantization import block_count, gradient_chunk
 from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
 from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
 from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units
@@ -196,7 +197,9 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     bytes split into intra- and inter-node ones (`wire_bytes.wire_split`). With hpZ a unit's first
     gather of the step reads the primary partitions (the world); every later one, the secondary
     partitions of the node's `zero_hpz_partition_size` ranks (`nano.hierarchical_partition`). With
-    qwZ every such gather is two: the int8 values and the fp32 block scales (`nano.quantized_weights`)."""
+    qwZ every such gather is two: the int8 values and the fp32 block scales (`nano.quantized_weights`).
+    With qgZ over more than one node, every bucket's reduce-scatter is four all-to-alls: int4 values and
+    fp32 scales within the node, then the same across nodes (`nano.quantized_gradients`)."""
     if world_size == 1:
         return []
     zero, stage = config.zero_optimization, config.zero_optimization.stage
@@ -206,21 +209,43 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     scatters = stage >= 1 and zero.reduce_scatter and not config.stage_facts.holds_fp32_gradients
     reduction = "reduce_scatter" if scatters else "all_reduce"
 
-    def moved(phase: str, op: str, payload: int, what: str, group_size: int = world_size) -> Collective:
-        on_my_node = ranks_on_node(list(range(group_size)), 0, ranks_per_node) if ranks_per_node else group_size
+    def moved(phase: str, op: str, payload: int, what: str, group_size: int = world_size,
+              stride: int = 1) -> Collective:
+        """One call over the group of ranks 0, stride, 2 stride, ... (group_size of them)."""
+        ranks = list(range(0, group_size * stride, stride))
+        on_my_node = ranks_on_node(ranks, 0, ranks_per_node) if ranks_per_node else group_size
         intra, inter = wire_split(op, payload, group_size, on_my_node)
         return Collective(phase, op, payload, intra + inter, what, intra, inter)
 
     secondary_group = min(zero.zero_hpz_partition_size, world_size) if zero.hpz_enabled else 0
     with_secondary: set[str] = set()  # units gathered once this step: hpZ gathers them again in the node
 
+    # qgZ (`nano.quantized_gradients`) over more than one node of ranks_per_node ranks
+    nodes = world_size // ranks_per_node if ranks_per_node and world_size % ranks_per_node == 0 else 1
+    quantized_reduction = stage == 3 and zero.zero_quantized_gradients and scatters and nodes > 1
+
     def reductions(phase: str, chosen: list[Buffer]) -> list[Collective]:
         found = []
         for buffer in chosen:
             ranges = buffer.layout.bucket_ranges(zero.reduce_bucket_size)
             for number, (start, end) in enumerate(ranges, 1):
-                found.append(moved(phase, reduction, (end - start) * communication_width,
-                                   f"{buffer.name} bucket {number}/{len(ranges)}"))
+                what = f"{buffer.name} bucket {number}/{len(ranges)}"
+                if quantized_reduction:
+                    found += quantized_exchange(phase, buffer, start, end, what)
+                else:
+                    found.append(moved(phase, reduction, (end - start) * communication_width, what))
+        return found
+
+    def quantized_exchange(phase: str, buffer: Buffer, start: int, end: int, what: str) -> list[Collective]:
+        """A bucket's two int4 all-to-alls, values (two per byte) then fp32 scales: every owner's row
+        within the node, the node's sums across nodes (one rank per node: ranks 0, K, 2K, ...)."""
+        chunk, blocks = gradient_chunk(max(high - low for low, high in buffer.layout.owner_ranges(start, end)))
+        found = []
+        for rows, group_size, stride, where in ((world_size, ranks_per_node, 1, "node"),
+                                                (nodes, nodes, ranks_per_node, "across nodes")):
+            found.append(moved(phase, "all_to_all", rows * chunk // 2, f"{what} int4, {where}", group_size, stride))
+            found.append(moved(phase, "all_to_all", rows * blocks * FP32_BYTES, f"{what} scales, {where}",
+                               group_size, stride))
         return found
 
     def gather(phase: str, buffer: Buffer, group_size: int) -> list[Collective]:
@@ -268,7 +293,7 @@ def publish(buffer: Buffer, width: int, moved) -> list[Collective]:
 def explain(model: str, entries: list[ParameterEntry], blocks: list[str], config: NanoConfig,
             world_size: int, ranks_per_node: int | None = None) -> Walkthrough:
     """The walk-through of one steady optimizer step of `config` (its stage, precision, buckets,
-    offload, hpZ) on `world_size` ranks in nodes of `ranks_per_node` (None: one node), for a model
+    offload, ZeRO++ keys) on `world_size` ranks in nodes of `ranks_per_node` (None: one node), for a model
     given as its parameter table and blocks."""
     buffers = flat_buffers(entries, blocks, config, world_size)
     zero = config.zero_optimization

@@ -56,6 +56,7 @@ from zero_lab.workload.impls import default_single_process_env, engine_config, l
 from zero_lab.workload import state_formula
 from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.nodes import resolve_ranks_per_node
+from zero_lab.nano.collectives import RANKS_PER_NODE_ENVIRONMENT
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
 from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Phase, StepPhase, allocator_figures,
                                              is_out_of_memory, out_of_memory_line)
@@ -118,6 +119,8 @@ def prepare(argv: list[str] | None):
     world_size = int(os.environ["WORLD_SIZE"])
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     device, config = check_launch(args, world_size, local_world_size)
+    if args.ranks_per_node:  # nano's qgZ groups its all-to-alls by it (`nano.quantized_gradients`)
+        os.environ[RANKS_PER_NODE_ENVIRONMENT] = str(args.ranks_per_node)
     args.ranks_per_node = resolve_ranks_per_node(args.ranks_per_node, local_world_size, world_size)
     args.model_dtype = args.model_dtype or DTYPE_NAME_OF_PRECISION[precision_of(config)]
     tokenizer = load_tokenizer(args.model_name, args.trust_remote_code)

@@ -34,7 +34,8 @@ Layers, each importing only those listed before it:
     init_partitions -> placement, units -> flat_buffer -> gradient_reduction, unit_gathering ->
     adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, optimizer_memory ->
     zero_optimizer -> stage0 -> stage1 -> stage2 ->
-    stage3, stage1_fp32_accumulation -> hierarchical_partition -> quantized_weights -> checkpoint ->
+    stage3, stage1_fp32_accumulation -> hierarchical_partition -> quantized_weights -> quantized_gradients ->
+    checkpoint ->
     checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
     checkpoint.load, checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
     sub-package goes by its dotted name (`config.keys` is keys.py in the package config/), and the

@@ -3,7 +3,8 @@
 Each wrapper records (calls, bytes) per collective type, then calls `torch.distributed.<op>` looked
 up at call time (so an outside meter that wraps torch.distributed sees nano's traffic too).
 Byte convention, shared with the harness's meter: all_reduce / broadcast count the tensor;
-reduce_scatter counts the whole input (every rank's share); all_gather counts the whole output.
+reduce_scatter and all_to_all count the whole input (every rank's share); all_gather counts the
+whole output.
 With one rank nothing is sent and nothing is recorded, unless `COLLECTIVES_AT_WORLD_ONE` is set
 to 1 in the environment: then a world of one still runs (and records) every collective through
 its backend, so one GPU exercises nano's NCCL calls (`make gpu-check`) and one CPU process its
@@ -28,6 +29,10 @@ import torch.distributed
 
 # Set to 1: a world of one still runs every collective (see the module docstring).
 COLLECTIVES_AT_WORLD_ONE = "ZERO_LAB_COLLECTIVES_AT_WORLD_ONE"
+
+# Set by the harness from --ranks-per-node: the node size of qgZ's all-to-alls (`nano.quantized_gradients`;
+# without it, torchrun's LOCAL_WORLD_SIZE).
+RANKS_PER_NODE_ENVIRONMENT = "ZERO_LAB_RANKS_PER_NODE"
 
 # The collective a call implements when nano emulates it with another (its reduce-scatter on gloo is
 # an all-to-all): a meter that wraps torch.distributed counts the call under this name, so traffic
@@ -129,6 +134,15 @@ class Collectives:
             return summing
         summing.wait()
         return None
+
+    def all_to_all(self, output: torch.Tensor, local: torch.Tensor) -> None:
+        """Equal consecutive slices of `local`, slice r to rank r; rank r's slice from every rank
+        into `output`, in rank order (qgZ's exchanges)."""
+        if self.alone:
+            output.copy_(local)
+            return
+        self._record("all_to_all", _nbytes([local]))
+        torch.distributed.all_to_all_single(output, local, group=self.group)
 
     def all_gather(self, outputs: list[torch.Tensor], local: torch.Tensor, async_op: bool = False):
         """Copy every rank's equal-sized `local` into outputs[rank] on all ranks."""

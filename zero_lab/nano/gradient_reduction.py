@@ -86,7 +86,7 @@ class BucketReducer:
             share_sizes = [high - low for low, high in buffer.layout.owner_ranges(start, end)]
             direct = not accumulate and bucket.dtype == destination.dtype and bucket.device == destination.device
             share = destination if direct else torch.empty(own_high - own_low, dtype=bucket.dtype, device=bucket.device)
-            work = self.collectives.reduce_scatter(share, bucket, share_sizes, async_op=asynchronous)
+            work = self.scatter(share, bucket, share_sizes, asynchronous)
         else:
             work = self.collectives.all_reduce(bucket, async_op=asynchronous)
             share = bucket[own_low - start:own_high - start]
@@ -95,6 +95,11 @@ class BucketReducer:
         self.pending.append(PendingReduction(work, share, destination, bucket, accumulate, temporaries))
         while len(self.pending) > self.max_in_flight:
             self._finish_oldest()
+
+    def scatter(self, share: torch.Tensor, bucket: torch.Tensor, share_sizes: list[int], asynchronous: bool):
+        """Phase 1's reduce-scatter: the sum over ranks of this rank's share of `bucket` into `share`
+        (qgZ's reducer sends it quantized instead: `nano.quantized_gradients`)."""
+        return self.collectives.reduce_scatter(share, bucket, share_sizes, async_op=asynchronous)
 
     def _finish_oldest(self) -> None:
         """Phase 2 for the oldest launched bucket (its host part deferred while a copy is queued)."""

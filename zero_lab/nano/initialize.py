@@ -40,6 +40,7 @@ from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
 from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer
 from zero_lab.nano.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
+from zero_lab.nano import quantized_gradients
 from zero_lab.nano.units import choose_units
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,21 @@ STAGE_OPTIMIZERS = {(optimizer.stage, optimizer.variant): optimizer  # one per r
                     for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage1Fp32AccumulationOptimizer,
                                       Stage2Optimizer, Stage3Optimizer)}
 
+# With qgZ: (hpZ, qwZ) -> the optimizer class.
+ZERO_PLUS_PLUS_WITH_QUANTIZED_GRADIENTS = {
+    (False, False): quantized_gradients.Stage3QuantizedGradientsOptimizer,
+    (True, False): quantized_gradients.Stage3HierarchicalQuantizedGradientsOptimizer,
+    (False, True): quantized_gradients.Stage3QuantizedWeightsAndGradientsOptimizer,
+    (True, True): quantized_gradients.Stage3ZeroPlusPlusOptimizer}
+
 
 def stage_optimizer(config: NanoConfig, world_size: int) -> type:
-    """Phase 5's optimizer class: the stage's, or at stage 3 ZeRO++'s: qwZ's, and hpZ's over more than one rank."""
+    """Phase 5's optimizer class: the stage's, or at stage 3 ZeRO++'s: qgZ's, qwZ's, and hpZ's over more than
+    one rank, in each combination."""
     zero = config.zero_optimization
     hierarchical = zero.hpz_enabled and world_size > 1
+    if zero.zero_quantized_gradients:
+        return ZERO_PLUS_PLUS_WITH_QUANTIZED_GRADIENTS[(hierarchical, zero.zero_quantized_weights)]
     if zero.zero_quantized_weights:
         return Stage3HierarchicalQuantizedWeightsOptimizer if hierarchical else Stage3QuantizedWeightsOptimizer
     if hierarchical:

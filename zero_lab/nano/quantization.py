@@ -1,4 +1,7 @@
-"""Block-wise symmetric int8 quantization, ZeRO++'s weight format (qwZ): pure torch, no processes.
+"""Block-wise symmetric quantization, ZeRO++'s formats: int8 weights (qwZ) and int4 gradients (qgZ).
+Pure torch, no processes.
+
+Weights (qwZ, 8 bits):
 
 The format is official DeepSpeed's (`CUDAQuantizer` in runtime/zero/partition_parameters.py and
 the Symmetric `Params` of ops/csrc/includes/quantization_utils.h, 8 bits):
@@ -19,6 +22,22 @@ Where nano differs: official's kernel first converts the values to fp16 (its CUD
 __half); nano quantizes the parameters' own dtype, which only removes fp16's rounding (2^-11
 relative, 8x smaller than int8's step). Official asserts n % (8 x blocks) == 0 (the kernel's 8-wide
 loads); where n is not a multiple of 8, nano drops the factor 8 and asks only that the blocks divide n.
+
+Gradients (qgZ, 4 bits; official's `swizzle_quant` / `quantized_reduction` / `dequantize` with
+num_bits 4 and the same Symmetric `Params`):
+    Phase 1 (chunks): one row per destination rank, each the destination's share of a gradient
+            bucket padded with zeros to a common `gradient_chunk` length C, cut into B blocks of
+            C / B elements (an even number, at most GRADIENT_BLOCK).
+    Phase 2 (scale): per block, scale = absmax / 8 as one fp32 number (the kernel's 2^4 / (2 absmax),
+            stored inverted; 1.0 for an all-zero block).
+    Phase 3 (values): q = clamp(round(x / scale), -8, 7), two per byte: element 2i in the high
+            nibble, 2i + 1 in the low one (official's `PackedInt4{high, low}` bit fields, which its
+            dequantizer reads back as byte >> 4 and byte & 0xf).
+Error bound, per element: absmax(block) / 8 (the clamped +absmax), every other within absmax / 16.
+Where nano differs: official's groups come from the tensor's shape (max(rows, cols, world size)
+groups per parameter, 2-D parameters only); nano reduces flat buckets, so its blocks are a fixed
+size, GRADIENT_BLOCK elements at most (about a row of a small model's weight matrix), per
+destination share.
 """
 
 from __future__ import annotations
@@ -32,6 +51,9 @@ if TYPE_CHECKING:
 
 TARGET_BLOCK_SIZE = 8000  # official: "the optimal size is 4k, so we set the target to be below 8k"
 LEVELS = 128  # 2^8 / 2: int8's positive range, the absmax's place
+GRADIENT_BITS = 4  # qgZ: official's all_to_all_quant_reduce quantizes to 4 bits
+GRADIENT_LEVELS = 8  # 2^4 / 2: int4's positive range, the absmax's place
+GRADIENT_BLOCK = 1024  # nano: the most elements one gradient block holds (see the module docstring)
 VECTOR = 8  # official's kernel loads 8 elements at a time; a block is a multiple of it when n allows
 
 
@@ -81,3 +103,41 @@ def max_error(tensor: torch.Tensor) -> torch.Tensor:
     """The bound on |x - dequantize(quantize(x))| per element: its block's absmax / 128."""
     blocks = tensor.reshape(block_count(tensor.numel()), -1).float()
     return (blocks.abs().amax(dim=1, keepdim=True) / LEVELS).expand_as(blocks).reshape(-1)
+
+
+def gradient_chunk(largest_share: int) -> tuple[int, int]:
+    """Gradient Phase 1: (C, B), the padded row length for shares of at most `largest_share`
+    elements and its block count: B = ceil(largest / GRADIENT_BLOCK) blocks of an even size."""
+    blocks = max(1, -(-largest_share // GRADIENT_BLOCK))
+    block = -(-largest_share // blocks)
+    block += block % 2  # two int4 values per byte: a block never splits a byte
+    return blocks * max(block, 2), blocks
+
+
+def quantize_int4(rows: torch.Tensor, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradient Phases 2-3 for rows of C elements, each in `blocks` blocks: (packed int8 of
+    rows x C / 2 bytes, fp32 scales of rows x blocks)."""
+    import torch
+    grouped = rows.float().reshape(rows.shape[0], blocks, -1)
+    absmax = grouped.abs().amax(dim=2, keepdim=True)
+    scales = torch.where(absmax > 0, absmax / GRADIENT_LEVELS, torch.ones_like(absmax))
+    values = torch.round(grouped / scales).clamp_(-GRADIENT_LEVELS, GRADIENT_LEVELS - 1).to(torch.int32)
+    values = values.reshape(rows.shape[0], -1)
+    packed = ((values[:, 0::2] & 0xF) << 4) | (values[:, 1::2] & 0xF)
+    return packed.to(torch.uint8).view(torch.int8), scales.reshape(rows.shape[0], blocks)
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fp32 rows (rows x C) of packed int4 values (rows x C / 2 bytes) and their block scales."""
+    import torch
+    unsigned = packed.view(torch.uint8).to(torch.int32)
+    nibbles = torch.stack((unsigned >> 4, unsigned & 0xF), dim=-1).reshape(packed.shape[0], -1)
+    values = torch.where(nibbles >= GRADIENT_LEVELS, nibbles - 2 * GRADIENT_LEVELS, nibbles).float()
+    blocks = scales.shape[1]
+    return (values.reshape(packed.shape[0], blocks, -1) * scales.unsqueeze(2)).reshape(packed.shape[0], -1)
+
+
+def int4_max_error(rows: torch.Tensor, blocks: int) -> torch.Tensor:
+    """The bound on |x - dequantize_int4(quantize_int4(x))| per element: its block's absmax / 8."""
+    grouped = rows.float().reshape(rows.shape[0], blocks, -1)
+    return (grouped.abs().amax(dim=2, keepdim=True) / GRADIENT_LEVELS).expand_as(grouped).reshape(rows.shape)

@@ -92,6 +92,7 @@ class ZeroOptimizer:
 
     stage, variant = -1, ""  # each stage module's number (and variant, stages.py): its row, `stage_facts`
     GradientCollection = GradientCollection
+    bucket_reducer = BucketReducer  # what reduces the gradient buckets (qgZ's sends them quantized)
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
                  collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
@@ -120,7 +121,7 @@ class ZeroOptimizer:
                                   for buffer in self.buffers]
         # Phase 3: gradients.
         self.gradient_partitions: list[Optional[torch.Tensor]] = [None] * len(self.buffers)
-        self.reducer = BucketReducer(collectives, self._uses_reduce_scatter(),
+        self.reducer = self.bucket_reducer(collectives, self._uses_reduce_scatter(),
                                      max_in_flight=2 if config.zero_optimization.overlap_comm else 0,
                                      average=config.gradient_allreduce_op == "mean",
                                      predivide=self.stage_facts.predivides and self._uses_reduce_scatter(),

@@ -5,6 +5,8 @@ the parameter partitions, split within each group of K consecutive ranks (a node
 gather after a unit's first one uses, so backward's all-gather stays inside the node.
 `zero_quantized_weights` turns on qwZ (`nano/quantized_weights.py`): every gather of a sharded unit
 for compute sends int8 blocks and one fp32 scale per block (`nano/quantization.py`).
+`zero_quantized_gradients` turns on qgZ (`nano/quantized_gradients.py`): the gradient reduce-scatter
+becomes two int4 all-to-alls, within the node and then across nodes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class ZeroPlusPlusSettings(BaseModel):
                                                               "0 or 1: off.")
     zero_quantized_weights: bool = Field(False, description="qwZ: stage 3's gathers send block-wise int8 "
                                                             "weights with one fp32 scale per block.")
+    zero_quantized_gradients: bool = Field(False, description="qgZ: stage 3's gradient reduce-scatter becomes "
+                                                              "int4 all-to-alls, within the node then across nodes.")
 
     @property
     def hpz_enabled(self) -> bool:
@@ -32,6 +36,12 @@ class ZeroPlusPlusSettings(BaseModel):
         if self.zero_quantized_weights and getattr(self, "stage", 3) != 3:
             raise ValueError("zero_optimization.zero_quantized_weights quantizes the gathers of partitioned "
                              "parameters, which only stage 3 has; use stage 3 or remove the key")
+        if self.zero_quantized_gradients and getattr(self, "stage", 3) != 3:
+            raise ValueError("zero_optimization.zero_quantized_gradients quantizes stage 3's gradient reduce-scatter; "
+                             "use stage 3 or remove the key")
+        if self.zero_quantized_gradients and not getattr(self, "reduce_scatter", True):
+            raise ValueError("zero_optimization.zero_quantized_gradients replaces the reduce-scatter, which "
+                             "reduce_scatter false turns off; set reduce_scatter true or remove the key")
         return self
 
 
