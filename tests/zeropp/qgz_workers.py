@@ -112,10 +112,16 @@ def numerics_worker(rank: int, world_size: int) -> list[str]:
     - both: the loss differs from plain stage 3's at that step by at most the first-order effect of
       the furthest the two runs' weights can be apart (`tolerance_at`; with qwZ plus its gathers' error).
       That bound holds for any gradient error (Adam normalizes it away), so it only catches a broken
-      run (NaN, a lost step); the gradient check above is the one that catches a wrong exchange."""
-    os.environ[RANKS_PER_NODE_ENVIRONMENT] = str(RANKS_PER_NODE)
+      run (NaN, a lost step); the gradient check above is the one that catches a wrong exchange.
+    And in one node of all W ranks, qgZ keeps the plain reduce-scatter."""
     failures: list[str] = []
     initial = build_trapnet(spare=False)
+    os.environ[RANKS_PER_NODE_ENVIRONMENT] = str(world_size)  # one node: the plain reduce-scatter, as official
+    model = copy.deepcopy(initial)
+    engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY), config=config(KEYS["qgZ"]))
+    if isinstance(engine.optimizer.reducer, QuantizedGradientReducer):
+        failures.append("qgZ in one node quantizes (official reduce-scatters with one node)")
+    os.environ[RANKS_PER_NODE_ENVIRONMENT] = str(RANKS_PER_NODE)
     plain = run({}, initial, rank, world_size, failures, "plain")
     for name, keys in KEYS.items():
         steps = run(keys, initial, rank, world_size, failures, name)
