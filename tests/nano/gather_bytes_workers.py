@@ -131,6 +131,8 @@ def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
                                                                                                   world_size)
         print(f"[gathers] rank {rank} {label}: nano {mine} official {theirs}; official's rules per module "
               f"predict {once + extra} bytes a step", flush=True)
+        if [wire for _, wire in mine[1:]] != [wire for _, wire in theirs[1:]]:
+            failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes)")
         if [wire for _, wire in theirs[1:]] != [once + extra] * (STEPS - 1):
             failures.append(f"{label}: official's all-gather bytes per step {theirs} are not the per-module "
                             f"prediction {once + extra} (once a step {once} + {extra})")

@@ -47,9 +47,12 @@ class TracedUse:
     numel: int
 
 
-def full_order(forward: Sequence[TracedUse]) -> list[TracedUse]:
-    """A micro-step's uses: the forward, then the backward (the model, then the rest reversed)."""
-    return list(forward) + list(forward[:1]) + list(forward[:0:-1])
+def full_order(forward: Sequence[TracedUse], backward: Sequence[TracedUse] | None = None) -> list[TracedUse]:
+    """A micro-step's uses: the forward, then the backward as recorded (when not given, the model
+    first, then the rest reversed)."""
+    if backward is None:
+        backward = list(forward[:1]) + list(forward[:0:-1])
+    return list(forward) + list(backward)
 
 
 @dataclass(frozen=True)
@@ -62,28 +65,20 @@ class FetchRules:
 
 
 class FetchSchedule:
-    """The rules (module docstring) over one micro-step of a recorded forward trace; positions
-    index `order` (`full_order`): the forward's uses, then the backward's."""
+    """The rules (module docstring) over one micro-step of a recorded trace; positions index
+    `order` (`full_order`): the forward's uses, then the backward's."""
 
-    def __init__(self, forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules):
-        self.forward = list(forward)
-        self.order = full_order(self.forward)
+    def __init__(self, forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules,
+                 backward: Sequence[TracedUse] | None = None):
+        self.order = full_order(forward, backward)
         self.unit_numel = unit_numel
         self.rules = rules
         self.queue = deque(range(len(self.order)))
         self.fetched_for: dict[str, int] = {}
-        self.backward_positions: dict[Hashable, deque[int]] = {}
-        for position in range(len(self.forward), len(self.order)):
-            self.backward_positions.setdefault(self.order[position].module, deque()).append(position)
 
     def follows_trace(self, position: int, use: TracedUse) -> bool:
-        """Whether the forward's use at `position` is the recorded one (if not, the trace is stale)."""
-        return position < len(self.forward) and self.forward[position] == use
-
-    def backward_position(self, module: Hashable) -> int | None:
-        """The position of `module`'s next use in the backward (None: the trace has no more)."""
-        positions = self.backward_positions.get(module)
-        return positions.popleft() if positions else None
+        """Whether the use at `position` is the recorded one (if not, the trace is stale)."""
+        return position < len(self.order) and self.order[position] == use
 
     def _note(self, position: int) -> None:
         unit = self.order[position].unit
@@ -107,12 +102,13 @@ class FetchSchedule:
                 numel += self.unit_numel[unit]
         return started
 
-    def keep(self, unit: str, position: int) -> bool:
-        """Rule 3 after the use of `unit` at `position`: True keeps it whole."""
-        if self.fetched_for.get(unit, -1) > position:  # 3a
+    def keep(self, unit: str, step: int) -> bool:
+        """Rule 3 for `unit` once `step` uses have begun (official releases at its step counter,
+        which a module's release finds past its own use and any use begun since): True keeps it."""
+        if self.fetched_for.get(unit, -1) > step:  # 3a
             return True
         walked = 0
-        for later in self.order[position + 1:]:  # 3b
+        for later in self.order[step:]:  # 3b
             if walked >= self.rules.max_reuse_distance:
                 return False
             if later.unit == unit:
@@ -132,11 +128,12 @@ class MicroStep:
 
 
 def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules | None,
-                        held: str | None = None) -> MicroStep:
-    """One micro-step of `unit_gathering.UnitGathering` on a model whose backward uses its modules
-    in the reverse order: `rules` None is the recording micro-step (no trace yet). `held` is the
-    unit held from the model's forward to the end of its backward (nano's root)."""
-    schedule = FetchSchedule(forward, unit_numel, rules) if rules is not None else None
+                        held: str | None = None, backward: Sequence[TracedUse] | None = None) -> MicroStep:
+    """One micro-step of `unit_gathering.UnitGathering` whose backward uses the modules as in
+    `backward` (default: the reverse order, `full_order`), each released right after its use:
+    `rules` None is the recording micro-step (no trace yet). `held` is the unit held from the
+    model's forward to the end of its backward (nano's root)."""
+    schedule = FetchSchedule(forward, unit_numel, rules, backward) if rules is not None else None
     whole: set[str] = set()
     gathers: list[str] = []
 
@@ -159,7 +156,7 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
                 largest_prefetch = max(largest_prefetch, sum(unit_numel[name] for name in started))
 
     def release(position: int, unit: str | None) -> None:
-        if unit is not None and unit != held and not (schedule is not None and schedule.keep(unit, position)):
+        if unit is not None and unit != held and not (schedule is not None and schedule.keep(unit, position + 1)):
             whole.discard(unit)
 
     gather(held)
@@ -168,7 +165,7 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
         release(position, traced.unit)
     forward_gathers, gathers = gathers, []
     whole_after_forward = set(whole)
-    order = full_order(forward)
+    order = full_order(forward, backward)
     for position in range(len(forward), len(order)):
         traced = order[position]
         use(position, traced.unit)

@@ -37,6 +37,7 @@ class Unit:
     module: torch.nn.Module
     parameters: list[torch.nn.Parameter] = field(default_factory=list)
     sharded: bool = False  # whole only while in use (stage 3's blocks and root), else always whole
+    whole_module: bool = True  # the unit is its module's subtree (a leaf module), not its own parameters
 
 
 def whole_model(model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> list[Unit]:
@@ -44,13 +45,20 @@ def whole_model(model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> 
     return [Unit("model", model, list(trainable))]
 
 
+def is_leaf(name: str, module: torch.nn.Module, classes: tuple[str, ...], names: tuple[str, ...],
+            suffixes: tuple[str, ...]) -> bool:
+    """Whether `module` (called `name` in the model) is a leaf module: fetched whole, its subtree one unit."""
+    qualified = f"{type(module).__module__}.{type(module).__qualname__}"
+    return (type(module).__name__ in classes or qualified in classes or name in names
+            or any(name.endswith(suffix) for suffix in suffixes))
+
+
 def is_block(name: str, module: torch.nn.Module, parent: torch.nn.Module | None, classes: tuple[str, ...],
              names: tuple[str, ...], suffixes: tuple[str, ...]) -> bool:
-    """Whether `module` (called `name` in the model) forms a unit of its own at stage 3."""
+    """Whether `module` (called `name` in the model) is a repeated block (FSDP2 shards per block):
+    a leaf module when `leaf_module` names some, else each child of a ModuleList."""
     if classes or names or suffixes:
-        qualified = f"{type(module).__module__}.{type(module).__qualname__}"
-        return (type(module).__name__ in classes or qualified in classes or name in names
-                or any(name.endswith(suffix) for suffix in suffixes))
+        return is_leaf(name, module, classes, names, suffixes)
     return isinstance(parent, torch.nn.ModuleList)
 
 
@@ -67,12 +75,30 @@ def find_blocks(model: torch.nn.Module, classes: tuple[str, ...] = (), names: tu
     return blocks
 
 
-def parameter_entries(model: torch.nn.Module, blocks: list[tuple[str, torch.nn.Module]],
+def fetch_modules(model: torch.nn.Module, classes: tuple[str, ...] = (), names: tuple[str, ...] = (),
+                  suffixes: tuple[str, ...] = ()) -> list[tuple[str, torch.nn.Module, bool]]:
+    """(name, module, whole) of every module fetched as one, in the model's order: each leaf module
+    (whole: its subtree), then inside no leaf module, each module other than the model that owns
+    parameters itself (not whole: its own parameters, as official's `recurse=False`)."""
+    blocks: list[tuple[str, torch.nn.Module, bool]] = []
+    inside_a_leaf: set[int] = set()
+    for name, module in model.named_modules():
+        if module is model or id(module) in inside_a_leaf:
+            continue
+        if (classes or names or suffixes) and is_leaf(name, module, classes, names, suffixes):
+            blocks.append((name, module, True))
+            inside_a_leaf.update(id(inner) for inner in module.modules())
+        elif next(module.parameters(recurse=False), None) is not None:
+            blocks.append((name, module, False))
+    return blocks
+
+
+def parameter_entries(model: torch.nn.Module, blocks: list[tuple[str, torch.nn.Module, bool]],
                       wanted: set | None = None) -> list[tuple[ParameterEntry, torch.nn.Parameter]]:
     """Each (wanted) parameter as the unit policy sees it, in `named_parameters()` order."""
     holders: dict[torch.nn.Parameter, list[str]] = {}
-    for block_name, block in blocks:
-        for parameter in block.parameters():
+    for block_name, block, whole in blocks:
+        for parameter in block.parameters(recurse=whole):
             holders.setdefault(parameter, []).append(block_name)
     return [(ParameterEntry(name, tuple(parameter.zero_lab_shape if is_partitioned(parameter) else parameter.shape),
                             tuple(holders.get(parameter, ()))), parameter)
@@ -82,21 +108,22 @@ def parameter_entries(model: torch.nn.Module, blocks: list[tuple[str, torch.nn.M
 def per_block(model: torch.nn.Module, trainable: list[torch.nn.Parameter], classes: tuple[str, ...] = (),
               names: tuple[str, ...] = (), suffixes: tuple[str, ...] = (), persistence_threshold: int = 0,
               model_persistence_threshold: int = 0) -> list[Unit]:
-    """Stage 3's units, in the order listed in this module's docstring: the blocks are found in
-    the module tree here, the parameters assigned by `unit_policy.plan_units`."""
+    """Stage 3's units, in the order listed in this module's docstring: the modules fetched as one
+    are found in the module tree here, the parameters assigned by `unit_policy.plan_units`."""
     wanted = set(trainable)
-    blocks = find_blocks(model, classes, names, suffixes)
+    blocks = fetch_modules(model, classes, names, suffixes)
     paired = parameter_entries(model, blocks, wanted)
     entries, parameters = [entry for entry, _ in paired], [parameter for _, parameter in paired]
-    module_of = {block_name: block for block_name, block in blocks}
-    return [Unit(plan.name, module_of.get(plan.name, model), [parameters[index] for index in plan.members], plan.sharded)
-            for plan in plan_units(entries, [block_name for block_name, _ in blocks], persistence_threshold,
+    module_of = {block_name: (block, whole) for block_name, block, whole in blocks}
+    return [Unit(plan.name, module_of.get(plan.name, (model, True))[0], [parameters[index] for index in plan.members],
+                 plan.sharded, module_of.get(plan.name, (model, True))[1])
+            for plan in plan_units(entries, [block_name for block_name, _, _ in blocks], persistence_threshold,
                                    model_persistence_threshold)]
 
 
 def choose_units(model: torch.nn.Module, trainable: list[torch.nn.Parameter], zero) -> list[Unit]:
     """The policy for a config's `zero_optimization` section: the whole model below stage 3;
-    persistent, blocks and root at stage 3."""
+    persistent, fetched modules and root at stage 3."""
     if not stages.of(zero.stage).partitions_parameters:
         return whole_model(model, trainable)
     leaf = zero.leaf_module
