@@ -9,10 +9,11 @@ Phase 1 (buffers): the harness's weight-decay groups and, at stage 3, the unit p
 Phase 2 (moments): the memory formula for every buffer at each moment, summed by category.
 Phase 3 (collectives), phase by phase, as the stage modules describe them:
     forward           stage 3: the root is gathered (held until the end of backward), then each
-                      block as `fetch_policy`'s rules over the recorded trace say: at its use or
-                      ahead of it (prefetch), freed after it unless the prefetch reached its
-                      backward use or `stage3_max_reuse_distance` keeps it;
-    backward          stage 3: each block freed after its forward is gathered again; stages 2
+                      module's unit (its own parameters, as official fetches) as `fetch_policy`'s
+                      rules over the trace say (`unit_policy.forward_trace`, from the parameter
+                      table): at its use or ahead of it (prefetch), freed after it unless the
+                      prefetch reached its backward use or `stage3_max_reuse_distance` keeps it;
+    backward          stage 3: each unit freed after its forward is gathered again; stages 2
                       and 3: every gradient bucket is reduce-scattered (all-reduced with
                       `reduce_scatter: false`) as its gradients arrive, in every micro-step;
     reduce_gradients  stages 0 and 1, the step's first phase: every bucket is packed from

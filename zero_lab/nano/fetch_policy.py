@@ -2,12 +2,13 @@
 one micro-step's recorded trace. No torch: `unit_gathering.py` applies the rules to a live model,
 `zero-lab explain` (`simulate_micro_step`) to a model it never builds, and both give the same answer.
 
-The trace. Every module a micro-step uses that can matter (the model itself, each block, each
-module outside the blocks that owns parameters) is a `TracedUse`, in the order the forward calls
-them, the model first. The backward uses them again (`full_order`): the model first (its output's
-gradient arrives first), then the others in reverse. Official records its trace during the first
-micro-step and applies the rules from the second on; until then (and whenever the forward leaves
-the recorded order) nothing is prefetched and every unit is freed after each use.
+The trace. Every module a micro-step calls (containers and modules without parameters too, as
+official traces every sub-module; none inside a leaf module) is a `TracedUse`, in the order the
+forward calls them, the model first; then the backward's uses, in the order their outputs'
+gradients arrive (`full_order`; without a recorded backward: the model, then the rest reversed).
+Official records its trace during the first micro-step and applies the rules from the second on;
+until then (and whenever a use leaves the recorded order) nothing is prefetched and every unit is
+freed after each use.
 
 The rules, with official's names for the keys (`runtime/zero/partitioned_param_coordinator.py`):
     1. Fetch: a use gathers its unit if it is not whole.
@@ -17,7 +18,8 @@ The rules, with official's names for the keys (`runtime/zero/partitioned_param_c
        gathered), the next use is taken off the queue; its unit is gathered if it is not whole
        yet, and noted as fetched for that later use either way. A bucket smaller than one unit
        still starts one.
-    3. Release: after a use, its unit is freed unless
+    3. Release: after a use, its unit is freed unless (official counts from its step counter: the
+       uses begun so far, which in the backward may already be past the use that is released)
        a. the prefetch already noted it as fetched for a later use (official keeps what its
           prefetch reached: at a reuse distance of 0 this is all that is kept), or
        b. it comes back before the uses after this one add up to `stage3_max_reuse_distance`
@@ -25,9 +27,9 @@ The rules, with official's names for the keys (`runtime/zero/partitioned_param_c
           included, each with all the parameters it touches, persistent ones too: a large head
           counts twice between a block's forward and its backward.
     4. Persistence (`unit_policy.plan_units`): the small parameters are never released.
-nano gathers a unit (a block's parameters) where official gathers each module's own parameters,
-so a rule that official applies per parameter applies here per unit: when a prefetch window or
-a reuse distance ends inside a block, official keeps part of the block and nano all or none.
+A unit is what official fetches at once (`unit_policy`): a module's own parameters, a leaf
+module's subtree. Official queues and counts parameters, nano units: a prefetch window that ends
+inside a module with several sharded parameters takes all of them here (Qwen3's modules have one).
 """
 
 from __future__ import annotations

@@ -2,27 +2,31 @@
 
 Which unit is gathered or freed when is decided by `fetch_policy` (official DeepSpeed's rules over
 the trace recorded at the previous micro-step); this module is the mechanism that applies them.
-The traced modules are the model itself, each block (a sharded unit's module) and each module
-outside the blocks that owns parameters (the embedding, the final norm, the head). For each use of
-a traced module, one micro-step runs in phases, each in the hook named for its moment:
-    1. pre_forward: note the use in the trace being recorded; gather the module's block (all-gather
+As official, every module is traced (containers and modules without parameters too, none inside
+a leaf module); a module whose own parameters (a leaf module's: its subtree's) are a sharded unit
+fetches it. For each use of a traced module, one micro-step runs in phases, each in the hook named
+for its moment:
+    1. pre_forward: note the use in the trace being recorded; gather the module's unit (all-gather
        into a full buffer allocated for this use; the parameters are views of it); start gathering
-       the units the prefetch rule reaches. The model's own pre_forward gathers the root unit (the
-       model's own parameters: embeddings, final norm, head) and holds it to the end of the
-       backward: the head's backward comes first, the embedding's last.
-    2. post_forward: free the block unless another use still holds it or the release rule keeps it
+       the units the prefetch rule reaches. The model's own pre_forward gathers the root unit (a
+       parameter two modules own, as a tied embedding and head, or the model's own) and holds it
+       to the end of the backward.
+    2. post_forward: free the unit unless another use still holds it or the release rule keeps it
        (reached by the prefetch, or reused within `stage3_max_reuse_distance`).
-    3. pre_backward (a hook on the gradients of the use's outputs): gather the block again if it
-       was freed, and prefetch along the backward's order.
+    3. pre_backward (a hook on the gradients of the use's outputs): note the use in the trace (the
+       backward's order is recorded as it happens), gather the unit again if it was freed, and
+       prefetch along the backward's order.
     4. (stage 2's post-accumulate-grad hooks reduce-scatter the gradients into partitions.)
-    5. post_backward (an identity autograd function on the block's inputs, whose backward runs once
-       their gradients exist): free the block unless the release rule keeps it.
+    5. post_backward (an identity autograd function on the module's inputs, whose backward runs
+       once their gradients exist): free the unit unless the release rule keeps it.
 A use holds a unit and releases it once, so a module called twice, the recomputation of
-activation checkpointing inside backward (gathered and freed again, outside the trace) and a
-prefetch compose: the buffer is freed when the last holder lets go. Without autograd
-(`torch.no_grad()`, eval) phases 3-5 do not happen and the forward releases all it gathered, the
-root included. `release_all()` (after each backward and before each optimizer step) frees whatever
-is still gathered, and the micro-step's trace becomes the one the next micro-step follows.
+activation checkpointing inside backward (gathered again outside the trace and held until the
+module's post_backward, as official's `ds_recompute_parameters`) and a prefetch compose: the
+buffer is freed when the last holder lets go. Without autograd (`torch.no_grad()`, eval) phases
+3-5 do not happen and the forward releases all it gathered, the root included. `release_all()`
+(after each backward and before each optimizer step) frees whatever is still gathered (a module
+whose inputs need no gradient, as the embedding, has no phase 5), and the micro-step's trace
+becomes the one the next micro-step follows.
 """
 
 from __future__ import annotations
@@ -60,8 +64,8 @@ class GatheredUnit:
 
 @dataclass
 class TracedModule:
-    """A module the trace notes: its block (None for the model and the modules outside blocks,
-    whose parameters are the root's or persistent) and the elements official's reuse walk counts."""
+    """A module the trace notes: the unit it fetches (None: a container, a module whose parameters
+    are persistent or the root's) and the elements official's reuse walk counts."""
 
     index: int
     module: torch.nn.Module

@@ -5,17 +5,19 @@ parameter group (a group's hyper-parameters apply to its buffers). The policy li
 from the mechanism, as torchtitan applies its parallelism per layer from outside the model.
 
 Stages 0-2 use one unit, the whole model, so each parameter group is one flat buffer.
-Stage 3 gathers a unit whole for each use, so the units follow the model's repeated blocks:
+Stage 3 gathers a unit whole for each use, so the units are what official DeepSpeed fetches at
+once (`fetch_sub_module`):
     1. "persistent": every parameter of at most `stage3_param_persistence_threshold` elements
        (in `named_parameters()` order, while their total stays within
        `stage3_model_persistence_threshold`), kept whole on every rank, as official DeepSpeed does.
-    2. one unit per block: each module matching `zero_optimization.leaf_module` (DeepSpeed's
-       classes, names and name suffixes), or, when that names none, each child of a ModuleList
-       (every Hugging Face decoder layer), with the parameters of its subtree.
-    3. "root": every other parameter (embeddings, final norm, head), gathered for the model's
-       whole forward and backward. A parameter reachable from two blocks is the root's too, so
-       every parameter belongs to exactly one unit and is whole wherever a block uses it; one
-       tied embedding and head weight is one parameter, in one unit.
+    2. one unit per module fetched as one (`fetch_modules`): each module matching
+       `zero_optimization.leaf_module` (DeepSpeed's classes, names and name suffixes) with the
+       parameters of its subtree, and every other module with its own parameters (`recurse=False`:
+       each Linear, Embedding, norm), named after the module.
+    3. "root": every other parameter: one that two such modules own (a head tied to the
+       embedding), or the model's own; gathered for the model's whole forward and backward. So
+       every parameter belongs to exactly one unit and is whole wherever a module uses it.
+(`find_blocks`, each ModuleList child, is the repeated block FSDP2 shards.)
 """
 
 from __future__ import annotations
