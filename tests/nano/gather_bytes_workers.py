@@ -1,12 +1,13 @@
 """Per-rank body: nano and official DeepSpeed train the `tiny` preset at stage 3 under the same
 config, and each step's all-gathers are counted from outside (`workload.comm_meter`).
 
-Two configs prefetch less than one block with reuse distance 0 (or prefetch nothing): there nano,
-which gathers a block as one unit, and official, which gathers each module's own parameters, part
-ways. For them the worker checks what explains official's bytes: `fetch_policy`'s rules run over
-every module the forward calls (containers included: official prefetches at each), one unit per
-module's own non-persistent parameters, predict official's extra bytes over a step that gathers
-every parameter once."""
+Two more configs prefetch less than one block with reuse distance 0 (or prefetch nothing): there a
+unit per decoder layer would gather more (or less) than official, which fetches each module's own
+parameters; nano fetches as official does, so its bytes are official's on every config. For these
+two the worker also checks what explains official's bytes, independently of nano's engine:
+`fetch_policy`'s rules run over every module the forward calls (containers included: official
+prefetches at each), one unit per module's own non-persistent parameters, predict official's extra
+bytes over a step that gathers every parameter once."""
 
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter) -> 
 
 def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
     """From the second step on (the first records the trace), nano's all-gather wire bytes per step
-    equal official's on every config; the calls are printed (official gathers per module)."""
+    equal official's on every config, and official's equal the per-module prediction on the two
+    finer ones; the calls are printed (they differ: nano starts a prefetch's units together)."""
     meter = CommMeter().install()  # before DeepSpeed keeps references to the collectives
     from tests.nano.official_workers import import_official_deepspeed
 
