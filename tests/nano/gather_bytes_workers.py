@@ -88,29 +88,52 @@ def module_granularity_wire_bytes(config: dict, world_size: int) -> int:
                for name in step.forward_gathers + step.backward_gathers)
 
 
-def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter) -> list[tuple[int, int]]:
-    """(all-gather calls, all-gather wire bytes) of each optimizer step."""
+def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter) -> tuple[list[tuple[int, int]],
+                                                                                     dict[str, int]]:
+    """(all-gather calls, all-gather wire bytes) of each optimizer step, and the bytes this run's
+    tensors hold: the most at each phase boundary over the steps, and the peak (CPU storage
+    allocated since the model was built, `LiveStorageTracker`)."""
+    import gc
+
+    from zero_lab.workload.memory_meter import LiveStorageTracker
     from zero_lab.workload.models import build_model
 
-    model = build_model("tiny", seed=0)
-    engine, *_ = module.initialize(model=model, model_parameters=model.parameters(), config=config)
-    generator = torch.Generator().manual_seed(rank)
-    found = []
-    for _ in range(STEPS):
-        ids = torch.randint(0, model.config.vocab_size, (MICRO_SIZE, SEQUENCE), generator=generator)
-        before = meter.snapshot()
-        loss = engine(ids, labels=ids).loss
-        engine.backward(loss)
-        engine.step()
-        moved = [count for name, count in difference(meter.snapshot(), before).items() if family(name) == "all_gather"]
-        found.append((sum(count.calls for count in moved), sum(count.wire_bytes for count in moved)))
-    return found
+    found, held = [], {}
+    with LiveStorageTracker("cpu") as tracker:
+        def boundary(moment: str) -> None:
+            gc.collect()
+            held[moment] = max(held.get(moment, 0), tracker.live_bytes)
+
+        model = build_model("tiny", seed=0)
+        engine, *_ = module.initialize(model=model, model_parameters=model.parameters(), config=config)
+        generator = torch.Generator().manual_seed(rank)
+        for _ in range(STEPS):
+            ids = torch.randint(0, model.config.vocab_size, (MICRO_SIZE, SEQUENCE), generator=generator)
+            before = meter.snapshot()
+            loss = engine(ids, labels=ids).loss
+            boundary("after forward")
+            engine.backward(loss)
+            boundary("after backward")
+            engine.step()
+            boundary("after step")
+            moved = [count for name, count in difference(meter.snapshot(), before).items()
+                     if family(name) == "all_gather"]
+            found.append((sum(count.calls for count in moved), sum(count.wire_bytes for count in moved)))
+        held["peak"] = tracker.peak_bytes
+    return found, held
+
+
+def more_than_official(label: str, mine: dict[str, int], theirs: dict[str, int]) -> list[str]:
+    """A line for each phase boundary (and the peak) where nano holds more bytes than official."""
+    return [f"{label}: nano holds {mine[moment]} B {moment}, official {theirs[moment]} B"
+            for moment in mine if mine[moment] > theirs[moment]]
 
 
 def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
     """From the second step on (the first records the trace), nano's all-gather wire bytes per step
     equal official's on every config, and official's equal the per-module prediction on the two
-    finer ones; the calls are printed (they differ: nano starts a prefetch's units together)."""
+    finer ones; the calls are printed (they differ: nano starts a prefetch's units together). At
+    every phase boundary, and at its peak, nano holds no more bytes than official."""
     meter = CommMeter().install()  # before DeepSpeed keeps references to the collectives
     from tests.nano.official_workers import import_official_deepspeed
 
@@ -118,20 +141,25 @@ def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
     failures = []
     for label, config in configs().items():
         config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
-        mine = gather_bytes_per_step(nano, config, rank, meter)
-        theirs = gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"), rank, meter)
-        print(f"[gathers] rank {rank} {label}: nano {mine} official {theirs}", flush=True)
+        (mine, my_bytes), (theirs, their_bytes) = (gather_bytes_per_step(nano, config, rank, meter),
+                                                   gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"),
+                                                                         rank, meter))
+        print(f"[gathers] rank {rank} {label}: nano {mine} {my_bytes} official {theirs} {their_bytes}", flush=True)
+        failures += more_than_official(label, my_bytes, their_bytes)
         if [wire for _, wire in mine[1:]] != [wire for _, wire in theirs[1:]]:
             failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes)")
         if label == "zero3.json":
             once = theirs[-1][1]  # every parameter gathered once a step (equal to nano's, checked above)
     for label, config in finer_configs().items():
         config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
-        mine = gather_bytes_per_step(nano, config, rank, meter)
-        theirs = gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"), rank, meter)
+        (mine, my_bytes), (theirs, their_bytes) = (gather_bytes_per_step(nano, config, rank, meter),
+                                                   gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"),
+                                                                         rank, meter))
+        failures += more_than_official(label, my_bytes, their_bytes)
         extra = module_granularity_wire_bytes(config, world_size) - module_granularity_wire_bytes(harness_zero3(),
                                                                                                   world_size)
-        print(f"[gathers] rank {rank} {label}: nano {mine} official {theirs}; official's rules per module "
+        print(f"[gathers] rank {rank} {label}: nano {mine} {my_bytes} official {theirs} {their_bytes}; "
+              f"official's rules per module "
               f"predict {once + extra} bytes a step", flush=True)
         if [wire for _, wire in mine[1:]] != [wire for _, wire in theirs[1:]]:
             failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes)")
