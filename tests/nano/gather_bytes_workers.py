@@ -88,11 +88,12 @@ def module_granularity_wire_bytes(config: dict, world_size: int) -> int:
                for name in step.forward_gathers + step.backward_gathers)
 
 
-def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter) -> tuple[list[tuple[int, int]],
-                                                                                     dict[str, int]]:
+def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter, after=None) -> tuple[
+        list[tuple[int, int]], dict[str, int]]:
     """(all-gather calls, all-gather wire bytes) of each optimizer step, and the bytes this run's
     tensors hold: the most at each phase boundary over the steps, and the peak (CPU storage
-    allocated since the model was built, `LiveStorageTracker`)."""
+    allocated since the model was built, `LiveStorageTracker`). `after(model, engine)` runs after
+    the last step."""
     import gc
 
     from zero_lab.workload.memory_meter import LiveStorageTracker
@@ -120,6 +121,8 @@ def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter) -> 
                      if family(name) == "all_gather"]
             found.append((sum(count.calls for count in moved), sum(count.wire_bytes for count in moved)))
         held["peak"] = tracker.peak_bytes
+        if after is not None:
+            after(model, engine)
     return found, held
 
 
@@ -166,5 +169,37 @@ def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
         if [wire for _, wire in theirs[1:]] != [once + extra] * (STEPS - 1):
             failures.append(f"{label}: official's all-gather bytes per step {theirs} are not the per-module "
                             f"prediction {once + extra} (once a step {once} + {extra})")
+    meter.uninstall()
+    return failures
+
+
+def explained_gathers_worker(rank: int, world_size: int) -> list[str]:
+    """On the tiny preset, on every config above, nano records the module calls that
+    `model_shapes.preset_module_calls` names (forward, then backward), and from the second step on
+    moves the all-gather wire bytes per step that `zero-lab explain` predicts without building it."""
+    from zero_lab.analysis.explain import explain
+    from zero_lab.nano.config import load_config
+    from zero_lab.workload.model_shapes import preset_blocks, preset_module_calls, preset_parameters
+
+    meter = CommMeter().install()
+    failures, recorded = [], {}
+
+    def note_trace(model, engine):
+        names = {id(module): name for name, module in model.named_modules()}
+        modules = {traced.index: names[id(traced.module)] for traced in engine.optimizer.gathering.traced}
+        gathering = engine.optimizer.gathering
+        recorded["calls"] = ([modules[use.module] for use in gathering.trace],
+                             [modules[use.module] for use in gathering.backward_trace or []])
+
+    for label, config in {**configs(), **finer_configs()}.items():
+        config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
+        found, _ = gather_bytes_per_step(nano, config, rank, meter, after=note_trace)
+        if recorded["calls"] != preset_module_calls("tiny"):
+            failures.append(f"{label}: recorded calls {recorded['calls']}, not the preset's {preset_module_calls('tiny')}")
+        walk = explain("tiny", preset_parameters("tiny"), preset_blocks("tiny"), load_config(config, world_size=world_size),
+                       world_size)
+        predicted = sum(item.wire_bytes for item in walk.collectives if item.op == "all_gather")
+        if [wire for _, wire in found[1:]] != [predicted] * (STEPS - 1):
+            failures.append(f"{label}: all-gather wire bytes per step {found}, explain predicts {predicted}")
     meter.uninstall()
     return failures

@@ -66,29 +66,40 @@ def plan_units(entries: Sequence[ParameterEntry], block_names: Sequence[str], pe
     return [unit for unit in units if unit.members]
 
 
+def traced_calls(calls: Sequence[str], entries: Sequence[ParameterEntry],
+                 units: Sequence[UnitPlan]) -> list[TracedUse]:
+    """The uses of the modules named in `calls`, in that order (the model itself is ""): each
+    touches the parameters it fetches (`ParameterEntry.blocks`; none for a container) and needs
+    their sharded unit whole (the root, if they are the root's)."""
+    unit_of = {index: unit.name for unit in units if unit.sharded for index in unit.members}
+
+    def use(module: str) -> TracedUse:
+        members = [index for index, entry in enumerate(entries) if module in entry.blocks]
+        sharded = {unit_of[index] for index in members if index in unit_of}
+        return TracedUse(module, next(iter(sharded)) if sharded else None, sum(entries[index].numel for index in members))
+
+    return [use(module) for module in calls]
+
+
 def forward_trace(entries: Sequence[ParameterEntry], block_names: Sequence[str],
                   units: Sequence[UnitPlan]) -> list[TracedUse]:
     """The trace `unit_gathering` records for a model whose forward calls its blocks in the order of
     the parameter table, each inside the containers its name passes through (a ModuleList, never
     called, is left out): the model itself, then each block after the containers entered before it;
-    a block whose parameters another block owns (a tied head) comes last. Each block's use touches
-    its parameters, in its unit or, if they are the root's, the root. Modules without parameters
-    that the forward also calls (an activation, rotary embeddings) are not in the table: a trace
-    recorded from the model has them too, with nothing to gather."""
-    unit_of = {index: unit.name for unit in units if unit.sharded for index in unit.members}
-    owner = {index: entry.name.rpartition(".")[0] for index, entry in enumerate(entries)}
-    order = [block for block in dict.fromkeys(owner.values()) if block in block_names]
+    a block whose parameters another block owns (a tied head) comes last. Modules without
+    parameters that the forward also calls (an activation, rotary embeddings) are not in the table:
+    a trace recorded from the model has them too (`model_shapes.preset_module_calls` knows the
+    presets' calls)."""
+    owners = [entry.name.rpartition(".")[0] for entry in entries]
+    order = [block for block in dict.fromkeys(owners) if block in block_names]
     order += [block for block in block_names if block not in order]
-    trace, entered = [TracedUse("", None, 0)], set()
+    calls, entered = [""], set()
     for block in order:
         parts = block.split(".")
         for depth in range(1, len(parts)):
             container = ".".join(parts[:depth])
             if container not in entered and not parts[depth].isdigit():
                 entered.add(container)
-                trace.append(TracedUse(container, None, 0))
-        members = [index for index, entry in enumerate(entries) if block in entry.blocks]
-        sharded = {unit_of[index] for index in members if index in unit_of}
-        trace.append(TracedUse(block, next(iter(sharded)) if sharded else None,
-                               sum(entries[index].numel for index in members)))
-    return trace
+                calls.append(container)
+        calls.append(block)
+    return traced_calls(calls, entries, units)

@@ -86,3 +86,27 @@ def preset_blocks(name: str) -> list[str]:
     table = preset_parameters(name)
     owners = [entry.name.rpartition(".")[0] for entry in table]
     return list(dict.fromkeys(owners + [block for entry in table for block in entry.blocks]))
+
+
+def preset_module_calls(name: str) -> tuple[list[str], list[str]]:
+    """The modules a preset's training micro-step calls (Qwen3 as transformers 5 writes it; "" is
+    the model): in the order the forward calls them, then in the order the backward's gradients
+    reach their outputs, which is what stage 3 records (`nano.unit_gathering`). The backward is not
+    the forward reversed: a module whose output is its last child's output (the model and its
+    final norm, an MLP and its down_proj, an attention and its o_proj) comes after that child, the
+    rotary embedding (no gradient) not at all."""
+    attention = ["q_proj", "q_norm", "k_proj", "k_norm", "v_proj", "o_proj"]
+    mlp = ["gate_proj", "act_fn", "up_proj", "down_proj"]
+    forward, backward = ["", "model", "model.embed_tokens", "model.rotary_emb"], ["", "lm_head", "model.norm", "model"]
+    layers = [f"model.layers.{layer}" for layer in range(PRESETS[name]["num_hidden_layers"])]
+    for layer in layers:
+        forward += [layer, f"{layer}.input_layernorm", f"{layer}.self_attn",
+                    *[f"{layer}.self_attn.{module}" for module in attention], f"{layer}.post_attention_layernorm",
+                    f"{layer}.mlp", *[f"{layer}.mlp.{module}" for module in mlp]]
+    for layer in reversed(layers):
+        backward += [layer, f"{layer}.mlp.down_proj", f"{layer}.mlp",
+                     *[f"{layer}.mlp.{module}" for module in reversed(mlp[:-1])], f"{layer}.post_attention_layernorm",
+                     f"{layer}.self_attn.o_proj", f"{layer}.self_attn",
+                     *[f"{layer}.self_attn.{module}" for module in reversed(attention[:-1])],
+                     f"{layer}.input_layernorm"]
+    return forward + ["model.norm", "lm_head"], backward + ["model.embed_tokens"]
