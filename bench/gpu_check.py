@@ -1,6 +1,6 @@
 """GPU readiness in one command: on a machine with one CUDA GPU and a Python that has torch, install
 what it lacks from wheels carried with the tree, run the GPU tests, then compare nano and official
-DeepSpeed on qwen3-0.6b (bf16, one GPU) and print one compact table to paste.
+DeepSpeed and FSDP2 on qwen3-0.6b (bf16, one GPU) and print one compact table to paste.
 
     make gpu-wheels                  # here, where pip reaches PyPI: fill .whl/ (git-ignored, ~6 MB)
     make gpu-check                   # there: python3 bench/gpu_check.py
@@ -14,14 +14,17 @@ Phase 2: find which needed modules the machine's Python lacks; install every car
          a folder of the checkout (`.gpu-site/`, git-ignored) with pip, offline, no dependencies;
          zero-lab itself runs from the checkout (PYTHONPATH), nothing is built.
 Phase 3: the steps of `plan`, one after another, each within its share of the budget:
-         `pytest -m gpu` (parity at W=1 through NCCL, exact bytes at phase boundaries, offload with
-         pinned memory, zero.Init), then `zero-lab compare` at stages 1-3, then with the optimizer
-         offloaded at stages 2 and 3. The comparisons run with ZERO_LAB_COLLECTIVES_AT_WORLD_ONE=1,
-         so nano's every collective goes through NCCL on the one GPU. Official's FusedAdam
+         `pytest -m gpu` (parity at W=1 through NCCL at stages 0-3, exact bytes at phase
+         boundaries, offload with pinned memory, zero.Init, FSDP2 on CUDA), then the three-way
+         `zero-lab compare --impls nano,official,fsdp2` at stages 2 and 3 (FSDP2 has no stage 1),
+         then nano and official with the optimizer offloaded at stages 2 and 3. The comparisons
+         run with ZERO_LAB_COLLECTIVES_AT_WORLD_ONE=1, so nano's every collective goes through
+         NCCL on the one GPU (FSDP2 at world size 1 copies instead of communicating: torch's
+         own shortcut, so its comm MB are 0). Official's FusedAdam
          JIT-builds into `.torch_extensions/` where nvcc and ninja exist (else official runs
          torch's AdamW; the table's `optimizer` column says which).
-Phase 4: one table of every run: optimizer, memory, peak, step time, loss delta, predicted against
-         measured peak.
+Phase 4: one table of every run: optimizer, memory, peak, step time, the largest loss delta of
+         its impl against any other of its cell, predicted against measured peak.
 A step past its share is stopped as a user would stop it: SIGTERM first (the CLI then stops its
 torchrun, whose ranks follow, and writes what it measured), SIGKILL only after a grace period; the
 CLI's torchrun also dies with the CLI (a parent-death signal), so no rank keeps the GPU.
@@ -57,14 +60,19 @@ NEEDED = {"deepspeed": "deepspeed", "pydantic": "pydantic", "pydantic_core": "py
 # Installed with pydantic, which needs a newer one than some images hold.
 ALSO_CARRIED = ("typing-extensions",)
 SOURCE_BUILT = ("deepspeed",)  # published as an sdist only; its wheel is pure Python
-WORKLOAD = ["--model", "qwen3-0.6b", "--dtype", "bfloat16", "--gpus", "1", "--device", "cuda", "--stages", "1,2,3",
-            "--steps", "10", "--seq-len", "512", "--batch-size", "1"]
-OFFLOAD_WORKLOAD = {"--stages": "2,3", "--steps": "5", "--offload": "optimizer"}  # host Adam: fewer steps
+WORKLOAD = ["--model", "qwen3-0.6b", "--dtype", "bfloat16", "--gpus", "1", "--device", "cuda", "--stages", "2,3",
+            "--impls", "nano,official,fsdp2", "--steps", "10", "--seq-len", "512", "--batch-size", "1"]
+# Host Adam: fewer steps. nano and official only: FSDP2's CPUOffloadPolicy moves parameters and
+# gradients to the host too, a different workload.
+OFFLOAD_WORKLOAD = {"--stages": "2,3", "--steps": "5", "--offload": "optimizer", "--impls": "nano,official"}
 BUDGET_S = 470.0
 GRACE_S = 45.0  # after SIGTERM: the CLI stops torchrun and writes its summaries
 # Each step's most seconds (the last step: what is left). Estimates, not yet measured (no GPU run
-# has happened): the GPU tests a minute or less; each qwen3-0.6b run some 30 s of start-up.
-SHARES_S = {"gpu tests": 90.0, "compare": 220.0}
+# has happened): the GPU tests a minute or less; each qwen3-0.6b run some 30 s of start-up, six
+# in the three-way comparison (official's first also builds FusedAdam). Stage 1 (nano against
+# official) left the comparison when FSDP2 joined, which keeps the runs at ten within the budget;
+# `pytest -m gpu` still runs nano's stage 1 through NCCL.
+SHARES_S = {"gpu tests": 90.0, "three-way": 220.0}
 
 
 class Step(NamedTuple):
@@ -120,14 +128,16 @@ def compare_command(python: str, run_dir: Path, report: Path, overrides: dict[st
 
 
 def plan(python: str, stamp: str) -> list[Step]:
-    """Phase 3's steps, in order: the GPU tests, the comparison, the comparison with offload."""
+    """Phase 3's steps, in order: the GPU tests, the three-way comparison, nano and official with
+    offload."""
     at_world_one = {"ZERO_LAB_COLLECTIVES_AT_WORLD_ONE": "1"}
     compare_dir = RUN_DIR.with_name(f"{RUN_DIR.name}-{stamp}")
     offload_dir = RUN_DIR.with_name(f"{RUN_DIR.name}-offload-{stamp}")
     return [
         Step("gpu tests", [python, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
              share_s=SHARES_S["gpu tests"]),
-        Step("compare", compare_command(python, compare_dir, REPORT), at_world_one, SHARES_S["compare"], compare_dir),
+        Step("three-way", compare_command(python, compare_dir, REPORT), at_world_one, SHARES_S["three-way"],
+             compare_dir),
         Step("compare offload", compare_command(python, offload_dir, REPORT.with_name("gpu-check-offload.md"),
                                                 OFFLOAD_WORKLOAD), at_world_one, compare_dir=offload_dir),
     ]
@@ -163,21 +173,29 @@ def run_step(command: list[str], env: dict[str, str], timeout_s: float, grace_s:
 
 def compact_table(comparisons: list[dict]) -> str:
     """Phase 4: a line per run of every comparison: its optimizer, memory, peak, step time, the
-    cell's largest step loss delta, and the predicted peak against the measured one."""
+    largest step loss delta between its impl and any other of its cell (with two impls, the
+    cell's one delta), and the predicted peak against the measured one."""
     from zero_lab.analysis.markdown import fmt, markdown_table
 
     headers = ["stage", "offload", "impl", "optimizer", "status", "alloc MB", "peak MB", "step ms",
                "max loss delta", "predicted peak MB", "peak error %"]
     body = []
     for comparison in comparisons:
-        gaps = {(delta["world_size"], delta["stage"]): delta.get("max_step_loss_delta")
-                for delta in comparison.get("deltas", [])}
         for row in comparison.get("rows", []):
             body.append([str(row["stage"]), row.get("offload") or "none", row["impl"], row.get("optimizer") or "-",
                          row["status"], fmt(row.get("alloc_max_mb")), fmt(row.get("peak_alloc_max_mb")),
-                         fmt(row.get("step_ms")), fmt(gaps.get((row["world_size"], row["stage"])), 6),
+                         fmt(row.get("step_ms")), fmt(largest_loss_delta(comparison.get("deltas", []), row), 6),
                          fmt(row.get("predicted_peak_mb")), fmt(row.get("peak_error_pct"), 1, signed=True)])
     return markdown_table(headers, body)
+
+
+def largest_loss_delta(deltas: list[dict], row: dict) -> float | None:
+    """The largest max_step_loss_delta of the deltas of row's cell that row's impl takes part in
+    (None when there is none, or one is NaN's null: a gap not known is not a small one)."""
+    gaps = [delta.get("max_step_loss_delta") for delta in deltas
+            if (delta["world_size"], delta["stage"]) == (row["world_size"], row["stage"])
+            and row["impl"] in (delta["impl"], delta["baseline"])]
+    return None if not gaps or None in gaps else max(gaps)
 
 
 def environment(site_dir: Path | None) -> dict[str, str]:

@@ -25,7 +25,7 @@ def test_stage_decides_reshard_after_forward(stage, reshard):
 
 @pytest.mark.parametrize("stage", [0, 1])
 def test_stages_without_an_fsdp2_equivalent_are_refused_in_one_line(stage):
-    with pytest.raises(Fsdp2ConfigError, match=f"stage {stage} has no FSDP2 equivalent.*; use --zero-stage 2"):
+    with pytest.raises(Fsdp2ConfigError, match=f"stage {stage} has no FSDP2 equivalent.*; use stage 2 .* or 3 .* for fsdp2"):
         map_config(config(stage))
 
 
@@ -83,6 +83,22 @@ def test_config_fsdp2_prints_the_mapping_and_refuses_stage_1(tmp_path):
     done = CliRunner().invoke(app, ["config", "fsdp2", str(path)])
     assert done.exit_code == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["run", "--impl", "fsdp2", "--save-dir", "{tmp}/checkpoints"], "--save-dir"),
+    (["compare", "--impls", "nano,fsdp2", "--resume-check", "--out", "{tmp}", "--name", "c"], "--resume-check"),
+    (["compare", "--impls", "nano,fsdp2", "--script", "examples/hf_trainer.py", "--out", "{tmp}", "--name", "c"],
+     "--script"),
+    (["compare", "--impls", "nano,official,fsdp2", "--stages", "1,2", "--out", "{tmp}", "--name", "c"], "stage 1"),
+], ids=["save-dir", "resume-check", "script", "stage-1"])
+def test_what_fsdp2_cannot_run_is_refused_in_one_line_before_any_launch(tmp_path, argv, names):
+    """docs/fsdp2.md's "Which one should I pick" lists these: exit 2, one `error:` line, nothing made."""
+    done = CliRunner().invoke(app, [part.format(tmp=tmp_path) for part in argv] + ["--gpus", "2", "--device", "cpu"])
+    assert done.exit_code == 2, done.output
+    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert names in done.stderr and "fsdp2" in done.stderr.lower() and done.stdout == ""
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_estimate_adds_fsdp2_rows_from_its_formula_for_stages_2_and_3():

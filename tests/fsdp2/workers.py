@@ -16,6 +16,7 @@ import torch
 import zero_lab.fsdp2 as fsdp2
 import zero_lab.nano as nano
 from zero_lab.fsdp2.memory_formula import layout_bytes, moment_bytes
+from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.memory_meter import LiveStorageTracker
 from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch, parameter_groups
 from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, STEPS, WEIGHT_DECAY, nano_config
@@ -34,7 +35,7 @@ def whole(parameter: torch.Tensor) -> torch.Tensor:
 
 def train(module, config: dict, rank: int, steps: int, on_step=None) -> tuple[object, list[float]]:
     """The harness's loop with either impl: per micro-step forward, engine.backward, engine.step;
-    returns the engine and this rank's losses, one per micro-step."""
+    returns the model and this rank's losses, one per micro-step."""
     engine_module = fsdp2 if module == "fsdp2" else nano
     model = build_model()
     engine, _, _, _ = engine_module.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
@@ -132,4 +133,66 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             if live != expected:
                 failures.append(f"rank {rank} ws {world_size} {precision} stage {stage} {moment}: live bytes {live} "
                                 f"!= formula {expected}")
+    return failures
+
+
+def collectives_worker(rank: int, world_size: int) -> list[str]:
+    """The collectives FSDP2 calls while it trains (counted by the harness's CommMeter), stages 2
+    and 3: in a world of one none (torch copies instead of its all-gather and reduce-scatter, the
+    engine skips the norm's all_reduce), so gpu-check's one-GPU FSDP2 rows show 0 comm MB; in a
+    larger world its all-gathers and reduce-scatters, which the meter does see."""
+    failures = []
+    for stage in (2, 3):
+        meter = CommMeter().install()
+        try:
+            train("fsdp2", nano_config(stage), rank, 2)
+        finally:
+            meter.uninstall()
+        called = {name for name, count in meter.snapshot().items() if count.calls}
+        if world_size == 1 and called:
+            failures.append(f"stage {stage}, a world of one called {sorted(called)}")
+        if world_size > 1 and not {"all_gather_single", "reduce_scatter_single"} <= called:
+            failures.append(f"stage {stage}, world size {world_size}: the meter saw only {sorted(called)}")
+    return failures
+
+
+def tied_qwen3(seed: int = 0) -> torch.nn.Module:
+    """The tiny preset with its LM head tied to the embedding, as qwen3-0.6b's is (gpu-check's
+    model; tiny and small are untied)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from zero_lab.workload.model_shapes import PRESETS, SHARED
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(Qwen3Config(**{**PRESETS["tiny"], **SHARED, "tie_word_embeddings": True}))
+    model.config.use_cache = False
+    return model
+
+
+def tied_embeddings_worker(rank: int, world_size: int) -> list[str]:
+    """FSDP2 keeps a tied LM head tied (one sharded parameter, both modules see it) and trains it
+    as nano does: per-step losses and gradient norms within 1e-5, stages 2 and 3, clipping on."""
+    from zero_lab.workload.models import parameter_groups as harness_groups
+
+    failures = []
+    for stage in (2, 3):
+        runs = {}
+        for module in (fsdp2, nano):
+            model = tied_qwen3()
+            config = {**nano_config(stage, clipping=1.0), "train_micro_batch_size_per_gpu": 2}
+            engine, _, _, _ = module.initialize(model=model, model_parameters=harness_groups(model, WEIGHT_DECAY),
+                                                config=config)
+            trace = []
+            for step in range(3):
+                tokens = torch.randint(0, 260, (2, 32), generator=torch.Generator().manual_seed(1000 * step + rank))
+                loss = engine(input_ids=tokens, labels=tokens).loss
+                engine.backward(loss)
+                engine.step()
+                trace += [loss.item(), engine.get_global_grad_norm()]
+            if model.lm_head.weight is not model.model.embed_tokens.weight:
+                failures.append(f"stage {stage}: {module.__name__} untied the LM head from the embedding")
+            runs[module.__name__] = trace
+        gap = max(abs(a - b) for a, b in zip(runs["zero_lab.fsdp2"], runs["zero_lab.nano"]))
+        if not gap <= FP32_TOLERANCE:
+            failures.append(f"stage {stage}: losses and norms fsdp2 {runs['zero_lab.fsdp2']} vs nano {runs['zero_lab.nano']}")
     return failures

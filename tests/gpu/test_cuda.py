@@ -1,5 +1,5 @@
-"""nano on a CUDA GPU through NCCL at world size 1 (issue 17): skipped without CUDA (tests/conftest.py);
-`pytest -m gpu` and `make gpu-check` run them on a GPU machine.
+"""nano (issue 17) and FSDP2 (issue 19) on a CUDA GPU through NCCL at world size 1: skipped without
+CUDA (tests/conftest.py); `pytest -m gpu` and `make gpu-check` run them on a GPU machine.
 
 The process group is NCCL with one rank and ZERO_LAB_COLLECTIVES_AT_WORLD_ONE=1, so every one of
 nano's collectives really goes through NCCL (a world of one would skip them otherwise).
@@ -9,6 +9,8 @@ nano's collectives really goes through NCCL (a world of one would skip them othe
     offload:       pinned host masters, nothing of the optimizer on the device, still the reference's
                    parameters;
     zero.Init:     partitions built on the GPU (finding 4), then trained like any model.
+    FSDP2:         `zero_lab.fsdp2` at stages 2 and 3 with accumulation and clipping against the same
+                   reference, its shards on the GPU.
 """
 
 from __future__ import annotations
@@ -135,3 +137,24 @@ def test_zero_init_partitions_on_the_gpu_then_trains():
                         lambda step, engine: reference.step(step, 1, 1, MICRO_SIZE))
     assert cpu_gap(model, reference.model) <= FP32_TOLERANCE
     engine.destroy()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_fsdp2_matches_the_reference_on_the_gpu_with_its_states_there(stage):
+    """FSDP2 moves the CPU inputs to the GPU itself (its root's pre-forward on CUDA), clips on the
+    GPU (the norm's squares on the engine's device) and steps torch's AdamW on CUDA shards."""
+    from tests.fsdp2.workers import train as train_either
+
+    reference = ReferenceTrainer(build_model(), LR, WEIGHT_DECAY, 0.05)
+    gaps = []
+
+    def compare(step, model):
+        reference.step(step, 1, 2, MICRO_SIZE)
+        gaps.append(max((ours.full_tensor().detach().float().cpu() - theirs.detach()).abs().max().item()
+                        for ours, theirs in zip(model.parameters(), reference.model.parameters())))
+
+    model, losses = train_either("fsdp2", nano_config(stage, accumulation=2, clipping=0.05), 0, STEPS, compare)
+    assert all(parameter.to_local().is_cuda for parameter in model.parameters())
+    assert max(gaps) <= FP32_TOLERANCE, gaps
+    assert len(losses) == 2 * STEPS and all(loss == loss for loss in losses)
+

@@ -1,4 +1,4 @@
-"""zero_hpz_partition_size as nano reads it: DeepSpeed's key, stage 3 only, a divisor of the world size."""
+"""ZeRO++'s keys as nano reads them: zero_hpz_partition_size (stage 3 only, a divisor of the world size) and zero_quantized_weights (stage 3 only)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,18 @@ def test_hpz_below_stage_3_or_not_dividing_the_world_is_refused_by_name():
         load_config(config(2, 2), world_size=4)
     with pytest.raises(NanoConfigError, match="zero_hpz_partition_size 3 does not divide the world size 4"):
         load_config(config(3, 3), world_size=4)
+
+
+def test_qwz_is_read_at_stage_3_and_picks_its_optimizer_alone_and_with_hpz():
+    from zero_lab.nano.quantized_weights import (Stage3HierarchicalQuantizedWeightsOptimizer,
+                                                 Stage3QuantizedWeightsOptimizer)
+
+    settings = config(3, 1)
+    settings["zero_optimization"]["zero_quantized_weights"] = True
+    assert stage_optimizer(load_config(settings, world_size=4), 4) is Stage3QuantizedWeightsOptimizer
+    assert stage_optimizer(load_config(settings, world_size=1), 1) is Stage3QuantizedWeightsOptimizer  # the round trip
+    settings["zero_optimization"]["zero_hpz_partition_size"] = 2
+    assert stage_optimizer(load_config(settings, world_size=4), 4) is Stage3HierarchicalQuantizedWeightsOptimizer
+    settings["zero_optimization"].update(stage=2, zero_hpz_partition_size=1)
+    with pytest.raises(NanoConfigError, match="zero_quantized_weights quantizes the gathers of partitioned parameters"):
+        load_config(settings, world_size=4)

@@ -1,6 +1,6 @@
 """ZeRO++'s bytes through the harness at W=4 in nodes of 2 (tiny, CPU, gloo): the measured intra- and
-inter-node wire bytes of a steady step equal `zero-lab explain`'s prediction exactly, for plain stage 3
-and with hpZ; and official DeepSpeed 0.19.8, which trains with zero_hpz_partition_size on CPU, takes
+inter-node wire bytes of a steady step equal `zero-lab explain`'s prediction exactly, for plain stage 3,
+hpZ, qwZ and both; and official DeepSpeed 0.19.8, which trains with zero_hpz_partition_size on CPU, takes
 the same losses and moves the same bytes per steady step.
 
 The config keeps no block gathered from its forward to its backward (stage3_prefetch_bucket_size 0,
@@ -30,42 +30,46 @@ REPO = Path(__file__).resolve().parents[2]
 WORLD_SIZE, RANKS_PER_NODE, STEPS = 4, 2, 3
 
 
-def config(hpz: bool) -> dict:
+# The ZeRO++ keys of each case: a name of its ideas ("stage3": none of them).
+KEYS = {"stage3": {}, "hpz": {"zero_hpz_partition_size": RANKS_PER_NODE}, "qwz": {"zero_quantized_weights": True},
+        "qwz_hpz": {"zero_quantized_weights": True, "zero_hpz_partition_size": RANKS_PER_NODE}}
+
+
+def config(case: str) -> dict:
     settings = json.loads((REPO / "harness" / "configs" / "zero3.json").read_text())
     settings["zero_optimization"]["stage3_prefetch_bucket_size"] = 0
-    if hpz:
-        settings["zero_optimization"]["zero_hpz_partition_size"] = RANKS_PER_NODE
+    settings["zero_optimization"].update(KEYS[case])
     return settings
 
 
 @pytest.fixture(scope="module")
 def config_path(tmp_path_factory):
-    def write(hpz: bool) -> Path:
-        path = tmp_path_factory.mktemp("config") / f"zero3{'_hpz' if hpz else ''}.json"
-        path.write_text(json.dumps(config(hpz)))
+    def write(case: str) -> Path:
+        path = tmp_path_factory.mktemp("config") / f"{case}.json"
+        path.write_text(json.dumps(config(case)))
         return path
     return write
 
 
 @pytest.fixture(scope="module")
 def run(config_path):
-    """run(impl, hpz) -> {step: [opt_step] fields} of that launch's rank-0 log (cached)."""
+    """run(impl, case) -> {step: [opt_step] fields} of that launch's rank-0 log (cached)."""
     logs: dict = {}
 
-    def launch(impl: str, hpz: bool) -> dict:
-        if (impl, hpz) not in logs:
+    def launch(impl: str, case: str) -> dict:
+        if (impl, case) not in logs:
             command = [str(Path(sys.executable).with_name("torchrun")), "--nnodes=1", f"--nproc-per-node={WORLD_SIZE}",
                        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                       str(REPO / "harness" / "train.py"), "--impl", impl, "--deepspeed_config", str(config_path(hpz)),
+                       str(REPO / "harness" / "train.py"), "--impl", impl, "--deepspeed_config", str(config_path(case)),
                        "--model-name", "tiny", "--steps", str(STEPS), "--batch-size", "2", "--seq-len", "32",
                        "--seed", "0", "--device", "cpu", "--ranks-per-node", str(RANKS_PER_NODE)]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
                    "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
             done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
-            assert done.returncode == 0, f"{impl} hpz={hpz} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            assert done.returncode == 0, f"{impl} {case} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
             lines = [parse_line(line) for line in done.stdout.splitlines()]
-            logs[(impl, hpz)] = {step: fields for tag, step, fields in filter(None, lines) if tag == "opt_step"}
-        return logs[(impl, hpz)]
+            logs[(impl, case)] = {step: fields for tag, step, fields in filter(None, lines) if tag == "opt_step"}
+        return logs[(impl, case)]
 
     return launch
 
@@ -80,23 +84,37 @@ def predicted(config_file: Path) -> tuple[int, int]:
     return sum(item["wire_intra_bytes"] for item in moved), sum(item["wire_inter_bytes"] for item in moved)
 
 
-@pytest.mark.parametrize("hpz", [False, True], ids=["stage3", "hpz"])
-def test_a_steady_steps_intra_and_inter_node_bytes_are_explains_prediction(run, config_path, hpz):
-    intra, inter = predicted(config_path(hpz))
+@pytest.mark.parametrize("case", list(KEYS))
+def test_a_steady_steps_intra_and_inter_node_bytes_are_explains_prediction(run, config_path, case):
+    intra, inter = predicted(config_path(case))
     for step in (2, 3):
-        fields = run("nano", hpz)[step]
+        fields = run("nano", case)[step]
         assert (fields["comm_wire_intra_bytes"], fields["comm_wire_inter_bytes"]) == (intra, inter), step
 
 
 def test_hpz_keeps_backwards_gathers_inside_the_node(run):
     """The inter-node bytes fall by exactly the blocks' backward all-gathers; the intra-node bytes
     grow by the same gathers over a group of 2 (half the payload on the wire instead of 3/4)."""
-    plain, hpz = run("nano", False)[3], run("nano", True)[3]
+    plain, hpz = run("nano", "stage3")[3], run("nano", "hpz")[3]
     assert hpz["comm_wire_inter_bytes"] < plain["comm_wire_inter_bytes"]
     assert hpz["comm_wire_bytes"] < plain["comm_wire_bytes"]
     saved = plain["comm_wire_inter_bytes"] - hpz["comm_wire_inter_bytes"]  # (N-K)/N = 1/2 of the payload P
     grown = hpz["comm_wire_intra_bytes"] - plain["comm_wire_intra_bytes"]  # (K-1)/K - (K-1)/N = 1/4 of P
     assert 2 * grown == saved
+
+
+def test_qwz_sends_a_quarter_of_the_fp32_gathers_plus_the_scales(run, config_path):
+    """Every gather's payload falls from 4 bytes to 1 per element, plus one 4-byte scale per block of
+    thousands of elements; the reduce-scatters and the norm's all-reduce do not change. So a steady
+    step moves 3/4 of plain stage 3's gathered bytes less, give back the scales (under 1% of them)."""
+    result = CliRunner().invoke(app, ["explain", "--model", "tiny", "--stage", "3", "--gpus", str(WORLD_SIZE),
+                                      "--config", str(config_path("stage3")), "--dtype", "float32", "--format", "json"])
+    gathered = sum(item["payload_bytes"] for item in json.loads(result.stdout)["collectives"]
+                   if item["op"] == "all_gather" and item["phase"] in ("forward", "backward"))
+    plain, qwz = run("nano", "stage3")[3], run("nano", "qwz")[3]
+    saved = plain["comm_bytes"] - qwz["comm_bytes"]
+    scales = 3 * gathered // 4 - saved
+    assert 0 < scales < gathered // 100, (gathered, saved)
 
 
 @pytest.mark.official
@@ -106,7 +124,7 @@ def test_official_trains_with_hpz_to_the_same_losses_and_inter_node_bytes(run):
     than plain stage 3 does. (Within the node it sends more: under this config it also gathers the
     root unit again in backward, where nano holds it from the forward; that gather is stage 3's,
     with or without hpZ, and hpZ keeps it inside the node.)"""
-    nano, official, plain = run("nano", True), run("official", True), run("nano", False)
+    nano, official, plain = run("nano", "hpz"), run("official", "hpz"), run("nano", "stage3")
     for step in range(1, STEPS + 1):
         assert abs(nano[step]["loss"] - official[step]["loss"]) <= 1e-5, (step, nano[step]["loss"], official[step]["loss"])
     inter = {name: log[STEPS]["comm_wire_inter_bytes"] for name, log in (("nano", nano), ("official", official))}

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.layout import FlatLayout
+from zero_lab.nano.quantization import block_count
 from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
 from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
 from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units, traced_calls
@@ -201,7 +202,8 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     """Phase 3: every collective of one steady optimizer step, phase by phase, each rank 0's wire
     bytes split into intra- and inter-node ones (`wire_bytes.wire_split`). With hpZ a unit's first
     gather of the step reads the primary partitions (the world); every later one, the secondary
-    partitions of the node's `zero_hpz_partition_size` ranks (`nano.hierarchical_partition`)."""
+    partitions of the node's `zero_hpz_partition_size` ranks (`nano.hierarchical_partition`). With
+    qwZ every such gather is two: the int8 values and the fp32 block scales (`nano.quantized_weights`)."""
     if world_size == 1:
         return []
     zero, stage = config.zero_optimization, config.zero_optimization.stage
@@ -228,12 +230,22 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
                                    f"{buffer.name} bucket {number}/{len(ranges)}"))
         return found
 
+    def gather(phase: str, buffer: Buffer, group_size: int) -> list[Collective]:
+        padded = buffer.layout.padded_numel
+        if not zero.zero_quantized_weights:
+            return [moved(phase, "all_gather", padded * width, buffer.name, group_size)]
+        # qwZ (`nano.quantized_weights`): int8 values, then one fp32 scale per block of each share
+        scales = group_size * block_count(padded // group_size) * FP32_BYTES
+        return [moved(phase, "all_gather", padded, f"{buffer.name} int8", group_size),
+                moved(phase, "all_gather", scales, f"{buffer.name} scales", group_size)]
+
     def gathers(phase: str, units: list[str]) -> list[Collective]:
         found = []
         for unit in units:
             group_size = secondary_group if unit in with_secondary else world_size
-            found += [moved(phase, "all_gather", buffer.layout.padded_numel * width, buffer.name, group_size)
-                      for buffer in buffers if buffer.unit == unit and buffer.sharded]
+            for buffer in buffers:
+                if buffer.unit == unit and buffer.sharded:
+                    found += gather(phase, buffer, group_size)
             if secondary_group:
                 with_secondary.add(unit)
         return found

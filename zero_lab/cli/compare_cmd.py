@@ -84,6 +84,7 @@ def compare(
         raise BadInput("--resume-check saves DeepSpeed checkpoints, which are not part of --impl fsdp2",
                        "drop --resume-check, or drop fsdp2 from --impls")
     jobs.check(shared, impl_list, world_sizes)
+    impl_list = jobs.impls_that_can_run(shared, impl_list)
     with input_checks.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
         warmups = [
             jobs.prepare(shared, impl, stage_list[0], world_sizes[0],

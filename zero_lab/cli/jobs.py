@@ -83,6 +83,37 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     return Job(spec, run_dir, config, official, label)
 
 
+# ZeRO++ keys official DeepSpeed 0.19.8 accepts but cannot run on CPU: their quantizer kernels are
+# CUDA only ("This op had not been implemented on CPU backend"); docs/zeropp.md.
+OFFICIAL_CUDA_ONLY_KEYS = ("zero_quantized_weights", "zero_quantized_gradients")
+
+
+def official_cannot_run(config: dict, device: str) -> str | None:
+    """Why official DeepSpeed cannot run `config` on `device` (None: it can), in one line."""
+    zero = config.get("zero_optimization") or {}
+    keys = [key for key in OFFICIAL_CUDA_ONLY_KEYS if zero.get(key)]
+    if device != "cpu" or not keys:
+        return None
+    return (f"official DeepSpeed cannot run {' and '.join(keys)} on CPU (its quantizer: \"This op had not been "
+            "implemented on CPU backend\")")
+
+
+def impls_that_can_run(shared: SharedSettings, impls: list[str]) -> list[str]:
+    """The impls without official when it cannot run the config on this device (one line on stderr
+    says so); with only official asked for, that line is bad input."""
+    if "official" not in impls:
+        return impls
+    config = input_checks.load_config_file(shared.config_path) if shared.config_path else {}
+    reason = official_cannot_run(config, shared.device)
+    if reason is None:
+        return impls
+    remaining = [impl for impl in impls if impl != "official"]
+    if not remaining:
+        raise BadInput(reason, "add nano to --impls, or run on --device cuda")
+    output.stderr.print(f"note: {reason}; running {' and '.join(remaining)} alone", markup=False, highlight=False)
+    return remaining
+
+
 def warn_passed_to_official(prepared: list[Job]) -> None:
     """One `warning:` line per distinct set of keys only official DeepSpeed knows that `--impl
     official` passes through (each run's log says it again in a `[warn] kind=config` line)."""

@@ -102,8 +102,8 @@ def _refuse(settings: NanoConfig) -> None:
     stage = settings.zero_optimization.stage
     if stage not in (2, 3):
         raise Fsdp2ConfigError(f"zero_optimization.stage {stage} has no FSDP2 equivalent (fully_shard shards "
-                               "parameters, gradients and optimizer states together); use --zero-stage 2 "
-                               "(reshard_after_forward=False) or 3 (True)")
+                               "parameters, gradients and optimizer states together); use stage 2 "
+                               "(reshard_after_forward=False) or 3 (True) for fsdp2")
     if settings.precision == "fp16":
         raise Fsdp2ConfigError("fp16 has no FSDP2 equivalent in zero-lab (DeepSpeed's loss scaling is not mapped); "
                                "use bf16 (MixedPrecisionPolicy) or fp32")

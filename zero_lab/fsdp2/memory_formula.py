@@ -7,9 +7,11 @@ rows or none). Per rank and parameter:
     sharded parameter: the chunk padded to the first chunk's size, always fp32 (4 bytes per
         element; MixedPrecisionPolicy casts the all-gather input, never the stored shard);
     exp_avg, exp_avg_sq: shaped like the rank's unpadded chunk, fp32 (8 bytes per element);
-    step: one fp32 scalar per parameter (torch.optim's state["step"] on CPU and CUDA alike);
+    step: one fp32 scalar per parameter, on the host whatever the device (torch.optim's
+        state["step"] is a CPU tensor unless the optimizer is capturable or fused);
     sharded gradient (after the backward, freed by zero_grad): one fp32 element per padded element.
-Per rank, once: the device mesh's rank map, one int32 per rank (`DeviceMesh._rank_map`).
+Per rank, once: the device mesh's rank map, one int32 per rank (`DeviceMesh._rank_map`), also
+on the host. So on CUDA the device holds all but the step scalars and the rank map.
 Moments (as nano's formula names them): "between_steps" = parameters + optimizer states;
 "backward" = that plus the gradients, the largest model-state moment of a step. Rank 0 always
 holds a full chunk, so its bytes are the maximum over ranks, the figure the harness logs.
@@ -51,11 +53,15 @@ def moment_bytes(shapes: Iterable[tuple[int, ...]], world_size: int, moment: str
     return between if moment == "between_steps" else between + roles["gradients"]
 
 
-def peak_bytes(model, settings, world_size: int) -> dict[str, int]:
+def peak_bytes(model, settings, world_size: int, device_type: str = "cpu") -> dict[str, int]:
     """{"device": bytes, "host": bytes} of rank 0 at its peak moment (the backward), as the
-    harness's `[model]` line reports every impl's formula; CPU offload puts it all on the host."""
+    harness's `[model]` line reports every impl's formula; CPU offload puts it all on the host, and
+    on an accelerator the step scalars and the mesh's rank map are on the host too."""
     shapes = [tuple(parameter.shape) for parameter in model.parameters() if parameter.requires_grad]
     total = moment_bytes(shapes, world_size, "backward")
     zero = settings.zero_optimization
     offloaded = zero.offload_optimizer.device == "cpu" or zero.offload_param.device == "cpu"
-    return {"device": 0, "host": total} if offloaded else {"device": total, "host": 0}
+    if offloaded or device_type == "cpu":
+        return {"device": 0, "host": total} if offloaded else {"device": total, "host": 0}
+    host = FP32 * len(shapes) + INT32 * world_size
+    return {"device": total - host, "host": host}

@@ -96,12 +96,13 @@ def save(engine, args, rank: int, comm: CommMeter, step: int) -> None:
                                          time.perf_counter() - started))
 
 
-def model_state_formula(impl: str, model: torch.nn.Module, settings, world_size: int) -> dict | None:
+def model_state_formula(impl: str, model: torch.nn.Module, settings, world_size: int,
+                        device: torch.device) -> dict | None:
     """The impl's own model-state formula for this workload: nano's (official follows it) or FSDP2's."""
     if impl == "fsdp2":
         from zero_lab.fsdp2.memory_formula import peak_bytes
 
-        return peak_bytes(model, settings, world_size)
+        return peak_bytes(model, settings, world_size, device.type)
     return state_formula.peak_bytes(model, settings, world_size)
 
 
@@ -175,7 +176,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     weight_decay = config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     # The config with DeepSpeed's defaults, as nano reads it (less what only official knows).
     settings = load_config(without_official_only_keys(config), world_size=world_size)
-    formula = model_state_formula(args.impl, model, settings, world_size)
+    formula = model_state_formula(args.impl, model, settings, world_size, device)
     impl_config, notes = engine_config(args.impl, config, device)
     engine, _, _, _ = engine_module.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay), config=impl_config)

@@ -29,12 +29,12 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, fetch_policy, config.keys, config.zeropp -> unit_policy, layout -> config.schema ->
+    errors, stages, dtypes, fetch_policy, quantization, config.keys, config.zeropp -> unit_policy, layout -> config.schema ->
     config.loading -> config -> official_config, memory_formula -> collectives, distributed ->
     init_partitions -> placement, units -> flat_buffer -> gradient_reduction, unit_gathering ->
     adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, optimizer_memory ->
     zero_optimizer -> stage0 -> stage1 -> stage2 ->
-    stage3, stage1_fp32_accumulation -> hierarchical_partition -> checkpoint ->
+    stage3, stage1_fp32_accumulation -> hierarchical_partition -> quantized_weights -> checkpoint ->
     checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
     checkpoint.load, checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
     sub-package goes by its dotted name (`config.keys` is keys.py in the package config/), and the

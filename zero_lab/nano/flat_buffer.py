@@ -137,10 +137,16 @@ class ShardedFlatBuffer(FlatParameterBuffer):
             return
         self.full.untyped_storage().resize_(self.full_nbytes)
         self.staged = self.stage_in(self.partition)
-        self.pending = collectives.all_gather_into_tensor(self.full, self.staged, async_op=asynchronous)
+        self.pending = self.start_gather(collectives, self.staged, asynchronous)
         self.state = BufferState.GATHERING
         if self.pending is None:
             self.wait()
+
+    def start_gather(self, collectives: Collectives, local: torch.Tensor, asynchronous: bool):
+        """Every rank's `local` into `full`, over `collectives`: the wire format of a gather (qwZ's
+        buffers send int8 blocks instead, `nano.quantized_weights`). Returns the work handle, or
+        None once done."""
+        return collectives.all_gather_into_tensor(self.full, local, async_op=asynchronous)
 
     def wait(self) -> None:
         if self.state == BufferState.GATHERING:

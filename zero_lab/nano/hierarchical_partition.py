@@ -75,7 +75,7 @@ class HierarchicalShardedBuffer(ShardedFlatBuffer):
         self.from_secondary = True
         self.full.untyped_storage().resize_(self.full_nbytes)
         self.staged = self.partition  # nothing staged: `wait` frees only a staged copy, and the secondary stays
-        self.pending = self.node_collectives.all_gather_into_tensor(self.full, self.secondary, async_op=asynchronous)
+        self.pending = self.start_gather(self.node_collectives, self.secondary, asynchronous)
         self.state = BufferState.GATHERING
         if self.pending is None:
             self.wait()
@@ -105,10 +105,12 @@ class Stage3HierarchicalOptimizer(Stage3Optimizer):
     """Stage 3 whose sharded buffers keep a secondary partition within each node of
     `zero_hpz_partition_size` ranks (see the module docstring)."""
 
+    hierarchical_buffer = HierarchicalShardedBuffer  # qwZ's sends its gathers quantized
+
     def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names):
         ranks_per_node = min(config.zero_optimization.zero_hpz_partition_size, collectives.world_size)
         self.node_collectives = collectives.subgroup(node_group(collectives.world_size, collectives.rank, ranks_per_node))
-        self.sharded_buffer = functools.partial(HierarchicalShardedBuffer, node_collectives=self.node_collectives)
+        self.sharded_buffer = functools.partial(self.hierarchical_buffer, node_collectives=self.node_collectives)
         super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names)
 
     def adopt_values(self, index: int, source_rank: int) -> None:

@@ -39,6 +39,7 @@ from zero_lab.nano.stage1_fp32_accumulation import Stage1Fp32AccumulationOptimiz
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
 from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer
+from zero_lab.nano.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
 from zero_lab.nano.units import choose_units
 
 logger = logging.getLogger(__name__)
@@ -49,8 +50,12 @@ STAGE_OPTIMIZERS = {(optimizer.stage, optimizer.variant): optimizer  # one per r
 
 
 def stage_optimizer(config: NanoConfig, world_size: int) -> type:
-    """Phase 5's optimizer class: the stage's, or at stage 3 with hpZ over more than one rank, hpZ's."""
-    if config.zero_optimization.hpz_enabled and world_size > 1:
+    """Phase 5's optimizer class: the stage's, or at stage 3 ZeRO++'s: qwZ's, and hpZ's over more than one rank."""
+    zero = config.zero_optimization
+    hierarchical = zero.hpz_enabled and world_size > 1
+    if zero.zero_quantized_weights:
+        return Stage3HierarchicalQuantizedWeightsOptimizer if hierarchical else Stage3QuantizedWeightsOptimizer
+    if hierarchical:
         return Stage3HierarchicalOptimizer
     row = config.stage_facts  # the stage, or its variant (stages.for_run)
     return STAGE_OPTIMIZERS[(row.number, row.variant)]

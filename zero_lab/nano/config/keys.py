@@ -25,7 +25,7 @@ DEEPSPEED_ONLY_ZERO = frozenset({
     "override_module_apply", "pipeline_loading_checkpoint", "reduce_scatter_dtype",
     "round_robin_gradients", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce",
     "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
-    "zero_quantized_weights", "zeropp_loco_param", "log_trace_cache_warnings",
+    "zeropp_loco_param", "log_trace_cache_warnings",
     "module_granularity_threshold", "legacy_stage1",
 })
 
