@@ -2,12 +2,15 @@
 this script under torchrun with nano's drop-in first on PYTHONPATH, or with official DeepSpeed).
 
     torchrun --nproc_per_node 2 client_cases.py --out DIR --cases trainer-s2,accelerate-adamw [--resume-from DIR]
+        [--resumed-out DIR2]
 
 Each case trains a tiny Llama built from a config for 3 optimizer steps on fixed random tokens and
 writes DIR/<case>/rank<r>.json: the loss of every micro-step (recorded from the client's own
 training step), and the learning rates. Trainer cases also save the model (`save_model()`, DIR/<case>/model)
 and a checkpoint after step 2 (DIR/<case>/checkpoint-2); with --resume-from the Trainer resumes
-from <that DIR>/<case>/checkpoint-2 instead and trains step 3 only.
+from <that DIR>/<case>/checkpoint-2 instead and trains step 3 only. With --resumed-out as well, the
+cases first train fresh into --out, then the Trainer cases resume into DIR2: one launch does both
+(the Trainer cases run before accelerate's, fresh and then resumed, as they would alone).
 """
 
 from __future__ import annotations
@@ -155,12 +158,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cases", required=True)
     parser.add_argument("--resume-from", type=Path)
+    parser.add_argument("--resumed-out", type=Path)
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
-    for name in args.cases.split(","):
-        out = args.out / name
+    names = args.cases.split(",")
+    trainers = [name for name in names if not name.startswith("accelerate")]
+    if args.resumed_out is None:
+        runs = [(name, args.out, args.resume_from) for name in trainers]
+    else:
+        runs = [(name, args.out, None) for name in trainers] + [(name, args.resumed_out, args.resume_from)
+                                                                 for name in trainers]
+    runs += [(name, args.out, None) for name in names if name.startswith("accelerate")]
+    for name, root, resume_from in runs:
+        out = root / name
         out.mkdir(parents=True, exist_ok=True)
-        result = accelerate_case(name, out) if name.startswith("accelerate") else trainer_case(name, out, args.resume_from)
+        result = accelerate_case(name, out) if name.startswith("accelerate") else trainer_case(name, out, resume_from)
         (out / f"rank{rank}.json").write_text(json.dumps(result))
     if torch.distributed.is_initialized():  # a gloo group alive at exit can abort the teardown (SIGABRT)
         torch.distributed.destroy_process_group()

@@ -1,8 +1,8 @@
 """The HF Trainer and accelerate on nano (through the drop-in, no user-side patching) beside official
 DeepSpeed, run the same way in the same test: a tiny Llama, 3 optimizer steps, 1 and 2 ranks.
 
-Per world size, four torchruns of `client_cases.py` (every case in each): official, nano, nano
-resuming official's Trainer checkpoints, official resuming nano's. Targets: fp32 losses within 1e-6
+Per world size, three torchruns of `client_cases.py`: official; nano, whose launch then resumes
+official's Trainer checkpoints; official resuming nano's. Targets: fp32 losses within 1e-6
 of official's, bf16 within bf16 rounding; save_model() weights within 1e-6 (bf16: one rounding);
 a resumed step equal to the uninterrupted run's, in both directions.
 """
@@ -24,8 +24,9 @@ ACCELERATE = ["accelerate-config-optimizer", "accelerate-adamw"]
 FP32, BF16_RELATIVE = 1e-6, 2.0 ** -8
 
 
-def _run(impl, world_size, out, cases, resume_from=None):
+def _run(impl, world_size, out, cases, resume_from=None, resumed_out=None):
     args = ["--out", str(out), "--cases", ",".join(cases)] + (["--resume-from", str(resume_from)] if resume_from else [])
+    args += ["--resumed-out", str(resumed_out)] if resumed_out else []
     completed = run_torchrun(impl, world_size, SCRIPT, args)
     assert completed.returncode == 0, f"{impl}: {completed.stderr[-4000:]}"
     assert ("[engine] deepspeed=nano" in completed.stdout) == (impl == "nano")
@@ -50,8 +51,8 @@ def _delta(first: dict, second: dict) -> float:
 def test_trainer_and_accelerate_train_save_and_resume_on_nano_as_on_official(world_size, tmp_path):
     runs = {name: tmp_path / name for name in ("official", "nano", "nano_from_official", "official_from_nano")}
     _run("official", world_size, runs["official"], TRAINER + ACCELERATE)
-    _run("nano", world_size, runs["nano"], TRAINER + ACCELERATE)
-    _run("nano", world_size, runs["nano_from_official"], TRAINER, resume_from=runs["official"])
+    _run("nano", world_size, runs["nano"], TRAINER + ACCELERATE, resume_from=runs["official"],
+         resumed_out=runs["nano_from_official"])
     _run("official", world_size, runs["official_from_nano"], TRAINER, resume_from=runs["nano"])
     failures, table = [], {}
     for case in TRAINER + ACCELERATE:

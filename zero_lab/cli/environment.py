@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from importlib import metadata
 
 
@@ -33,7 +34,15 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+# A Linux machine without one of these has no GPU driver loaded, so torch could see no CUDA (or
+# ROCm) device: the answer is known without importing torch, seconds of every command's start-up.
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+
+
 def cuda_devices() -> list[str]:
+    """The names of the CUDA devices torch sees (none without a GPU driver)."""
+    if sys.platform == "linux" and not any(os.path.exists(path) for path in GPU_DRIVER_PATHS):
+        return []
     import torch
 
     if not torch.cuda.is_available():

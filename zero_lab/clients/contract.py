@@ -94,8 +94,10 @@ def wrap_initialize(deepspeed, impl: str) -> None:
                                        engine.gradient_accumulation_steps()))
         for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
             emit(rank, "warn", {"kind": "engine", "message": message})
-        hook = StepHook(engine, impl, _comm or CommMeter(), memory_meter(engine), rank, world_size, formula)
+        meter = memory_meter(engine)
+        hook = StepHook(engine, impl, _comm or CommMeter(), meter, rank, world_size, formula)
         hook.install()
+        meter.freeze_survivors()  # each step's garbage collection then walks only what training creates
         atexit.register(hook.print_comm_totals)  # Phase 3
         return returned
 

@@ -197,6 +197,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     # and checkpoints' collectives are not part of any step.
     first = resume(engine, args, rank, comm) + 1 if args.resume is not None else 1
     comm.reset()
+    memory.freeze_survivors()  # each sample's garbage collection then walks only what the steps create
     metrics = StepMetrics(memory, comm, device, world_size)
     # nano names the buffers it holds; official DeepSpeed's `memory_breakdown` is a config flag.
     breakdown = getattr(engine, "memory_breakdown", None) if args.impl == "nano" else None
