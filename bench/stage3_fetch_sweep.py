@@ -9,10 +9,10 @@ Phase 1: for each (prefetch, reuse distance), write the harness's zero3.json wit
          and run one `zero-lab compare --stages 3 --config` (both impls, same model, data, seed).
 Phase 2: print, per setting and impl, the median wire MB per step (all collectives; the
          reduce-scatters are the same for every setting, so what changes is the all-gathers) and
-         the peak MB within a step. Both impls follow official's fetch rules (zero_lab/nano/fetch_policy.py),
-         so equal wire bytes are expected except where official keeps part of a block (a prefetch
-         smaller than a block at reuse distance 0). With --plot, also draw peak MB against wire MB
-         per step, one point per setting and impl.
+         the peak MB within a step. Both impls follow official's fetch rules (zero_lab/nano/fetch_policy.py)
+         at official's granularity (a unit per module's own parameters), so equal wire bytes are
+         expected on every setting. With --plot, also draw peak MB against wire MB per step, one
+         point per setting and impl.
 """
 
 from __future__ import annotations

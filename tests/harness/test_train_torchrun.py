@@ -221,19 +221,19 @@ def stage3_buffers() -> list[tuple[int, str]]:
 
 
 def test_nano_stage3_moves_the_formulas_bytes(run):
-    """At accumulation 1, official's fetch rules (fetch_policy.py) under zero3.json: the first step
-    records the trace, so each block is gathered twice (its forward, its backward); from the second
-    on, zero3.json's prefetch bucket (5e7 elements) reaches every block ahead of its use and what the
-    prefetch fetched is kept for that use, so each block is gathered once, even at reuse distance 0.
-    Every step: the root once (it stays gathered from the forward to the end of the backward), the
-    persistent buffers once (published after the step, as at stage 2); every buffer's gradients are
-    reduce-scattered once (on gloo an all-to-all of the shares, counted as reduce_scatter); plus the
-    squared norm's fp32 all-reduce."""
+    """At accumulation 1, official's fetch rules (fetch_policy.py) under zero3.json, one unit per
+    module's own parameters (tiny's embedding and head are untied: no root): the first step records
+    the trace, so each unit is gathered twice (its forward, its backward); from the second on,
+    zero3.json's prefetch bucket (5e7 elements) reaches every unit ahead of its use and what the
+    prefetch fetched is kept for that use, so each is gathered once, even at reuse distance 0.
+    Every step: the persistent buffers once (published after the step, as at stage 2); every
+    buffer's gradients are reduce-scattered once (on gloo an all-to-all of the shares, counted as
+    reduce_scatter); plus the squared norm's fp32 all-reduce."""
     log = run("nano", 3)
     buffers = stage3_buffers()
-    first_step = {"block": 2, "root": 1, "persistent": 1}
-    later_steps = {"block": 1, "root": 1, "persistent": 1}
-    assert {role for _, role in buffers} == {"block", "root", "persistent"}
+    first_step = {"block": 2, "persistent": 1}
+    later_steps = {"block": 1, "persistent": 1}
+    assert {role for _, role in buffers} == {"block", "persistent"}
     gathered = sum((first_step[role] + (STEPS - 1) * later_steps[role]) * numel * FP32 for numel, role in buffers)
     assert bytes_per_step(log) == {
         "all_gather": gathered // STEPS,

@@ -1,12 +1,13 @@
 """Per-rank body: nano and official DeepSpeed train the `tiny` preset at stage 3 under the same
 config, and each step's all-gathers are counted from outside (`workload.comm_meter`).
 
-Two configs prefetch less than one block with reuse distance 0 (or prefetch nothing): there nano,
-which gathers a block as one unit, and official, which gathers each module's own parameters, part
-ways. For them the worker checks what explains official's bytes: `fetch_policy`'s rules run over
-every module the forward calls (containers included: official prefetches at each), one unit per
-module's own non-persistent parameters, predict official's extra bytes over a step that gathers
-every parameter once."""
+Two more configs prefetch less than one block with reuse distance 0 (or prefetch nothing): there a
+unit per decoder layer would gather more (or less) than official, which fetches each module's own
+parameters; nano fetches as official does, so its bytes are official's on every config. For these
+two the worker also checks what explains official's bytes, independently of nano's engine:
+`fetch_policy`'s rules run over every module the forward calls (containers included: official
+prefetches at each), one unit per module's own non-persistent parameters, predict official's extra
+bytes over a step that gathers every parameter once."""
 
 from __future__ import annotations
 
@@ -87,28 +88,55 @@ def module_granularity_wire_bytes(config: dict, world_size: int) -> int:
                for name in step.forward_gathers + step.backward_gathers)
 
 
-def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter) -> list[tuple[int, int]]:
-    """(all-gather calls, all-gather wire bytes) of each optimizer step."""
+def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter, after=None) -> tuple[
+        list[tuple[int, int]], dict[str, int]]:
+    """(all-gather calls, all-gather wire bytes) of each optimizer step, and the bytes this run's
+    tensors hold: the most at each phase boundary over the steps, and the peak (CPU storage
+    allocated since the model was built, `LiveStorageTracker`). `after(model, engine)` runs after
+    the last step."""
+    import gc
+
+    from zero_lab.workload.memory_meter import LiveStorageTracker
     from zero_lab.workload.models import build_model
 
-    model = build_model("tiny", seed=0)
-    engine, *_ = module.initialize(model=model, model_parameters=model.parameters(), config=config)
-    generator = torch.Generator().manual_seed(rank)
-    found = []
-    for _ in range(STEPS):
-        ids = torch.randint(0, model.config.vocab_size, (MICRO_SIZE, SEQUENCE), generator=generator)
-        before = meter.snapshot()
-        loss = engine(ids, labels=ids).loss
-        engine.backward(loss)
-        engine.step()
-        moved = [count for name, count in difference(meter.snapshot(), before).items() if family(name) == "all_gather"]
-        found.append((sum(count.calls for count in moved), sum(count.wire_bytes for count in moved)))
-    return found
+    found, held = [], {}
+    with LiveStorageTracker("cpu") as tracker:
+        def boundary(moment: str) -> None:
+            gc.collect()
+            held[moment] = max(held.get(moment, 0), tracker.live_bytes)
+
+        model = build_model("tiny", seed=0)
+        engine, *_ = module.initialize(model=model, model_parameters=model.parameters(), config=config)
+        generator = torch.Generator().manual_seed(rank)
+        for _ in range(STEPS):
+            ids = torch.randint(0, model.config.vocab_size, (MICRO_SIZE, SEQUENCE), generator=generator)
+            before = meter.snapshot()
+            loss = engine(ids, labels=ids).loss
+            boundary("after forward")
+            engine.backward(loss)
+            boundary("after backward")
+            engine.step()
+            boundary("after step")
+            moved = [count for name, count in difference(meter.snapshot(), before).items()
+                     if family(name) == "all_gather"]
+            found.append((sum(count.calls for count in moved), sum(count.wire_bytes for count in moved)))
+        held["peak"] = tracker.peak_bytes
+        if after is not None:
+            after(model, engine)
+    return found, held
+
+
+def more_than_official(label: str, mine: dict[str, int], theirs: dict[str, int]) -> list[str]:
+    """A line for each phase boundary (and the peak) where nano holds more bytes than official."""
+    return [f"{label}: nano holds {mine[moment]} B {moment}, official {theirs[moment]} B"
+            for moment in mine if mine[moment] > theirs[moment]]
 
 
 def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
     """From the second step on (the first records the trace), nano's all-gather wire bytes per step
-    equal official's on every config; the calls are printed (official gathers per module)."""
+    equal official's on every config, and official's equal the per-module prediction on the two
+    finer ones; the calls are printed (they differ: nano starts a prefetch's units together). At
+    every phase boundary, and at its peak, nano holds no more bytes than official."""
     meter = CommMeter().install()  # before DeepSpeed keeps references to the collectives
     from tests.nano.official_workers import import_official_deepspeed
 
@@ -116,23 +144,62 @@ def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
     failures = []
     for label, config in configs().items():
         config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
-        mine = gather_bytes_per_step(nano, config, rank, meter)
-        theirs = gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"), rank, meter)
-        print(f"[gathers] rank {rank} {label}: nano {mine} official {theirs}", flush=True)
+        (mine, my_bytes), (theirs, their_bytes) = (gather_bytes_per_step(nano, config, rank, meter),
+                                                   gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"),
+                                                                         rank, meter))
+        print(f"[gathers] rank {rank} {label}: nano {mine} {my_bytes} official {theirs} {their_bytes}", flush=True)
+        failures += more_than_official(label, my_bytes, their_bytes)
         if [wire for _, wire in mine[1:]] != [wire for _, wire in theirs[1:]]:
             failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes)")
         if label == "zero3.json":
             once = theirs[-1][1]  # every parameter gathered once a step (equal to nano's, checked above)
     for label, config in finer_configs().items():
         config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
-        mine = gather_bytes_per_step(nano, config, rank, meter)
-        theirs = gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"), rank, meter)
+        (mine, my_bytes), (theirs, their_bytes) = (gather_bytes_per_step(nano, config, rank, meter),
+                                                   gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"),
+                                                                         rank, meter))
+        failures += more_than_official(label, my_bytes, their_bytes)
         extra = module_granularity_wire_bytes(config, world_size) - module_granularity_wire_bytes(harness_zero3(),
                                                                                                   world_size)
-        print(f"[gathers] rank {rank} {label}: nano {mine} official {theirs}; official's rules per module "
+        print(f"[gathers] rank {rank} {label}: nano {mine} {my_bytes} official {theirs} {their_bytes}; "
+              f"official's rules per module "
               f"predict {once + extra} bytes a step", flush=True)
+        if [wire for _, wire in mine[1:]] != [wire for _, wire in theirs[1:]]:
+            failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes)")
         if [wire for _, wire in theirs[1:]] != [once + extra] * (STEPS - 1):
             failures.append(f"{label}: official's all-gather bytes per step {theirs} are not the per-module "
                             f"prediction {once + extra} (once a step {once} + {extra})")
+    meter.uninstall()
+    return failures
+
+
+def explained_gathers_worker(rank: int, world_size: int) -> list[str]:
+    """On the tiny preset, on every config above, nano records the module calls that
+    `model_shapes.preset_module_calls` names (forward, then backward), and from the second step on
+    moves the all-gather wire bytes per step that `zero-lab explain` predicts without building it."""
+    from zero_lab.analysis.explain import explain
+    from zero_lab.nano.config import load_config
+    from zero_lab.workload.model_shapes import preset_blocks, preset_module_calls, preset_parameters
+
+    meter = CommMeter().install()
+    failures, recorded = [], {}
+
+    def note_trace(model, engine):
+        names = {id(module): name for name, module in model.named_modules()}
+        modules = {traced.index: names[id(traced.module)] for traced in engine.optimizer.gathering.traced}
+        gathering = engine.optimizer.gathering
+        recorded["calls"] = ([modules[use.module] for use in gathering.trace],
+                             [modules[use.module] for use in gathering.backward_trace or []])
+
+    for label, config in {**configs(), **finer_configs()}.items():
+        config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
+        found, _ = gather_bytes_per_step(nano, config, rank, meter, after=note_trace)
+        if recorded["calls"] != preset_module_calls("tiny"):
+            failures.append(f"{label}: recorded calls {recorded['calls']}, not the preset's {preset_module_calls('tiny')}")
+        walk = explain("tiny", preset_parameters("tiny"), preset_blocks("tiny"), load_config(config, world_size=world_size),
+                       world_size)
+        predicted = sum(item.wire_bytes for item in walk.collectives if item.op == "all_gather")
+        if [wire for _, wire in found[1:]] != [predicted] * (STEPS - 1):
+            failures.append(f"{label}: all-gather wire bytes per step {found}, explain predicts {predicted}")
     meter.uninstall()
     return failures

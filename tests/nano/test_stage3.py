@@ -4,6 +4,7 @@ weights, a block called twice, an unused block, activation checkpointing)."""
 import pytest
 
 from tests.nano import stage3_workers
+from tests.nano.gather_bytes_workers import explained_gathers_worker
 from tests.spawn import run_distributed
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks: `make test-fast` leaves it out
@@ -50,3 +51,7 @@ def test_a_model_built_under_init_trains_as_the_reference(world_size):
 
 def test_building_under_init_holds_a_slice_of_the_model_and_one_module():
     assert run_distributed(stage3_workers.init_memory_worker, 2) == []
+
+
+def test_explain_predicts_the_module_calls_and_gather_bytes_the_engine_records():
+    assert run_distributed(explained_gathers_worker, 2) == []

@@ -23,13 +23,15 @@ def test_below_stage_3_the_whole_model_is_one_unit():
     assert names(units_of(model, stage=2)) == [("model", len(list(model.parameters())), False)]
 
 
-def test_stage_3_units_are_the_blocks_the_root_and_the_persistent_parameters():
-    """Every ModuleList child is a block; the tied embedding/head is one parameter of the root;
-    parameters of at most the threshold (6-element norms and biases) are persistent."""
+def test_stage_3_units_are_each_modules_own_parameters_the_root_and_the_persistent_parameters():
+    """As official fetches (`recurse=False`): each module's own parameters are a unit; the tied
+    embedding/head, owned by two modules, is one parameter of the root; parameters of at most the
+    threshold (6-element norms and biases) are persistent."""
     model = build_trapnet()
     units = units_of(model, stage=3, stage3_param_persistence_threshold=6)
-    assert names(units) == [("persistent", 4 * 3 + 2, False), ("blocks.0", 1, True), ("blocks.1", 1, True),
-                            ("blocks.2", 1, True), ("spare.0", 1, True), ("root", 1, True)]
+    assert names(units) == [("persistent", 4 * 3 + 2, False), ("blocks.0.linear", 1, True),
+                            ("blocks.1.linear", 1, True), ("blocks.2.linear", 1, True), ("spare.0.linear", 1, True),
+                            ("root", 1, True)]
     assert units[-1].parameters == [model.embed.weight] and model.head.weight is model.embed.weight
     every = [parameter for unit in units for parameter in unit.parameters]
     assert len(every) == len(set(every)) == len(list(model.parameters()))  # each in exactly one unit
@@ -42,8 +44,9 @@ def test_the_model_persistence_threshold_caps_the_persistent_total():
 
 
 def test_leaf_module_names_the_units_and_shared_parameters_go_to_the_root():
-    """DeepSpeed's leaf_module (classes, names, suffixes) chooses the blocks; a parameter reachable
-    from two blocks belongs to the root, whole for every use."""
+    """DeepSpeed's leaf_module (classes, names, suffixes) chooses the modules fetched whole (the
+    others keep one unit per module); a parameter reachable from two of them belongs to the root,
+    whole for every use."""
     model = build_trapnet()
     model.blocks[2].linear = model.blocks[0].linear  # one module in two blocks
     units = units_of(model, stage=3, stage3_param_persistence_threshold=6, leaf_module={"classes": ["Block"]})
@@ -52,13 +55,14 @@ def test_leaf_module_names_the_units_and_shared_parameters_go_to_the_root():
     assert any(parameter is model.blocks[0].linear.weight for parameter in units[-1].parameters)
     by_suffix = units_of(build_trapnet(), stage=3, stage3_param_persistence_threshold=6,
                          leaf_module={"name_suffixes": ".1"})
-    assert [unit.name for unit in by_suffix] == ["persistent", "blocks.1", "root"]
+    assert [unit.name for unit in by_suffix] == ["persistent", "blocks.0.linear", "blocks.1", "blocks.2.linear",
+                                                 "spare.0.linear", "root"]
     by_name = units_of(build_trapnet(), stage=3, stage3_param_persistence_threshold=6,
                        leaf_module={"names": ["blocks"]})
-    assert [unit.name for unit in by_name] == ["persistent", "blocks", "root"]
+    assert [unit.name for unit in by_name] == ["persistent", "blocks", "spare.0.linear", "root"]
 
 
-def test_hugging_face_decoder_layers_are_the_blocks():
+def test_hugging_face_linear_layers_are_the_units():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     with torch.device("meta"):
@@ -66,5 +70,8 @@ def test_hugging_face_decoder_layers_are_the_blocks():
                                              num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                                              tie_word_embeddings=True))
     units = units_of(model, stage=3, stage3_param_persistence_threshold=16)
-    assert [unit.name for unit in units] == ["persistent", "model.layers.0", "model.layers.1", "model.layers.2", "root"]
+    linears = [f"model.layers.{layer}.{name}" for layer in range(3) for name in
+               ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                "mlp.up_proj", "mlp.down_proj")]
+    assert [unit.name for unit in units] == ["persistent", *linears, "root"]
     assert units[-1].parameters == [model.model.embed_tokens.weight]  # the head is tied to it

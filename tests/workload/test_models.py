@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from zero_lab.workload.data import IGNORE_INDEX, conversation_example
 from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.model_shapes import PRESETS, preset_blocks, preset_parameters
+from zero_lab.nano.units import fetch_modules, parameter_entries
 from zero_lab.workload.models import build_model, check_model_name, load_tokenizer, parameter_groups
 
 WORDS = ["[UNK]", "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "hi", "there", "hello", "friend"]
@@ -64,15 +65,12 @@ def test_norms_and_biases_get_no_weight_decay():
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_the_pure_parameter_table_is_the_built_presets(name):
     """`zero-lab explain` reads the table without building anything; it must be the real model's
-    parameters, in order, with each decoder layer as the block that holds its parameters."""
+    parameters, in order, each fetched by the modules the engine fetches it with (`units.fetch_modules`)."""
     with torch.device("meta"):
         model = build_model(name, seed=0)
     table = preset_parameters(name)
     assert [(entry.name, entry.shape) for entry in table] == \
         [(parameter_name, tuple(parameter.shape)) for parameter_name, parameter in model.named_parameters()]
-    layers = dict(model.model.layers.named_children())
-    holder = {parameter: f"model.layers.{index}" for index, layer in layers.items() for parameter in layer.parameters()}
-    named = dict(model.named_parameters())
-    assert [entry.blocks for entry in table] == [(holder[named[entry.name]],) if named[entry.name] in holder else ()
-                                                 for entry in table]
-    assert preset_blocks(name) == [f"model.layers.{index}" for index in layers]
+    blocks = fetch_modules(model)  # what the engine fetches as one: each module's own parameters
+    assert [entry.blocks for entry in table] == [entry.blocks for entry, _ in parameter_entries(model, blocks)]
+    assert preset_blocks(name) == [block_name for block_name, _, _ in blocks]

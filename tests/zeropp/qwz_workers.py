@@ -114,8 +114,10 @@ def exact_gathers_worker(rank: int, world_size: int) -> list[str]:
                 if not torch.equal(state[key], value):
                     failures.append(f"{name} {key}: the consolidated state dict is not exact")
         captured = {}
-        handle = model.blocks[0].register_forward_pre_hook(  # after nano's own pre-forward hook: gathered
-            lambda module, args: captured.setdefault("weight", module.linear.weight.detach().clone()))
+        def capture(module, args):  # after nano's own pre-forward hook: gathered; returns None, the input stays
+            captured.setdefault("weight", module.weight.detach().clone())
+
+        handle = model.blocks[0].linear.register_forward_pre_hook(capture)
         with torch.no_grad():
             engine(token_batch(0, 0, rank, MICRO_SIZE)[:, :-1])
         handle.remove()

@@ -9,10 +9,11 @@ Phase 1 (buffers): the harness's weight-decay groups and, at stage 3, the unit p
 Phase 2 (moments): the memory formula for every buffer at each moment, summed by category.
 Phase 3 (collectives), phase by phase, as the stage modules describe them:
     forward           stage 3: the root is gathered (held until the end of backward), then each
-                      block as `fetch_policy`'s rules over the recorded trace say: at its use or
-                      ahead of it (prefetch), freed after it unless the prefetch reached its
-                      backward use or `stage3_max_reuse_distance` keeps it;
-    backward          stage 3: each block freed after its forward is gathered again; stages 2
+                      module's unit (its own parameters, as official fetches) as `fetch_policy`'s
+                      rules over the trace say (`unit_policy.forward_trace`, from the parameter
+                      table): at its use or ahead of it (prefetch), freed after it unless the
+                      prefetch reached its backward use or `stage3_max_reuse_distance` keeps it;
+    backward          stage 3: each unit freed after its forward is gathered again; stages 2
                       and 3: every gradient bucket is reduce-scattered (all-reduced with
                       `reduce_scatter: false`; with qgZ over several nodes, four all-to-alls) as
                       its gradients arrive, in every micro-step;
@@ -35,8 +36,8 @@ from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.quantization import block_count, gradient_chunk
 from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
 from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
-from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units
-from zero_lab.workload.model_shapes import decays
+from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units, traced_calls
+from zero_lab.workload.model_shapes import PRESETS, decays, preset_module_calls
 from zero_lab.workload.wire_bytes import ranks_on_node, wire_split
 
 if TYPE_CHECKING:  # the typed config loads pydantic; the walk-through only reads its fields
@@ -154,10 +155,12 @@ def flat_buffers(entries: list[ParameterEntry], blocks: list[str], config: NanoC
     return buffers
 
 
-def stage3_micro_step(entries: list[ParameterEntry], blocks: list[str], buffers: list[Buffer],
+def stage3_micro_step(model: str, entries: list[ParameterEntry], blocks: list[str], buffers: list[Buffer],
                       config: NanoConfig) -> MicroStep:
     """Stage 3's gathers in a steady micro-step: `fetch_policy`'s rules over the trace the engine
-    records (`unit_policy.forward_trace`), the root held from the forward to the end of the backward."""
+    records (a preset's module calls, `model_shapes.preset_module_calls`; for another model,
+    `unit_policy.forward_trace` from its parameter table), the root held from the forward to the
+    end of the backward."""
     zero = config.zero_optimization
     units = plan_units(entries, blocks, zero.stage3_param_persistence_threshold, zero.stage3_model_persistence_threshold)
     unit_numel: dict[str, int] = {}
@@ -165,8 +168,12 @@ def stage3_micro_step(entries: list[ParameterEntry], blocks: list[str], buffers:
         if buffer.sharded:
             unit_numel[buffer.unit] = unit_numel.get(buffer.unit, 0) + buffer.layout.padded_numel
     rules = FetchRules(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters, zero.stage3_max_reuse_distance)
-    return simulate_micro_step(forward_trace(entries, blocks, units), unit_numel, rules,
-                               held="root" if "root" in unit_numel else None)
+    held = "root" if "root" in unit_numel else None
+    if model in PRESETS:
+        forward, backward = preset_module_calls(model)
+        return simulate_micro_step(traced_calls(forward, entries, units), unit_numel, rules, held,
+                                   traced_calls(backward, entries, units))
+    return simulate_micro_step(forward_trace(entries, blocks, units), unit_numel, rules, held)
 
 
 def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_after_forward: set[str]) -> dict:
@@ -297,7 +304,7 @@ def explain(model: str, entries: list[ParameterEntry], blocks: list[str], config
     given as its parameter table and blocks."""
     buffers = flat_buffers(entries, blocks, config, world_size)
     zero = config.zero_optimization
-    micro_step = stage3_micro_step(entries, blocks, buffers, config) if zero.stage == 3 else None
+    micro_step = stage3_micro_step(model, entries, blocks, buffers, config) if zero.stage == 3 else None
     whole = micro_step.whole_after_forward if micro_step is not None else set()
     walk = Walkthrough(model, sum(entry.numel for entry in entries), zero.stage, world_size, config.precision,
                        config.gradient_accumulation_steps, buffers, moments(buffers, config, world_size, whole))

@@ -17,8 +17,11 @@ A step's moments, each with what is alive on the rank (nano's moments, `memory_f
     optimizer step:  model states at the "step" moment.
 Phase 1: count each moment's bytes. Phase 2: the peak is the largest, and its moment says why.
 
-Parameters are counted per flat buffer as nano lays them out: at stages 0-2 the whole model; at
-stage 3 a unit per decoder layer and the root (the ZeRO-3 figures of `memory_formula` per unit).
+Parameters are counted per flat buffer: at stages 0-2 the whole model, as nano lays it out; at
+stage 3 a unit per decoder layer and the root (the ZeRO-3 figures of `memory_formula` per unit), a
+coarser cut than nano's (a unit per module's own parameters, as official fetches): the same bytes
+but for each buffer's padding, and the same layers whole at the turn where the prefetch reaches
+every layer (the harness's small models with the default prefetch).
 
 Official DeepSpeed (0.19, `stage_1_and_2.py`) holds more at stages 1 and 2, and the prediction for
 it adds that to the turn: an fp32 copy of its partition even in fp32 training (nano's fp32

@@ -54,7 +54,7 @@ def explained_config(config: Optional[Path], stage: int, dtype: str, offload: st
     typed = load_config(built, world_size=world_size)
     if typed.zero_optimization.leaf_module is not None:
         raise BadInput(f"{source} sets zero_optimization.leaf_module, which explain does not model",
-                       "remove it for explain (each decoder layer is then a unit)")
+                       "remove it for explain (each module's own parameters are then a unit)")
     return built, typed, str(source)
 
 

@@ -1,7 +1,8 @@
 """Where fully_shard is applied: each decoder block, then the root (as torchtitan does).
 
 The policy is decided here, outside the model and the engine. A decoder block is a child of a
-`torch.nn.ModuleList` (`nano.units.find_blocks`, the same units nano's stage 3 gathers); the root's
+`torch.nn.ModuleList` (`nano.units.find_blocks`; nano's stage 3 gathers finer units, each module's
+own parameters, as official DeepSpeed fetches them); the root's
 own `fully_shard` takes what no block holds (embeddings, final norm, LM head) as one more unit.
 """
 

@@ -2,12 +2,13 @@
 one micro-step's recorded trace. No torch: `unit_gathering.py` applies the rules to a live model,
 `zero-lab explain` (`simulate_micro_step`) to a model it never builds, and both give the same answer.
 
-The trace. Every module a micro-step uses that can matter (the model itself, each block, each
-module outside the blocks that owns parameters) is a `TracedUse`, in the order the forward calls
-them, the model first. The backward uses them again (`full_order`): the model first (its output's
-gradient arrives first), then the others in reverse. Official records its trace during the first
-micro-step and applies the rules from the second on; until then (and whenever the forward leaves
-the recorded order) nothing is prefetched and every unit is freed after each use.
+The trace. Every module a micro-step calls (containers and modules without parameters too, as
+official traces every sub-module; none inside a leaf module) is a `TracedUse`, in the order the
+forward calls them, the model first; then the backward's uses, in the order their outputs'
+gradients arrive (`full_order`; without a recorded backward: the model, then the rest reversed).
+Official records its trace during the first micro-step and applies the rules from the second on;
+until then (and whenever a use leaves the recorded order) nothing is prefetched and every unit is
+freed after each use.
 
 The rules, with official's names for the keys (`runtime/zero/partitioned_param_coordinator.py`):
     1. Fetch: a use gathers its unit if it is not whole.
@@ -17,7 +18,8 @@ The rules, with official's names for the keys (`runtime/zero/partitioned_param_c
        gathered), the next use is taken off the queue; its unit is gathered if it is not whole
        yet, and noted as fetched for that later use either way. A bucket smaller than one unit
        still starts one.
-    3. Release: after a use, its unit is freed unless
+    3. Release: after a use, its unit is freed unless (official counts from its step counter: the
+       uses begun so far, which in the backward may already be past the use that is released)
        a. the prefetch already noted it as fetched for a later use (official keeps what its
           prefetch reached: at a reuse distance of 0 this is all that is kept), or
        b. it comes back before the uses after this one add up to `stage3_max_reuse_distance`
@@ -25,9 +27,9 @@ The rules, with official's names for the keys (`runtime/zero/partitioned_param_c
           included, each with all the parameters it touches, persistent ones too: a large head
           counts twice between a block's forward and its backward.
     4. Persistence (`unit_policy.plan_units`): the small parameters are never released.
-nano gathers a unit (a block's parameters) where official gathers each module's own parameters,
-so a rule that official applies per parameter applies here per unit: when a prefetch window or
-a reuse distance ends inside a block, official keeps part of the block and nano all or none.
+A unit is what official fetches at once (`unit_policy`): a module's own parameters, a leaf
+module's subtree. Official queues and counts parameters, nano units: a prefetch window that ends
+inside a module with several sharded parameters takes all of them here (Qwen3's modules have one).
 """
 
 from __future__ import annotations
@@ -47,9 +49,12 @@ class TracedUse:
     numel: int
 
 
-def full_order(forward: Sequence[TracedUse]) -> list[TracedUse]:
-    """A micro-step's uses: the forward, then the backward (the model, then the rest reversed)."""
-    return list(forward) + list(forward[:1]) + list(forward[:0:-1])
+def full_order(forward: Sequence[TracedUse], backward: Sequence[TracedUse] | None = None) -> list[TracedUse]:
+    """A micro-step's uses: the forward, then the backward as recorded (when not given, the model
+    first, then the rest reversed)."""
+    if backward is None:
+        backward = list(forward[:1]) + list(forward[:0:-1])
+    return list(forward) + list(backward)
 
 
 @dataclass(frozen=True)
@@ -62,28 +67,20 @@ class FetchRules:
 
 
 class FetchSchedule:
-    """The rules (module docstring) over one micro-step of a recorded forward trace; positions
-    index `order` (`full_order`): the forward's uses, then the backward's."""
+    """The rules (module docstring) over one micro-step of a recorded trace; positions index
+    `order` (`full_order`): the forward's uses, then the backward's."""
 
-    def __init__(self, forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules):
-        self.forward = list(forward)
-        self.order = full_order(self.forward)
+    def __init__(self, forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules,
+                 backward: Sequence[TracedUse] | None = None):
+        self.order = full_order(forward, backward)
         self.unit_numel = unit_numel
         self.rules = rules
         self.queue = deque(range(len(self.order)))
         self.fetched_for: dict[str, int] = {}
-        self.backward_positions: dict[Hashable, deque[int]] = {}
-        for position in range(len(self.forward), len(self.order)):
-            self.backward_positions.setdefault(self.order[position].module, deque()).append(position)
 
     def follows_trace(self, position: int, use: TracedUse) -> bool:
-        """Whether the forward's use at `position` is the recorded one (if not, the trace is stale)."""
-        return position < len(self.forward) and self.forward[position] == use
-
-    def backward_position(self, module: Hashable) -> int | None:
-        """The position of `module`'s next use in the backward (None: the trace has no more)."""
-        positions = self.backward_positions.get(module)
-        return positions.popleft() if positions else None
+        """Whether the use at `position` is the recorded one (if not, the trace is stale)."""
+        return position < len(self.order) and self.order[position] == use
 
     def _note(self, position: int) -> None:
         unit = self.order[position].unit
@@ -107,12 +104,13 @@ class FetchSchedule:
                 numel += self.unit_numel[unit]
         return started
 
-    def keep(self, unit: str, position: int) -> bool:
-        """Rule 3 after the use of `unit` at `position`: True keeps it whole."""
-        if self.fetched_for.get(unit, -1) > position:  # 3a
+    def keep(self, unit: str, step: int) -> bool:
+        """Rule 3 for `unit` once `step` uses have begun (official releases at its step counter,
+        which a module's release finds past its own use and any use begun since): True keeps it."""
+        if self.fetched_for.get(unit, -1) > step:  # 3a
             return True
         walked = 0
-        for later in self.order[position + 1:]:  # 3b
+        for later in self.order[step:]:  # 3b
             if walked >= self.rules.max_reuse_distance:
                 return False
             if later.unit == unit:
@@ -132,11 +130,12 @@ class MicroStep:
 
 
 def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules | None,
-                        held: str | None = None) -> MicroStep:
-    """One micro-step of `unit_gathering.UnitGathering` on a model whose backward uses its modules
-    in the reverse order: `rules` None is the recording micro-step (no trace yet). `held` is the
-    unit held from the model's forward to the end of its backward (nano's root)."""
-    schedule = FetchSchedule(forward, unit_numel, rules) if rules is not None else None
+                        held: str | None = None, backward: Sequence[TracedUse] | None = None) -> MicroStep:
+    """One micro-step of `unit_gathering.UnitGathering` whose backward uses the modules as in
+    `backward` (default: the reverse order, `full_order`), each released right after its use:
+    `rules` None is the recording micro-step (no trace yet). `held` is the unit held from the
+    model's forward to the end of its backward (nano's root)."""
+    schedule = FetchSchedule(forward, unit_numel, rules, backward) if rules is not None else None
     whole: set[str] = set()
     gathers: list[str] = []
 
@@ -159,7 +158,7 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
                 largest_prefetch = max(largest_prefetch, sum(unit_numel[name] for name in started))
 
     def release(position: int, unit: str | None) -> None:
-        if unit is not None and unit != held and not (schedule is not None and schedule.keep(unit, position)):
+        if unit is not None and unit != held and not (schedule is not None and schedule.keep(unit, position + 1)):
             whole.discard(unit)
 
     gather(held)
@@ -168,7 +167,7 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
         release(position, traced.unit)
     forward_gathers, gathers = gathers, []
     whole_after_forward = set(whole)
-    order = full_order(forward)
+    order = full_order(forward, backward)
     for position in range(len(forward), len(order)):
         traced = order[position]
         use(position, traced.unit)

@@ -1,12 +1,13 @@
 """ZeRO stage 3: stage 2, plus parameters partitioned between uses.
 
 The diff from stage 2:
-    units:   one per block, one root, one for the persistent small parameters (`units.per_block`,
-             decided by `initialize`). Each block's and the root's parameters of each group live
+    units:   one per module fetched as one (its own parameters, or a leaf module's subtree), one
+             root, one for the persistent small parameters (`units.per_block`, decided by
+             `initialize`). Each such unit's and the root's parameters of each group live
              in a `ShardedFlatBuffer`: between uses a rank keeps only its partition (fp32: that
              partition is also the master; bf16/fp16: plus an fp32 master partition). The
              persistent unit keeps stage 2's always-whole buffers.
-    gather:  `UnitGathering` gathers each sharded unit for its forward and, unless official
+    gather:  `UnitGathering` gathers each sharded unit for its module's forward and, unless official
              DeepSpeed's release rule kept it (`fetch_policy`: prefetch, reuse distance), again for
              its backward, and frees it after each use (see its module for the hooks).
     publish: after Adam, the masters become the partitions (mixed precision) and the persistent

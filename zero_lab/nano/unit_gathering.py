@@ -2,27 +2,31 @@
 
 Which unit is gathered or freed when is decided by `fetch_policy` (official DeepSpeed's rules over
 the trace recorded at the previous micro-step); this module is the mechanism that applies them.
-The traced modules are the model itself, each block (a sharded unit's module) and each module
-outside the blocks that owns parameters (the embedding, the final norm, the head). For each use of
-a traced module, one micro-step runs in phases, each in the hook named for its moment:
-    1. pre_forward: note the use in the trace being recorded; gather the module's block (all-gather
+As official, every module is traced (containers and modules without parameters too, none inside
+a leaf module); a module whose own parameters (a leaf module's: its subtree's) are a sharded unit
+fetches it. For each use of a traced module, one micro-step runs in phases, each in the hook named
+for its moment:
+    1. pre_forward: note the use in the trace being recorded; gather the module's unit (all-gather
        into a full buffer allocated for this use; the parameters are views of it); start gathering
-       the units the prefetch rule reaches. The model's own pre_forward gathers the root unit (the
-       model's own parameters: embeddings, final norm, head) and holds it to the end of the
-       backward: the head's backward comes first, the embedding's last.
-    2. post_forward: free the block unless another use still holds it or the release rule keeps it
+       the units the prefetch rule reaches. The model's own pre_forward gathers the root unit (a
+       parameter two modules own, as a tied embedding and head, or the model's own) and holds it
+       to the end of the backward.
+    2. post_forward: free the unit unless another use still holds it or the release rule keeps it
        (reached by the prefetch, or reused within `stage3_max_reuse_distance`).
-    3. pre_backward (a hook on the gradients of the use's outputs): gather the block again if it
-       was freed, and prefetch along the backward's order.
+    3. pre_backward (a hook on the gradients of the use's outputs): note the use in the trace (the
+       backward's order is recorded as it happens), gather the unit again if it was freed, and
+       prefetch along the backward's order.
     4. (stage 2's post-accumulate-grad hooks reduce-scatter the gradients into partitions.)
-    5. post_backward (an identity autograd function on the block's inputs, whose backward runs once
-       their gradients exist): free the block unless the release rule keeps it.
+    5. post_backward (an identity autograd function on the module's inputs, whose backward runs
+       once their gradients exist): free the unit unless the release rule keeps it.
 A use holds a unit and releases it once, so a module called twice, the recomputation of
-activation checkpointing inside backward (gathered and freed again, outside the trace) and a
-prefetch compose: the buffer is freed when the last holder lets go. Without autograd
-(`torch.no_grad()`, eval) phases 3-5 do not happen and the forward releases all it gathered, the
-root included. `release_all()` (after each backward and before each optimizer step) frees whatever
-is still gathered, and the micro-step's trace becomes the one the next micro-step follows.
+activation checkpointing inside backward (gathered again outside the trace and held until the
+module's post_backward, as official's `ds_recompute_parameters`) and a prefetch compose: the
+buffer is freed when the last holder lets go. Without autograd (`torch.no_grad()`, eval) phases
+3-5 do not happen and the forward releases all it gathered, the root included. `release_all()`
+(after each backward and before each optimizer step) frees whatever is still gathered (a module
+whose inputs need no gradient, as the embedding, has no phase 5), and the micro-step's trace
+becomes the one the next micro-step follows.
 """
 
 from __future__ import annotations
@@ -60,16 +64,16 @@ class GatheredUnit:
 
 @dataclass
 class TracedModule:
-    """A module the trace notes: its block (None for the model and the modules outside blocks,
-    whose parameters are the root's or persistent) and the elements official's reuse walk counts."""
+    """A module the trace notes: the unit it fetches (None: a container, a module whose parameters
+    are persistent or the root's) and the elements official's reuse walk counts."""
 
     index: int
     module: torch.nn.Module
     block: GatheredUnit | None
     numel: int
     owns_root: bool = False  # some of its own parameters are the root unit's
-    position: int | None = None  # of its current forward use in the trace (None: outside the trace)
-    backward_position: int | None = None  # of its current backward use
+    backward_holds: int = 0  # holds its gradients' hook took in the backward
+    recompute_holds: int = 0  # holds a recomputation inside the backward took
 
     def use(self, root: GatheredUnit | None) -> TracedUse:
         unit = self.block if self.block is not None else root if self.owns_root else None
@@ -91,21 +95,22 @@ class _ReleaseAfterBackward(torch.autograd.Function):
 
 
 def traced_modules(model: torch.nn.Module, entries: list[GatheredUnit]) -> list[TracedModule]:
-    """The model, every block, and every module outside the blocks owning parameters, in the model's order."""
-    blocks = {id(entry.unit.module): entry for entry in entries if entry.unit.module is not model}
+    """Every module official traces, in the model's order: all but those inside a module fetched
+    whole (a leaf module); each with the unit it fetches and the elements it touches (its own
+    parameters, or a leaf module's subtree)."""
+    fetched = {id(entry.unit.module): entry for entry in entries if entry.unit.module is not model}
     root = next((entry for entry in entries if entry.unit.module is model), None)
     root_parameters = set(root.unit.parameters) if root is not None else set()
-    inside = {id(module) for entry in blocks.values() for module in entry.unit.module.modules()}
+    inside = {id(inner) for entry in fetched.values() if entry.unit.whole_module
+              for inner in entry.unit.module.modules() if inner is not entry.unit.module}
     traced = []
     for module in model.modules():
-        own = list(module.parameters(recurse=False))
-        if id(module) in blocks:
-            block = blocks[id(module)]
-            traced.append(TracedModule(len(traced), module, block,
-                                       sum(numel_of(parameter) for parameter in module.parameters())))
-        elif module is model or (own and id(module) not in inside):
-            traced.append(TracedModule(len(traced), module, None, sum(numel_of(parameter) for parameter in own),
-                                       owns_root=any(parameter in root_parameters for parameter in own)))
+        if id(module) in inside:
+            continue
+        entry = fetched.get(id(module))
+        touched = list(module.parameters(recurse=entry is not None and entry.unit.whole_module))
+        traced.append(TracedModule(len(traced), module, entry, sum(numel_of(parameter) for parameter in touched),
+                                   owns_root=any(parameter in root_parameters for parameter in touched)))
     return traced
 
 
@@ -121,11 +126,14 @@ class UnitGathering:
         self.by_name = {entry.unit.name: entry for entry in entries}
         self.root = next((entry for entry in entries if entry.unit.module is model), None)
         self.trace: list[TracedUse] = []  # the forward's uses at the previous micro-step
-        self.recording: list[TracedUse] = []
+        self.backward_trace: list[TracedUse] | None = None  # its backward's (None: it had none)
+        self.recording: list[TracedUse] = []  # this micro-step's uses, the forward's then the backward's
+        self.forward_uses = 0  # how many of them the forward made
         self.schedule: FetchSchedule | None = None
         self.in_backward = False  # the forward is done; forwards now are recomputations
         self.handles = []
-        for traced in traced_modules(model, entries):
+        self.traced = traced_modules(model, entries)
+        for traced in self.traced:
             self.handles += [traced.module.register_forward_pre_hook(self._pre_forward(traced), with_kwargs=True),
                              traced.module.register_forward_hook(self._post_forward(traced))]
         self._guard_modules()
@@ -155,9 +163,13 @@ class UnitGathering:
             entry.holds, entry.prefetched, entry.kept = 0, False, False
             for buffer in entry.buffers:
                 buffer.reshard()
+        for traced in self.traced:
+            traced.backward_holds = traced.recompute_holds = 0
         self.in_backward, self.schedule = False, None
         if self.recording:
-            self.trace, self.recording = self.recording, []
+            forward_uses = self.forward_uses or len(self.recording)
+            self.trace, self.backward_trace = self.recording[:forward_uses], self.recording[forward_uses:] or None
+            self.recording, self.forward_uses = [], 0
 
     def live_numel(self) -> int:
         return sum(entry.numel for entry in self.entries if entry.gathered)
@@ -173,28 +185,35 @@ class UnitGathering:
             for buffer in entry.buffers:
                 buffer.unshard(self.collectives, asynchronous=True)
 
-    def _keep(self, entry: GatheredUnit, position: int | None) -> bool:
-        """Rule 3 after the use at `position`."""
-        return self.schedule is not None and position is not None and self.schedule.keep(entry.unit.name, position)
+    def _keep(self, entry: GatheredUnit) -> bool:
+        """Rule 3 at this moment: official counts the uses begun so far."""
+        return self.schedule is not None and self.schedule.keep(entry.unit.name, len(self.recording))
+
+    def _record(self, traced: TracedModule) -> int:
+        """Note a use in the trace being recorded; its position (the schedule is dropped if the use
+        is not the recorded one: no rules for the rest of this micro-step)."""
+        use, position = traced.use(self.root), len(self.recording)
+        self.recording.append(use)
+        if self.schedule is not None and not self.schedule.follows_trace(position, use):
+            self.schedule = None
+        return position
 
     # ----- the hooks (phases 1-5), named for the moment they run ------------------------------
     def _pre_forward(self, traced: TracedModule):
         def pre_forward(module, args, kwargs):
             if traced.module is self.model:
                 self._start_micro_step()
-            block, position = traced.block, None
-            if not self.in_backward:  # a recomputation inside backward is outside the trace
-                use, position = traced.use(self.root), len(self.recording)
-                self.recording.append(use)
-                if self.schedule is not None and not self.schedule.follows_trace(position, use):
-                    self.schedule = None  # the forward left the recorded order: no rules this micro-step
-            traced.position = position
-            if block is None:
+            block = traced.block
+            if self.in_backward:  # a recomputation inside backward: outside the trace, held to its backward's end
+                if block is not None:
+                    self.acquire(block)
+                    traced.recompute_holds += 1
+            else:
+                position = self._record(traced)
+                if block is not None:
+                    self.acquire(block)  # Phase 1
                 self._prefetch(position)
-                return None
-            self.acquire(block)  # Phase 1
-            self._prefetch(position)
-            if not torch.is_grad_enabled():
+            if block is None or not torch.is_grad_enabled():
                 return None
             leaves, spec = tree_flatten((args, kwargs))
             needing = [index for index, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
@@ -208,16 +227,18 @@ class UnitGathering:
 
     def _post_forward(self, traced: TracedModule):
         def post_forward(module, args, output):
-            position = traced.position
-            if torch.is_grad_enabled() and not self.in_backward:
+            if self.in_backward:  # a recomputation: its unit stays held for the backward that follows
+                return
+            if torch.is_grad_enabled():
                 outputs = [leaf for leaf in tree_flatten(output)[0]
                            if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
                 if outputs:
                     torch.autograd.graph.register_multi_grad_hook(outputs, lambda _: self._pre_backward(traced),
                                                                   mode="any")
             if traced.block is not None:
-                self.release(traced.block, keep=self._keep(traced.block, position))  # Phase 2
+                self.release(traced.block, keep=self._keep(traced.block))  # Phase 2
             if traced.module is self.model:
+                self.forward_uses = len(self.recording)
                 if torch.is_grad_enabled():
                     self.in_backward = True
                 else:  # no backward follows: nothing may stay gathered
@@ -225,22 +246,28 @@ class UnitGathering:
         return post_forward
 
     def _pre_backward(self, traced: TracedModule) -> None:
-        """Phase 3."""
-        position = self.schedule.backward_position(traced.index) if self.schedule is not None else None
-        traced.backward_position = position
+        """Phase 3: noted in the trace (official records the backward's order as it happens)."""
+        position = self._record(traced)
         if traced.block is not None:
             self.acquire(traced.block)
+            traced.backward_holds += 1
         self._prefetch(position)
 
     def _post_backward(self, traced: TracedModule) -> None:
-        """Phase 5."""
-        self.release(traced.block, keep=self._keep(traced.block, traced.backward_position))
+        """Phase 5: the hold of its gradients' hook, and those of any recomputation, let go."""
+        keep = self._keep(traced.block)
+        if traced.backward_holds:
+            traced.backward_holds -= 1
+            self.release(traced.block, keep=keep)
+        while traced.recompute_holds:
+            traced.recompute_holds -= 1
+            self.release(traced.block, keep=keep)
 
     def _start_micro_step(self) -> None:
         """The model's forward begins: a new recording, the last one's schedule, the root held."""
         self.recording, self.in_backward = [], False
         self.schedule = FetchSchedule(self.trace, {entry.unit.name: entry.numel for entry in self.entries},
-                                      self.rules) if self.trace else None
+                                      self.rules, self.backward_trace) if self.trace else None
         if self.root is not None and self.root.holds == 0:
             self.acquire(self.root)
 

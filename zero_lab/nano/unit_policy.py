@@ -2,12 +2,15 @@
 and whether a unit stays gathered until its next use. No torch: `units.py` and `unit_gathering.py`
 apply them to a live model, and `zero-lab explain` to a model it never builds.
 
-Units (the order `units.py` documents):
+Units (the order `units.py` documents). A "block" here is a module fetched as one, as official
+DeepSpeed fetches (`fetch_sub_module`): each module's own parameters (`recurse=False`), or a leaf
+module's (`leaf_module`) whole subtree.
     Phase 1: "persistent": each parameter of at most `persistence_threshold` elements, in the
              model's order, while their total stays within `model_persistence_threshold`.
     Phase 2: one unit per block, with the block's parameters that no other block reaches and that
              are not persistent.
-    Phase 3: "root": every other parameter.
+    Phase 3: "root": every other parameter (one owned by two modules, as a tied head's, or by
+             the model itself).
 When a unit is gathered and freed is `fetch_policy`'s (official DeepSpeed's rules over the recorded
 trace); `forward_trace` gives that policy the trace of a model described by its parameter table.
 """
@@ -27,8 +30,7 @@ class ParameterEntry:
 
     name: str
     shape: tuple[int, ...]
-    blocks: tuple[str, ...] = ()  # the blocks whose subtrees reach it (two or more: the root's)
-    also_used_by: tuple[str, ...] = ()  # other modules using it after the blocks (a head tied to it)
+    blocks: tuple[str, ...] = ()  # the blocks that fetch it (two or more, as a tied head's: the root's)
 
     @property
     def numel(self) -> int:
@@ -64,28 +66,40 @@ def plan_units(entries: Sequence[ParameterEntry], block_names: Sequence[str], pe
     return [unit for unit in units if unit.members]
 
 
+def traced_calls(calls: Sequence[str], entries: Sequence[ParameterEntry],
+                 units: Sequence[UnitPlan]) -> list[TracedUse]:
+    """The uses of the modules named in `calls`, in that order (the model itself is ""): each
+    touches the parameters it fetches (`ParameterEntry.blocks`; none for a container) and needs
+    their sharded unit whole (the root, if they are the root's)."""
+    unit_of = {index: unit.name for unit in units if unit.sharded for index in unit.members}
+
+    def use(module: str) -> TracedUse:
+        members = [index for index, entry in enumerate(entries) if module in entry.blocks]
+        sharded = {unit_of[index] for index in members if index in unit_of}
+        return TracedUse(module, next(iter(sharded)) if sharded else None, sum(entries[index].numel for index in members))
+
+    return [use(module) for module in calls]
+
+
 def forward_trace(entries: Sequence[ParameterEntry], block_names: Sequence[str],
                   units: Sequence[UnitPlan]) -> list[TracedUse]:
-    """The trace `unit_gathering` records for a model whose forward uses its modules in the
-    parameter table's order: the model itself, the modules outside the blocks whose parameters
-    come before the blocks (the embedding), each block, then the others (final norm, head)."""
-    unit_of = {index: unit.name for unit in units if unit.sharded for index in unit.members}
-    first_block = min((index for index, entry in enumerate(entries) if entry.blocks), default=len(entries))
-    before: dict[str, list[int]] = {}
-    after: dict[str, list[int]] = {}
-    for index, entry in enumerate(entries):
-        if not entry.blocks:
-            module = entry.name.rpartition(".")[0]
-            (before if index < first_block else after).setdefault(module, []).append(index)
-    for index, entry in enumerate(entries):  # a tied head is called last
-        for other in entry.also_used_by:
-            after.setdefault(other, []).append(index)
-
-    def use(module: str, members: list[int]) -> TracedUse:
-        sharded = {unit_of[index] for index in members if index in unit_of}
-        return TracedUse(module, next(iter(sharded)) if sharded else None, sum(entries[i].numel for i in members))
-
-    blocks = [TracedUse(block, block if any(unit.name == block for unit in units) else None,
-                        sum(entry.numel for entry in entries if block in entry.blocks)) for block in block_names]
-    return ([TracedUse("", None, 0)] + [use(module, members) for module, members in before.items()] + blocks
-            + [use(module, members) for module, members in after.items()])
+    """The trace `unit_gathering` records for a model whose forward calls its blocks in the order of
+    the parameter table, each inside the containers its name passes through (a ModuleList, never
+    called, is left out): the model itself, then each block after the containers entered before it;
+    a block whose parameters another block owns (a tied head) comes last. Modules without
+    parameters that the forward also calls (an activation, rotary embeddings) are not in the table:
+    a trace recorded from the model has them too (`model_shapes.preset_module_calls` knows the
+    presets' calls)."""
+    owners = [entry.name.rpartition(".")[0] for entry in entries]
+    order = [block for block in dict.fromkeys(owners) if block in block_names]
+    order += [block for block in block_names if block not in order]
+    calls, entered = [""], set()
+    for block in order:
+        parts = block.split(".")
+        for depth in range(1, len(parts)):
+            container = ".".join(parts[:depth])
+            if container not in entered and not parts[depth].isdigit():
+                entered.add(container)
+                calls.append(container)
+        calls.append(block)
+    return traced_calls(calls, entries, units)

@@ -5,17 +5,19 @@ parameter group (a group's hyper-parameters apply to its buffers). The policy li
 from the mechanism, as torchtitan applies its parallelism per layer from outside the model.
 
 Stages 0-2 use one unit, the whole model, so each parameter group is one flat buffer.
-Stage 3 gathers a unit whole for each use, so the units follow the model's repeated blocks:
+Stage 3 gathers a unit whole for each use, so the units are what official DeepSpeed fetches at
+once (`fetch_sub_module`):
     1. "persistent": every parameter of at most `stage3_param_persistence_threshold` elements
        (in `named_parameters()` order, while their total stays within
        `stage3_model_persistence_threshold`), kept whole on every rank, as official DeepSpeed does.
-    2. one unit per block: each module matching `zero_optimization.leaf_module` (DeepSpeed's
-       classes, names and name suffixes), or, when that names none, each child of a ModuleList
-       (every Hugging Face decoder layer), with the parameters of its subtree.
-    3. "root": every other parameter (embeddings, final norm, head), gathered for the model's
-       whole forward and backward. A parameter reachable from two blocks is the root's too, so
-       every parameter belongs to exactly one unit and is whole wherever a block uses it; one
-       tied embedding and head weight is one parameter, in one unit.
+    2. one unit per module fetched as one (`fetch_modules`): each module matching
+       `zero_optimization.leaf_module` (DeepSpeed's classes, names and name suffixes) with the
+       parameters of its subtree, and every other module with its own parameters (`recurse=False`:
+       each Linear, Embedding, norm), named after the module.
+    3. "root": every other parameter: one that two such modules own (a head tied to the
+       embedding), or the model's own; gathered for the model's whole forward and backward. So
+       every parameter belongs to exactly one unit and is whole wherever a module uses it.
+(`find_blocks`, each ModuleList child, is the repeated block FSDP2 shards.)
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Unit:
     module: torch.nn.Module
     parameters: list[torch.nn.Parameter] = field(default_factory=list)
     sharded: bool = False  # whole only while in use (stage 3's blocks and root), else always whole
+    whole_module: bool = True  # the unit is its module's subtree (a leaf module), not its own parameters
 
 
 def whole_model(model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> list[Unit]:
@@ -44,13 +47,20 @@ def whole_model(model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> 
     return [Unit("model", model, list(trainable))]
 
 
+def is_leaf(name: str, module: torch.nn.Module, classes: tuple[str, ...], names: tuple[str, ...],
+            suffixes: tuple[str, ...]) -> bool:
+    """Whether `module` (called `name` in the model) is a leaf module: fetched whole, its subtree one unit."""
+    qualified = f"{type(module).__module__}.{type(module).__qualname__}"
+    return (type(module).__name__ in classes or qualified in classes or name in names
+            or any(name.endswith(suffix) for suffix in suffixes))
+
+
 def is_block(name: str, module: torch.nn.Module, parent: torch.nn.Module | None, classes: tuple[str, ...],
              names: tuple[str, ...], suffixes: tuple[str, ...]) -> bool:
-    """Whether `module` (called `name` in the model) forms a unit of its own at stage 3."""
+    """Whether `module` (called `name` in the model) is a repeated block (FSDP2 shards per block):
+    a leaf module when `leaf_module` names some, else each child of a ModuleList."""
     if classes or names or suffixes:
-        qualified = f"{type(module).__module__}.{type(module).__qualname__}"
-        return (type(module).__name__ in classes or qualified in classes or name in names
-                or any(name.endswith(suffix) for suffix in suffixes))
+        return is_leaf(name, module, classes, names, suffixes)
     return isinstance(parent, torch.nn.ModuleList)
 
 
@@ -67,12 +77,30 @@ def find_blocks(model: torch.nn.Module, classes: tuple[str, ...] = (), names: tu
     return blocks
 
 
-def parameter_entries(model: torch.nn.Module, blocks: list[tuple[str, torch.nn.Module]],
+def fetch_modules(model: torch.nn.Module, classes: tuple[str, ...] = (), names: tuple[str, ...] = (),
+                  suffixes: tuple[str, ...] = ()) -> list[tuple[str, torch.nn.Module, bool]]:
+    """(name, module, whole) of every module fetched as one, in the model's order: each leaf module
+    (whole: its subtree), then inside no leaf module, each module other than the model that owns
+    parameters itself (not whole: its own parameters, as official's `recurse=False`)."""
+    blocks: list[tuple[str, torch.nn.Module, bool]] = []
+    inside_a_leaf: set[int] = set()
+    for name, module in model.named_modules():
+        if module is model or id(module) in inside_a_leaf:
+            continue
+        if (classes or names or suffixes) and is_leaf(name, module, classes, names, suffixes):
+            blocks.append((name, module, True))
+            inside_a_leaf.update(id(inner) for inner in module.modules())
+        elif next(module.parameters(recurse=False), None) is not None:
+            blocks.append((name, module, False))
+    return blocks
+
+
+def parameter_entries(model: torch.nn.Module, blocks: list[tuple[str, torch.nn.Module, bool]],
                       wanted: set | None = None) -> list[tuple[ParameterEntry, torch.nn.Parameter]]:
     """Each (wanted) parameter as the unit policy sees it, in `named_parameters()` order."""
     holders: dict[torch.nn.Parameter, list[str]] = {}
-    for block_name, block in blocks:
-        for parameter in block.parameters():
+    for block_name, block, whole in blocks:
+        for parameter in block.parameters(recurse=whole):
             holders.setdefault(parameter, []).append(block_name)
     return [(ParameterEntry(name, tuple(parameter.zero_lab_shape if is_partitioned(parameter) else parameter.shape),
                             tuple(holders.get(parameter, ()))), parameter)
@@ -82,21 +110,22 @@ def parameter_entries(model: torch.nn.Module, blocks: list[tuple[str, torch.nn.M
 def per_block(model: torch.nn.Module, trainable: list[torch.nn.Parameter], classes: tuple[str, ...] = (),
               names: tuple[str, ...] = (), suffixes: tuple[str, ...] = (), persistence_threshold: int = 0,
               model_persistence_threshold: int = 0) -> list[Unit]:
-    """Stage 3's units, in the order listed in this module's docstring: the blocks are found in
-    the module tree here, the parameters assigned by `unit_policy.plan_units`."""
+    """Stage 3's units, in the order listed in this module's docstring: the modules fetched as one
+    are found in the module tree here, the parameters assigned by `unit_policy.plan_units`."""
     wanted = set(trainable)
-    blocks = find_blocks(model, classes, names, suffixes)
+    blocks = fetch_modules(model, classes, names, suffixes)
     paired = parameter_entries(model, blocks, wanted)
     entries, parameters = [entry for entry, _ in paired], [parameter for _, parameter in paired]
-    module_of = {block_name: block for block_name, block in blocks}
-    return [Unit(plan.name, module_of.get(plan.name, model), [parameters[index] for index in plan.members], plan.sharded)
-            for plan in plan_units(entries, [block_name for block_name, _ in blocks], persistence_threshold,
+    module_of = {block_name: (block, whole) for block_name, block, whole in blocks}
+    return [Unit(plan.name, module_of.get(plan.name, (model, True))[0], [parameters[index] for index in plan.members],
+                 plan.sharded, module_of.get(plan.name, (model, True))[1])
+            for plan in plan_units(entries, [block_name for block_name, _, _ in blocks], persistence_threshold,
                                    model_persistence_threshold)]
 
 
 def choose_units(model: torch.nn.Module, trainable: list[torch.nn.Parameter], zero) -> list[Unit]:
     """The policy for a config's `zero_optimization` section: the whole model below stage 3;
-    persistent, blocks and root at stage 3."""
+    persistent, fetched modules and root at stage 3."""
     if not stages.of(zero.stage).partitions_parameters:
         return whole_model(model, trainable)
     leaf = zero.leaf_module

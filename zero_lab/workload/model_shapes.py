@@ -57,12 +57,14 @@ def decays(shape: tuple[int, ...]) -> bool:
 
 
 def preset_parameters(name: str) -> list[ParameterEntry]:
-    """The preset's trainable parameters in `named_parameters()` order, each decoder layer a block."""
+    """The preset's trainable parameters in `named_parameters()` order, each fetched by the module
+    owning it (`units.fetch_modules`); a tied embedding by the head too."""
     config = PRESETS[name]
     hidden, intermediate, head = config["hidden_size"], config["intermediate_size"], config["head_dim"]
     queries, keys = config["num_attention_heads"] * head, config["num_key_value_heads"] * head
     tied = ("lm_head",) if config["tie_word_embeddings"] else ()  # the head uses the embedding's weight
-    entries = [ParameterEntry("model.embed_tokens.weight", (config["vocab_size"], hidden), also_used_by=tied)]
+    entries = [ParameterEntry("model.embed_tokens.weight", (config["vocab_size"], hidden),
+                              ("model.embed_tokens", *tied))]
     for layer in range(config["num_hidden_layers"]):
         block = f"model.layers.{layer}"
         shapes = {"self_attn.q_proj.weight": (queries, hidden), "self_attn.k_proj.weight": (keys, hidden),
@@ -71,13 +73,40 @@ def preset_parameters(name: str) -> list[ParameterEntry]:
                   "mlp.gate_proj.weight": (intermediate, hidden), "mlp.up_proj.weight": (intermediate, hidden),
                   "mlp.down_proj.weight": (hidden, intermediate), "input_layernorm.weight": (hidden,),
                   "post_attention_layernorm.weight": (hidden,)}
-        entries += [ParameterEntry(f"{block}.{name}", shape, (block,)) for name, shape in shapes.items()]
+        entries += [ParameterEntry(f"{block}.{name}", shape) for name, shape in shapes.items()]
     entries.append(ParameterEntry("model.norm.weight", (hidden,)))
     if not config["tie_word_embeddings"]:
         entries.append(ParameterEntry("lm_head.weight", (config["vocab_size"], hidden)))
-    return entries
+    return [entry if entry.blocks else ParameterEntry(entry.name, entry.shape, (entry.name.rpartition(".")[0],))
+            for entry in entries]
 
 
 def preset_blocks(name: str) -> list[str]:
-    """The stage-3 blocks of a preset: its decoder layers (the children of `model.layers`)."""
-    return [f"model.layers.{layer}" for layer in range(PRESETS[name]["num_hidden_layers"])]
+    """The stage-3 blocks of a preset: every module fetched as one (each owning parameters), in order."""
+    table = preset_parameters(name)
+    owners = [entry.name.rpartition(".")[0] for entry in table]
+    return list(dict.fromkeys(owners + [block for entry in table for block in entry.blocks]))
+
+
+def preset_module_calls(name: str) -> tuple[list[str], list[str]]:
+    """The modules a preset's training micro-step calls (Qwen3 as transformers 5 writes it; "" is
+    the model): in the order the forward calls them, then in the order the backward's gradients
+    reach their outputs, which is what stage 3 records (`nano.unit_gathering`). The backward is not
+    the forward reversed: a module whose output is its last child's output (the model and its
+    final norm, an MLP and its down_proj, an attention and its o_proj) comes after that child, the
+    rotary embedding (no gradient) not at all."""
+    attention = ["q_proj", "q_norm", "k_proj", "k_norm", "v_proj", "o_proj"]
+    mlp = ["gate_proj", "act_fn", "up_proj", "down_proj"]
+    forward, backward = ["", "model", "model.embed_tokens", "model.rotary_emb"], ["", "lm_head", "model.norm", "model"]
+    layers = [f"model.layers.{layer}" for layer in range(PRESETS[name]["num_hidden_layers"])]
+    for layer in layers:
+        forward += [layer, f"{layer}.input_layernorm", f"{layer}.self_attn",
+                    *[f"{layer}.self_attn.{module}" for module in attention], f"{layer}.post_attention_layernorm",
+                    f"{layer}.mlp", *[f"{layer}.mlp.{module}" for module in mlp]]
+    for layer in reversed(layers):
+        backward += [layer, f"{layer}.mlp.down_proj", f"{layer}.mlp",
+                     *[f"{layer}.mlp.{module}" for module in reversed(mlp[:-1])], f"{layer}.post_attention_layernorm",
+                     f"{layer}.self_attn.o_proj", f"{layer}.self_attn",
+                     *[f"{layer}.self_attn.{module}" for module in reversed(attention[:-1])],
+                     f"{layer}.input_layernorm"]
+    return forward + ["model.norm", "lm_head"], backward + ["model.embed_tokens"]

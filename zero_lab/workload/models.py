@@ -77,10 +77,10 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def directory_parameters(path: str):
     """(parameter entries, stage-3 blocks) of a local Hugging Face model, from its config alone:
     the model is built on the meta device (no weights read, no memory), blocks found as nano finds
-    them (`units.find_blocks`). Presets need none of this: `model_shapes.preset_parameters`."""
+    them (`units.fetch_modules`). Presets need none of this: `model_shapes.preset_parameters`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from zero_lab.nano.units import find_blocks, parameter_entries
+    from zero_lab.nano.units import fetch_modules, parameter_entries
 
     check_model_name(path, flag="--model")
     try:
@@ -89,6 +89,6 @@ def directory_parameters(path: str):
     except LOAD_ERRORS as error:
         raise WorkloadError(f"cannot read the model config in {path}: {first_line(error)}",
                             "Give a Hugging Face model directory with a readable config.json") from None
-    blocks = find_blocks(model)
+    blocks = fetch_modules(model)
     trainable = {parameter for parameter in model.parameters() if parameter.requires_grad}
-    return [entry for entry, _ in parameter_entries(model, blocks, trainable)], [name for name, _ in blocks]
+    return [entry for entry, _ in parameter_entries(model, blocks, trainable)], [name for name, _, _ in blocks]
