@@ -49,25 +49,24 @@ STAGE_OPTIMIZERS = {(optimizer.stage, optimizer.variant): optimizer  # one per r
                     for optimizer in (Stage0Optimizer, Stage1Optimizer, Stage1Fp32AccumulationOptimizer,
                                       Stage2Optimizer, Stage3Optimizer)}
 
-# With qgZ: (hpZ, qwZ) -> the optimizer class.
-ZERO_PLUS_PLUS_WITH_QUANTIZED_GRADIENTS = {
-    (False, False): quantized_gradients.Stage3QuantizedGradientsOptimizer,
-    (True, False): quantized_gradients.Stage3HierarchicalQuantizedGradientsOptimizer,
-    (False, True): quantized_gradients.Stage3QuantizedWeightsAndGradientsOptimizer,
-    (True, True): quantized_gradients.Stage3ZeroPlusPlusOptimizer}
+# Stage 3 with ZeRO++: (hpZ, qwZ, qgZ) on -> the optimizer class (all off: the stage table's).
+ZERO_PLUS_PLUS_OPTIMIZERS = {
+    (True, False, False): Stage3HierarchicalOptimizer,
+    (False, True, False): Stage3QuantizedWeightsOptimizer,
+    (True, True, False): Stage3HierarchicalQuantizedWeightsOptimizer,
+    (False, False, True): quantized_gradients.Stage3QuantizedGradientsOptimizer,
+    (True, False, True): quantized_gradients.Stage3HierarchicalQuantizedGradientsOptimizer,
+    (False, True, True): quantized_gradients.Stage3QuantizedWeightsAndGradientsOptimizer,
+    (True, True, True): quantized_gradients.Stage3ZeroPlusPlusOptimizer}
 
 
 def stage_optimizer(config: NanoConfig, world_size: int) -> type:
-    """Phase 5's optimizer class: the stage's, or at stage 3 ZeRO++'s: qgZ's, qwZ's, and hpZ's over more than
-    one rank, in each combination."""
+    """Phase 5's optimizer class: the stage's, or at stage 3 ZeRO++'s for the keys that are on
+    (hpZ only over more than one rank)."""
     zero = config.zero_optimization
-    hierarchical = zero.hpz_enabled and world_size > 1
-    if zero.zero_quantized_gradients:
-        return ZERO_PLUS_PLUS_WITH_QUANTIZED_GRADIENTS[(hierarchical, zero.zero_quantized_weights)]
-    if zero.zero_quantized_weights:
-        return Stage3HierarchicalQuantizedWeightsOptimizer if hierarchical else Stage3QuantizedWeightsOptimizer
-    if hierarchical:
-        return Stage3HierarchicalOptimizer
+    ideas = (zero.hpz_enabled and world_size > 1, zero.zero_quantized_weights, zero.zero_quantized_gradients)
+    if any(ideas):
+        return ZERO_PLUS_PLUS_OPTIMIZERS[ideas]
     row = config.stage_facts  # the stage, or its variant (stages.for_run)
     return STAGE_OPTIMIZERS[(row.number, row.variant)]
 
