@@ -6,7 +6,6 @@ single-process torch.optim.AdamW on the global batch, and nano itself on the sam
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import itertools
@@ -18,6 +17,7 @@ import zero_lab.nano as nano
 from zero_lab.fsdp2.memory_formula import layout_bytes, moment_bytes
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.memory_meter import LiveStorageTracker
+from tests.backend_holding import backend_holding_collective_tensors
 from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch, parameter_groups
 from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, STEPS, WEIGHT_DECAY, nano_config
 
@@ -85,33 +85,13 @@ def live_bytes(tracker: LiveStorageTracker) -> int:
     return tracker.live_bytes
 
 
-@contextlib.contextmanager
-def backend_holding_all_reduce_tensors():
-    """Every tensor handed to all_reduce stays referenced until the block ends, as gloo's worker
-    thread sometimes holds one after the wait (CI once saw 4 bytes more between steps at world
-    size 3: the norm's scalar). What the engine leaves alive then cannot depend on thread timing."""
-    held = []
-    original = torch.distributed.all_reduce
-
-    def all_reduce(tensor, *args, **kwargs):
-        held.append(tensor)
-        return original(tensor, *args, **kwargs)
-
-    torch.distributed.all_reduce = all_reduce
-    try:
-        yield
-    finally:
-        torch.distributed.all_reduce = original
-        held.clear()
-
-
 def memory_worker(rank: int, world_size: int) -> list[str]:
     """Bytes alive after the backward and between steps equal FSDP2's formula exactly, on every
     rank, fp32 and bf16, stages 2 and 3 (the tracker counts a DTensor as its local shard)."""
     failures = []
     for precision, stage in itertools.product(("fp32", "bf16"), (2, 3)):
         tracker = LiveStorageTracker("cpu")
-        with tracker, backend_holding_all_reduce_tensors():  # entered before the model exists, so every storage it and FSDP2 make is seen
+        with tracker, backend_holding_collective_tensors():  # entered before the model exists, so every storage it and FSDP2 make is seen
             model = build_model()
             shapes = [tuple(parameter.shape) for parameter in model.parameters()]
             engine, _, _, _ = fsdp2.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),

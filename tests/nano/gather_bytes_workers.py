@@ -20,6 +20,7 @@ import zero_lab.nano as nano
 from zero_lab.nano.official_config import to_official_config
 from zero_lab.workload.comm_meter import CommMeter, difference
 from zero_lab.workload.wire_bytes import family
+from tests.backend_holding import backend_holding_collective_tensors
 
 STEPS, MICRO_SIZE, SEQUENCE = 3, 2, 16
 
@@ -100,7 +101,7 @@ def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter, aft
     from zero_lab.workload.models import build_model
 
     found, held = [], {}
-    with LiveStorageTracker("cpu") as tracker:
+    with LiveStorageTracker("cpu") as tracker, backend_holding_collective_tensors():
         def boundary(moment: str) -> None:
             gc.collect()
             held[moment] = max(held.get(moment, 0), tracker.live_bytes)

@@ -9,6 +9,7 @@ import itertools
 import torch
 
 import zero_lab.nano as nano
+from tests.backend_holding import backend_holding_collective_tensors
 from tests.nano.stage3_reference import TokenReference, build_trapnet, decay_groups, token_batch, token_loss
 from tests.nano.stage3_workers import MICRO_SIZE, STEPS, compare_whole, stage3_config
 from tests.nano.workers import LR, WEIGHT_DECAY
@@ -93,7 +94,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     failures = []
     for (stage, offload), precision in itertools.product(cases(), ("fp32", "bf16")):
         config = offload_config(stage, offload, precision, bucket=11)
-        with LiveStorageTracker("cpu") as tracker:
+        with LiveStorageTracker("cpu") as tracker, backend_holding_collective_tensors():
             model = build_trapnet(spare=False)
             engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY), config=config)
             measured, batch = {}, {}

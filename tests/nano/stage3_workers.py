@@ -8,6 +8,7 @@ import itertools
 import torch
 
 import zero_lab.nano as nano
+from tests.backend_holding import backend_holding_collective_tensors
 from tests.nano.stage3_reference import (TokenReference, build_trapnet, decay_groups, token_batch, token_loss)
 from tests.nano.reference import max_difference
 from tests.nano.workers import LR, WEIGHT_DECAY, nano_config
@@ -221,7 +222,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     for precision in ("fp32", "bf16"):
         config = stage3_config(precision=precision, bucket=11)
         config["zero_optimization"]["stage3_prefetch_bucket_size"] = 0  # only the unit in use is gathered
-        with LiveStorageTracker("cpu") as tracker:
+        with LiveStorageTracker("cpu") as tracker, backend_holding_collective_tensors():
             model = build_trapnet()
             engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY), config=config)
             measured, batch = {}, {}

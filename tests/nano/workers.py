@@ -11,6 +11,7 @@ import torch
 import zero_lab.nano as nano
 from zero_lab.nano.memory_formula import model_state_bytes
 from zero_lab.workload.memory_meter import LiveStorageTracker
+from tests.backend_holding import backend_holding_collective_tensors
 from tests.nano.reference import (ReferenceTrainer, build_model, loss_of, max_difference, micro_batch,
                                   parameter_groups)
 
@@ -146,7 +147,9 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
               ("bf16", 1, "fp32", {**fp32_accumulation, "bf16": {"enabled": True, "immediate_grad_update": True}})]
     for precision, stage, grad_accum_dtype, extra in cases:
         tracker = LiveStorageTracker("cpu")
-        with tracker:  # entered before the model exists, so every storage it and nano make is seen
+        # entered before the model exists, so every storage it and nano make is seen; every tensor a
+        # collective was handed stays referenced, as a slow gloo thread may keep it
+        with tracker, backend_holding_collective_tensors():
             model = build_model()
             group_sizes = [sum(p.numel() for p in group["params"]) for group in parameter_groups(model, 0.0)]
             engine, _, _, _ = nano.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),

@@ -8,6 +8,7 @@ import copy
 import torch
 
 import zero_lab.nano as nano
+from tests.backend_holding import backend_holding_collective_tensors
 from tests.nano.stage3_reference import TokenReference, build_trapnet, decay_groups, token_batch, token_loss
 from tests.nano.stage3_workers import stage3_config, train
 from tests.nano.workers import LR, MICRO_SIZE, WEIGHT_DECAY
@@ -107,7 +108,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     failures = []
     for precision in ("fp32", "bf16"):
         config = hpz_config(precision)
-        with LiveStorageTracker("cpu") as tracker:
+        with LiveStorageTracker("cpu") as tracker, backend_holding_collective_tensors():
             model = build_trapnet(spare=False)  # a unit no forward uses gathers (and keeps) nothing after a step
             engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY), config=config)
             sharded = [buffer for buffer in engine.optimizer.buffers if isinstance(buffer, HierarchicalShardedBuffer)]

@@ -187,7 +187,13 @@ class ZeroOptimizer:
         self.gradient_collection.after_backward()
 
     def _release_gradients(self) -> None:
+        """Free the window's gradients; each partition is shrunk, not just dropped, since a view of
+        it handed to a collective (stage 0's in-place buckets) may still be held by the backend's
+        worker thread after the wait."""
         self.gradient_collection.release()
+        for partition in self.gradient_partitions:
+            if partition is not None:
+                free_storage(partition)
         self.gradient_partitions = [None] * len(self.buffers)
 
     # ----- the shared step ----------------------------------------------------------------
