@@ -51,6 +51,21 @@ if torch.distributed.is_initialized():  # a gloo group alive at exit can abort t
     torch.distributed.destroy_process_group()
 """
 
+TEARDOWN = r"""
+import gc, json, os, torch
+import deepspeed
+threads = lambda: sorted(open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task"))
+deepspeed.init_distributed()
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=CONFIG)
+engine.backward(engine(torch.randn(4, 8)).pow(2).mean())
+engine.step()
+before = threads()
+torch.distributed.destroy_process_group()
+gc.collect()
+print("RESULT " + json.dumps({"before": before, "after": threads()}))
+"""
+
 
 def _result(completed) -> dict:
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -126,3 +141,14 @@ def test_a_plain_initialize_script_runs_on_nano_as_on_official_under_torchrun(tm
         assert ("[engine] deepspeed=nano" in completed.stdout) == (impl == "nano")
     assert len(losses["nano"]) == 8
     assert max(abs(a - b) for a, b in zip(losses["nano"], losses["official"])) < 1e-6, losses
+
+
+def test_destroy_process_group_ends_the_gloo_threads_a_nano_script_started():
+    """After `destroy_process_group()` no gloo thread is left to race the interpreter's teardown
+    (where one can abort a finished script with SIGABRT): nano's `init_distributed` imports what the
+    first optimizer imports before the group exists, so no module default argument holds the group
+    (zero_lab/nano/distributed.py). One rank; MASTER_PORT 0: the store binds a port the OS gives."""
+    code = TEARDOWN.replace("CONFIG", repr(PLAIN_CONFIG))
+    result = _result(run_python("nano", code, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"))
+    assert "pt_gloo_runloop" in result["before"], result  # the group's workers ran the step
+    assert not [name for name in result["after"] if name.startswith(("pt_gloo", "gloo"))], result

@@ -1,8 +1,19 @@
-"""`init_distributed`: join the process group torchrun describes (nccl on CUDA, gloo on CPU)."""
+"""`init_distributed`: join the process group torchrun describes (nccl on CUDA, gloo on CPU).
+
+Before the group exists it imports `torch._dynamo`, which the first `torch.optim.Optimizer` would
+otherwise import after it: several modules that import pulls in (`torch.distributed.nn.functional`,
+FSDP's grad scaler) take `group.WORLD` as a default argument, evaluated at import, so imported late
+they hold the world group past `destroy_process_group()`. Its gloo threads then live into the
+interpreter's teardown and can abort the process ("terminate called without an active exception",
+SIGABRT) after a script has finished: 4 of 40 two-rank runs of tests/clients/plain_initialize.py on
+2 loaded cores. Imported first, those defaults are None and the group is gone when the script
+destroys it.
+"""
 
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 from typing import Optional
 
@@ -26,6 +37,7 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
     """
     if torch.distributed.is_initialized() or dist_init_required is False:
         return
+    importlib.import_module("torch._dynamo")  # before the group exists: see the module docstring
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(distributed_port))
     rank = int(os.environ.get("RANK", 0)) if rank < 0 else rank
