@@ -7,22 +7,21 @@ the same losses and moves the same bytes per steady step.
 The config keeps no block gathered from its forward to its backward (stage3_prefetch_bucket_size 0,
 reuse distance 0), so backward gathers every block again: the gathers hpZ keeps inside the node.
 Step 1 records stage 3's trace (official's fetch rules) and gathers more; steps 2 and 3 are steady.
-Each launch runs once per module and its rank-0 log is reused.
+Each impl's cases train once per module, one after another in one spawned world of 4 ranks
+(tests/harness_world.py: the harness's own training, without a launch per case); their rank-0 logs
+are reused.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.harness_world import train_in_world
 from zero_lab.cli.app import app
-from zero_lab.launch.ports import free_port
 from zero_lab.workload.log_lines import parse_line
 
 pytestmark = pytest.mark.slow
@@ -36,6 +35,7 @@ KEYS = {"stage3": {}, "hpz": {"zero_hpz_partition_size": RANKS_PER_NODE}, "qwz":
         "qgz": {"zero_quantized_gradients": True},
         "all_three": {"zero_quantized_weights": True, "zero_hpz_partition_size": RANKS_PER_NODE,
                       "zero_quantized_gradients": True}}
+CASES_OF = {"nano": list(KEYS), "official": ["hpz"]}  # the cases each impl trains
 
 
 def config(case: str) -> dict:
@@ -55,26 +55,23 @@ def config_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def run(config_path):
-    """run(impl, case) -> {step: [opt_step] fields} of that launch's rank-0 log (cached)."""
+def run(config_path, tmp_path_factory):
+    """run(impl, case) -> {step: [opt_step] fields} of that run's rank-0 log. The first call for an
+    impl trains every case of that impl, one after another in one spawned world of 4 ranks."""
     logs: dict = {}
 
-    def launch(impl: str, case: str) -> dict:
+    def train(impl: str, case: str) -> dict:
         if (impl, case) not in logs:
-            command = [str(Path(sys.executable).with_name("torchrun")), "--nnodes=1", f"--nproc-per-node={WORLD_SIZE}",
-                       "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                       str(REPO / "harness" / "train.py"), "--impl", impl, "--deepspeed_config", str(config_path(case)),
-                       "--model-name", "tiny", "--steps", str(STEPS), "--batch-size", "2", "--seq-len", "32",
-                       "--seed", "0", "--device", "cpu", "--ranks-per-node", str(RANKS_PER_NODE)]
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
-                   "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
-            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
-            assert done.returncode == 0, f"{impl} {case} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-            lines = [parse_line(line) for line in done.stdout.splitlines()]
-            logs[(impl, case)] = {step: fields for tag, step, fields in filter(None, lines) if tag == "opt_step"}
+            runs = {name: ["--impl", impl, "--deepspeed_config", str(config_path(name)), "--model-name", "tiny",
+                           "--steps", str(STEPS), "--batch-size", "2", "--seq-len", "32", "--seed", "0",
+                           "--device", "cpu", "--ranks-per-node", str(RANKS_PER_NODE)]
+                    for name in CASES_OF[impl]}
+            for name, output in train_in_world(WORLD_SIZE, runs, tmp_path_factory.mktemp(impl)).items():
+                lines = [parse_line(line) for line in output.splitlines()]
+                logs[(impl, name)] = {step: fields for tag, step, fields in filter(None, lines) if tag == "opt_step"}
         return logs[(impl, case)]
 
-    return launch
+    return train
 
 
 def predicted(config_file: Path) -> tuple[int, int]:
