@@ -14,6 +14,12 @@ Phase 2 (each rank): the environment torchrun would give (LOCAL_WORLD_SIZE: ever
          group (the engines' `init_distributed` finds it made), rank 0's standard output caught
          in memory and written to `<directory>/<name>.log`.
 Phase 3 (pytest): a failure of any rank fails the caller; else {name: rank-0 output}.
+`Worlds` does it lazily for a test module: the first output asked of a world trains all its runs.
+
+Official DeepSpeed trains once per world: its communication backend, made at its first
+`init_distributed`, keeps the collectives it found then (the first run's meters) for the life of
+the process, so a second run's meter would count the same bytes under other collectives' names.
+nano and FSDP2 look their collectives up at each call.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import contextlib
 import io
 import os
 from pathlib import Path
+from typing import Callable
 
 from tests.spawn import run_distributed
 
@@ -45,3 +52,20 @@ def train_in_world(world_size: int, runs: dict[str, list[str]], directory: Path)
     failures = run_distributed(_train_runs, world_size, runs, str(directory))
     assert failures == [], "\n".join(failures)
     return {name: (directory / f"{name}.log").read_text() for name in runs}
+
+
+class Worlds:
+    """Worlds of `world_size` ranks, each a list of named runs, trained when one of their runs is
+    first asked for (a test module's fixture: tests that need no world of a kind do not pay for it).
+    `worlds`: {world: {run name: harness arguments}}; `directory(world)` makes a fresh directory."""
+
+    def __init__(self, world_size: int, worlds: dict[str, dict[str, list[str]]], directory: Callable[[str], Path]):
+        self.world_size, self.worlds, self.directory = world_size, worlds, directory
+        self.outputs: dict[str, str] = {}
+
+    def output(self, name: str) -> str:
+        """Run `name`'s rank-0 output."""
+        if name not in self.outputs:
+            world = next(world for world, runs in self.worlds.items() if name in runs)
+            self.outputs.update(train_in_world(self.world_size, self.worlds[world], self.directory(world)))
+        return self.outputs[name]

@@ -1,16 +1,17 @@
-"""harness/train.py --impl fsdp2 under torchrun on CPU (tiny, world size 2, fp32): the log
-contract, FSDP2's losses against nano's step by step, its bytes between steps against its formula,
-and its all-gather and reduce-scatter bytes per step against its layout."""
+"""harness/train.py --impl fsdp2 on CPU (tiny, world size 2, fp32): the log contract, FSDP2's losses
+against nano's step by step, its bytes between steps against its formula, and its all-gather and
+reduce-scatter bytes per step against its layout.
+
+The harness's training runs in spawned worlds (tests/harness_world.py; the torchrun launch itself
+is tests/harness/test_train_torchrun.py's and the CLI tests'): one world of 2 ranks per impl trains
+stages 2 and 3 in turn, once per module."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-
 import pytest
 
-from tests.harness.test_train_torchrun import REPO, STEPS, WORLD_SIZE, read_log, torchrun_command
+from tests.harness.test_train_torchrun import REPO, STEPS, WORLD_SIZE, harness_arguments, read_log
+from tests.harness_world import Worlds
 from zero_lab.fsdp2.memory_formula import FP32, chunk_rows, moment_bytes
 from zero_lab.workload.models import build_model
 
@@ -19,21 +20,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """run(impl, stage) -> the parsed rank-0 log of that launch (cached)."""
-    logs: dict = {}
-
-    def launch(impl: str, stage: int) -> dict:
-        if (impl, stage) not in logs:
-            config = json.loads((REPO / "harness" / "configs" / f"zero{stage}.json").read_text())
-            path = tmp_path_factory.mktemp("config") / "config.json"
-            path.write_text(json.dumps(config))
-            done = subprocess.run(torchrun_command(path, impl), capture_output=True, text=True, timeout=600, cwd=REPO,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
-            assert done.returncode == 0, f"{impl} {stage} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-            logs[(impl, stage)] = read_log(done.stdout)
-        return logs[(impl, stage)]
-
-    return launch
+    """run(impl, stage) -> the parsed rank-0 log of that run; the first call for an impl trains
+    its stages 2 and 3 in one spawned world."""
+    configs = REPO / "harness" / "configs"
+    worlds = Worlds(WORLD_SIZE, {impl: {f"{impl}-{stage}": harness_arguments(configs / f"zero{stage}.json", impl)
+                                        for stage in (2, 3)} for impl in ("fsdp2", "nano")}, tmp_path_factory.mktemp)
+    return lambda impl, stage: read_log(worlds.output(f"{impl}-{stage}"))
 
 
 @pytest.fixture(scope="module")

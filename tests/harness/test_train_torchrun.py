@@ -1,7 +1,12 @@
-"""harness/train.py under torchrun on CPU (tiny, world size 2, fp32): the log contract, nano vs
-official losses, live bytes against the ZeRO formulas, and bytes per collective per step.
+"""harness/train.py on CPU (tiny, world size 2, fp32): under torchrun, the log contract; and what its
+training computes: nano vs official losses, live bytes against the ZeRO formulas, and bytes per
+collective per step.
 
-Each (impl, stage, reduce_scatter) is launched once per module and its rank-0 log reused.
+One launch under torchrun (nano, stage 2: it starts 2 interpreters that import torch, transformers
+and the engines, about 15 CPU s): its contract lines, and that it trains and moves exactly what the
+same arguments do in a spawned world of 2 ranks (tests/harness_world.py). Every other fact is read
+from such worlds: one for nano's runs in turn, one per official run (WORLDS). The launch and each
+world run once per module and their rank-0 logs are reused.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness_world import Worlds
 from zero_lab.launch.ports import free_port
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.memory_formula import model_state_bytes
@@ -35,15 +41,20 @@ STEP_KEYS = {"loss", "grad_norm", "lr", "loss_scale", "step_ms", "tokens_per_s",
              "reserved_max_mb", "peak_alloc_max_mb", "peak_reserved_max_mb", "comm_mb", "comm_wire_mb"}
 
 
-def torchrun_command(config: Path, impl: str) -> list[str]:
-    return [str(Path(sys.executable).with_name("torchrun")), "--nnodes=1",
-            f"--nproc-per-node={WORLD_SIZE}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(REPO / "harness" / "train.py"),
-            "--impl", impl, "--deepspeed_config", str(config), "--model-name", "tiny",
+def harness_arguments(config: Path, impl: str) -> list[str]:
+    """harness/train.py's arguments for a run of `impl` with the config file `config`."""
+    return ["--impl", impl, "--deepspeed_config", str(config), "--model-name", "tiny",
             "--steps", str(STEPS), "--batch-size", "2", "--seq-len", "32", "--seed", "0",
             # gloo ranks on any machine: two ranks would need two GPUs, and a GPU machine must pass
             # too (where `--device auto` would pick cuda), which also runs `--device cpu` beside CUDA
             "--device", "cpu"]
+
+
+def torchrun_command(config: Path, impl: str) -> list[str]:
+    return [str(Path(sys.executable).with_name("torchrun")), "--nnodes=1",
+            f"--nproc-per-node={WORLD_SIZE}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(REPO / "harness" / "train.py"),
+            *harness_arguments(config, impl)]
 
 
 def read_log(text: str) -> dict:
@@ -65,27 +76,49 @@ def read_log(text: str) -> dict:
     return log
 
 
+# The runs of the spawned worlds, (impl, stage, reduce_scatter) each: nano's in one world; each of
+# official's in a world of its own, since official DeepSpeed's communication backend keeps the
+# collectives it finds at its first init_distributed (the first run's meters) for the process's life.
+WORLDS = [[("nano", 0, True), ("nano", 2, True), ("nano", 2, False), ("nano", 3, True)],
+          [("official", 0, True)], [("official", 2, True)], [("official", 3, True)]]
+
+
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """run(impl, stage, reduce_scatter=True) -> the parsed rank-0 log of that launch (cached)."""
-    logs: dict = {}
+def config_path(tmp_path_factory):
+    """config_path(stage, reduce_scatter) -> the harness's zero<stage>.json with that reduce_scatter."""
+    def write(stage: int, reduce_scatter: bool) -> Path:
+        config = json.loads((REPO / "harness" / "configs" / f"zero{stage}.json").read_text())
+        config["zero_optimization"]["reduce_scatter"] = reduce_scatter
+        path = tmp_path_factory.mktemp("config") / "config.json"
+        path.write_text(json.dumps(config))
+        return path
+    return write
 
-    def launch(impl: str, stage: int, reduce_scatter: bool = True) -> dict:
-        key = (impl, stage, reduce_scatter)
-        if key not in logs:
-            config = json.loads((REPO / "harness" / "configs" / f"zero{stage}.json").read_text())
-            config["zero_optimization"]["reduce_scatter"] = reduce_scatter
-            path = tmp_path_factory.mktemp("config") / "config.json"
-            path.write_text(json.dumps(config))
-            env = {**os.environ, "OMP_NUM_THREADS": "1",
-                   "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
-            done = subprocess.run(torchrun_command(path, impl), capture_output=True, text=True,
-                                  env=env, timeout=600, cwd=REPO)
-            assert done.returncode == 0, f"{key} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-            logs[key] = read_log(done.stdout)
-        return logs[key]
 
-    return launch
+@pytest.fixture(scope="module")
+def run(config_path, tmp_path_factory):
+    """run(impl, stage, reduce_scatter=True) -> the parsed rank-0 log of that run; the first call
+    for a run trains every run of its world (WORLDS)."""
+    def name(impl: str, stage: int, reduce_scatter: bool) -> str:
+        return f"{impl}-{stage}-{reduce_scatter}"
+
+    worlds = Worlds(WORLD_SIZE, {name(*runs[0]): {name(*run): harness_arguments(config_path(*run[1:]), run[0])
+                                                  for run in runs} for runs in WORLDS}, tmp_path_factory.mktemp)
+
+    def log(impl: str, stage: int, reduce_scatter: bool = True) -> dict:
+        return read_log(worlds.output(name(impl, stage, reduce_scatter)))
+
+    return log
+
+
+@pytest.fixture(scope="module")
+def launched(config_path) -> dict:
+    """The parsed rank-0 log of harness/train.py under torchrun: nano at stage 2."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(torchrun_command(config_path(2, True), "nano"), capture_output=True, text=True,
+                          env=env, timeout=600, cwd=REPO)
+    assert done.returncode == 0, f"failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return read_log(done.stdout)
 
 
 @pytest.mark.parametrize("impl", ["nano", "official"])
@@ -103,6 +136,21 @@ def test_every_contract_line_is_present_and_parses(run, impl):
         assert fields["peak_alloc_max_mb"] >= fields["alloc_max_mb"] and fields["comm_mb"] > 0
     assert log["comm"] and all({"calls", "mb"} <= fields.keys() for fields in log["comm"].values())
     assert log["warn"] == []
+
+
+def test_under_torchrun_the_script_logs_what_the_world_trains(launched, run):
+    """harness/train.py launched by torchrun: every contract line as above, and the same [zero],
+    [model] and [comm] lines, losses, gradient norms, learning rates and bytes per step as the
+    spawned world's run of the same arguments."""
+    spawned = run("nano", 2)
+    assert ZERO_KEYS <= launched["zero"].keys() and MODEL_KEYS <= launched["model"].keys()
+    assert [step for step, _ in launched["opt_step"]] == list(range(1, STEPS + 1)) and launched["warn"] == []
+    for _, fields in launched["opt_step"]:
+        assert STEP_KEYS <= fields.keys()
+    assert (launched["zero"], launched["model"], launched["comm"]) == (spawned["zero"], spawned["model"], spawned["comm"])
+    same = ("loss", "grad_norm", "lr", "loss_scale", "comm_bytes", "comm_wire_bytes")
+    assert [(step, [fields[key] for key in same]) for step, fields in launched["opt_step"]] == [
+        (step, [fields[key] for key in same]) for step, fields in spawned["opt_step"]]
 
 
 def test_nano_and_official_losses_agree_per_step(run):

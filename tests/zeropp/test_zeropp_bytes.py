@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.harness_world import train_in_world
+from tests.harness_world import Worlds
 from zero_lab.cli.app import app
 from zero_lab.workload.log_lines import parse_line
 
@@ -58,20 +58,18 @@ def config_path(tmp_path_factory):
 def run(config_path, tmp_path_factory):
     """run(impl, case) -> {step: [opt_step] fields} of that run's rank-0 log. The first call for an
     impl trains every case of that impl, one after another in one spawned world of 4 ranks."""
-    logs: dict = {}
+    worlds = Worlds(WORLD_SIZE, {impl: {f"{impl}-{case}": ["--impl", impl, "--deepspeed_config", str(config_path(case)),
+                                                           "--model-name", "tiny", "--steps", str(STEPS),
+                                                           "--batch-size", "2", "--seq-len", "32", "--seed", "0",
+                                                           "--device", "cpu", "--ranks-per-node", str(RANKS_PER_NODE)]
+                                        for case in cases} for impl, cases in CASES_OF.items()},
+                    tmp_path_factory.mktemp)
 
-    def train(impl: str, case: str) -> dict:
-        if (impl, case) not in logs:
-            runs = {name: ["--impl", impl, "--deepspeed_config", str(config_path(name)), "--model-name", "tiny",
-                           "--steps", str(STEPS), "--batch-size", "2", "--seq-len", "32", "--seed", "0",
-                           "--device", "cpu", "--ranks-per-node", str(RANKS_PER_NODE)]
-                    for name in CASES_OF[impl]}
-            for name, output in train_in_world(WORLD_SIZE, runs, tmp_path_factory.mktemp(impl)).items():
-                lines = [parse_line(line) for line in output.splitlines()]
-                logs[(impl, name)] = {step: fields for tag, step, fields in filter(None, lines) if tag == "opt_step"}
-        return logs[(impl, case)]
+    def steps(impl: str, case: str) -> dict:
+        lines = [parse_line(line) for line in worlds.output(f"{impl}-{case}").splitlines()]
+        return {step: fields for tag, step, fields in filter(None, lines) if tag == "opt_step"}
 
-    return train
+    return steps
 
 
 def predicted(config_file: Path) -> tuple[int, int]:
