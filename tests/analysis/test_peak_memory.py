@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness_world import Worlds
 from zero_lab.analysis.activation_memory import decoder_shape
-from zero_lab.analysis.peak_memory import (DEEPSPEED_FETCH_RULES, layers_whole_after_forward, model_states_at,
-                                           predict_peak, unit_parameters)
+from zero_lab.analysis.logparse import parse_file, parse_text
+from zero_lab.analysis.peak_memory import (DEEPSPEED_FETCH_RULES, error_percent, layers_whole_after_forward,
+                                           model_states_at, predict_peak, predict_run_peak, unit_parameters)
 from zero_lab.nano.fetch_policy import FetchRules
+from zero_lab.workload.log_lines import MB
 
 
 def test_the_fetch_rules_decide_the_layers_gathered_at_the_turn():
@@ -48,12 +51,10 @@ def nano_first_bucket(shape) -> int:
     return min(20_000_000, root) * 4
 
 
-def stage3_config(label: str, directory: Path) -> list[str]:
-    """`--config` for the harness's zero3.json changed as `label` says (none: zero3.json itself):
+def stage3_config(label: str, directory: Path) -> Path:
+    """The harness's zero3.json changed as `label` says (none: zero3.json itself), in `directory`:
     DeepSpeed's defaults (no stage3_* key, no overlap_comm), or a prefetch smaller than one tiny
     block (196,928 elements) at reuse distance 0."""
-    if label == "zero3.json":
-        return []
     from importlib import resources
 
     config = json.loads(resources.files("zero_lab.harness").joinpath("configs/zero3.json").read_text())
@@ -61,39 +62,81 @@ def stage3_config(label: str, directory: Path) -> list[str]:
     if label == "defaults":
         for key in [key for key in zero if key.startswith("stage3_") or key == "overlap_comm"]:
             del zero[key]
-    else:
+    elif label != "zero3.json":
         zero.update(stage3_prefetch_bucket_size=20_000, stage3_max_reuse_distance=0)
     path = directory / "config.json"
     path.write_text(json.dumps(config))
-    return ["--config", str(path)]
+    return path
 
 
-@pytest.mark.slow
-@pytest.mark.official
-@pytest.mark.parametrize("model, config", [("tiny", "zero3.json"), ("small", "zero3.json"), ("tiny", "defaults"),
-                                           ("tiny", "prefetch 20000, reuse 0")])
-def test_stage_3_predicted_peaks_and_nanos_memory_at_every_phase_against_official(tmp_path, model, config):
-    """`zero-lab compare` at stage 3 (the harness's zero3.json, DeepSpeed's defaults, a prefetch
-    smaller than a block), W=2 on CPU: each impl's predicted_peak_mb within 15% of its measured
-    peak, and at every phase boundary of the last step nano's live and peak bytes no more than
-    official's (rank 0's [phase] lines)."""
-    from zero_lab.analysis import rundir
-    from zero_lab.analysis.logparse import parse_file
+IMPLS = ("nano", "official")
+CASES = [("tiny", "zero3.json"), ("small", "zero3.json"), ("tiny", "defaults"), ("tiny", "prefetch 20000, reuse 0")]
 
-    done = subprocess.run([str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", "2", "--device", "cpu",
-                           "--model", model, "--steps", "2", "--stages", "3", "--format", "json", "--out",
-                           str(tmp_path), "--name", "s3", *stage3_config(config, tmp_path)],
-                          capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(done.stdout)["rows"]
-    errors = {row["impl"]: row["peak_error_pct"] for row in rows}
-    assert set(errors) == {"nano", "official"} and all(abs(error) < 15 for error in errors.values()), errors
-    phases = {}
-    for impl in ("nano", "official"):
-        parsed = parse_file(rundir.rank0_log(tmp_path / "s3" / "cells" / f"w2-s3-{impl}"))
-        phases[impl] = {row["phase"]: row for row in parsed.phases if row["step"] == 2}
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory) -> Worlds:
+    """Every case's runs as `zero-lab compare --gpus 2 --device cpu --steps 2 --stages 3` launches them
+    (its harness arguments, seed 42), in spawned worlds of 2 ranks: nano's cases in one, each
+    official run in its own (tests/harness_world.py says why)."""
+    def arguments(impl: str, model: str, config: str) -> list[str]:
+        path = stage3_config(config, tmp_path_factory.mktemp("config"))
+        return ["--impl", impl, "--deepspeed_config", str(path), "--zero-stage", "3", "--device", "cpu",
+                "--model-name", model, "--model-dtype", "float32", "--steps", "2", "--seed", "42"]
+
+    runs = {impl: {f"{impl} {model} {config}": arguments(impl, model, config) for model, config in CASES}
+            for impl in IMPLS}
+    worlds = {"nano": runs["nano"], **{name: {name: argv} for name, argv in runs["official"].items()}}
+    return Worlds(2, worlds, tmp_path_factory.mktemp)
+
+
+def compare_figures(parsed) -> tuple[float, float]:
+    """(predicted_peak_mb, peak_error_pct) of a run, as `zero-lab compare` computes them from its rank-0
+    log (`analysis.rundir.summarize`)."""
+    from zero_lab.analysis.tables import summarize_run
+
+    predicted = predict_run_peak(parsed.model, parsed.zero, 3, "fp32", 2).peak / MB
+    return predicted, error_percent(predicted, summarize_run(parsed)["peak_alloc_max_mb"])
+
+
+def check_phases(parsed: dict) -> None:
+    """At every phase boundary of the last step, nano's live and peak bytes no more than official's."""
+    phases = {impl: {row["phase"]: row for row in log.phases if row["step"] == 2} for impl, log in parsed.items()}
     assert set(phases["nano"]) == set(phases["official"]) == {"after_forward", "after_backward", "after_step"}
     for phase, mine in phases["nano"].items():
         theirs = phases["official"][phase]
         assert mine["live_bytes"] <= theirs["live_bytes"] and mine["peak_bytes"] <= theirs["peak_bytes"], (phase, mine,
                                                                                                           theirs)
+
+
+@pytest.mark.slow
+@pytest.mark.official
+@pytest.mark.parametrize("model, config", CASES)
+def test_stage_3_predicted_peaks_and_nanos_memory_at_every_phase_against_official(worlds, model, config):
+    """Stage 3 (the harness's zero3.json, DeepSpeed's defaults, a prefetch smaller than a block), W=2
+    on CPU: each impl's predicted peak within 15% of its measured peak, as `zero-lab compare`
+    reports them, and at every phase boundary of the last step nano's live and peak bytes no more
+    than official's (rank 0's [phase] lines)."""
+    parsed = {impl: parse_text(worlds.output(f"{impl} {model} {config}")) for impl in IMPLS}
+    errors = {impl: compare_figures(log)[1] for impl, log in parsed.items()}
+    assert all(abs(error) < 15 for error in errors.values()), errors
+    check_phases(parsed)
+
+
+@pytest.mark.slow
+@pytest.mark.official
+def test_zero_lab_compare_at_stage_3_reports_these_peaks(worlds, tmp_path):
+    """`zero-lab compare` itself (tiny, zero3.json): its rows' predicted peaks are the ones computed
+    above from the same runs in a world, each within 15% of its measured peak, and its run
+    directories' [phase] lines keep nano at or under official."""
+    from zero_lab.analysis import rundir
+
+    done = subprocess.run([str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", "2", "--device", "cpu",
+                           "--model", "tiny", "--steps", "2", "--stages", "3", "--format", "json", "--out",
+                           str(tmp_path), "--name", "s3", "--config", str(stage3_config("zero3.json", tmp_path))],
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {row["impl"]: row for row in json.loads(done.stdout)["rows"]}
+    assert set(rows) == set(IMPLS) and all(abs(row["peak_error_pct"]) < 15 for row in rows.values()), rows
+    for impl, row in rows.items():
+        assert row["predicted_peak_mb"] == compare_figures(parse_text(worlds.output(f"{impl} tiny zero3.json")))[0]
+    check_phases({impl: parse_file(rundir.rank0_log(tmp_path / "s3" / "cells" / f"w2-s3-{impl}")) for impl in IMPLS})
