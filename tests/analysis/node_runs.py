@@ -27,5 +27,6 @@ def nodes_summaries(inter_bytes: list[int]) -> list[dict]:
     """summary.json of that run, as `rundir.summarize` makes it from the parsed log."""
     parsed = parse_text(nodes_log(inter_bytes))
     return [{"world_size": 4, "stage": 3, "impl": "nano", "status": "ok", **summarize_run(parsed),
-             "precision": "fp32", "losses": {str(step): loss for step, loss in parsed.losses().items()}}]
+             "optimizer": "PartitionedAdam", "precision": "fp32",
+             "losses": {str(step): loss for step, loss in parsed.losses().items()}}]
 

@@ -52,7 +52,7 @@ def test_the_runs_table_splits_the_wire_bytes_by_node_only_when_ranks_crossed_a_
     text = render_report(build_comparison(split, ["nano"]), split, "nodes", plots=[])
     runs = text[text.index("## Runs"):]
     assert RUN_COLUMNS + " intra-node wire MB / step | inter-node wire MB / step |" in runs
-    assert "| 4 | 3 | nano | - | ok | 4 | 2.000000 | 5.0 | 30.0 | 100.0 | 4.00 | 3.00 | 2.00 | 1.00 |" in runs
+    assert "| 4 | 3 | nano | PartitionedAdam | ok | 4 | 2.000000 | 5.0 | 30.0 | 100.0 | 4.00 | 3.00 | 2.00 | 1.00 |" in runs
     one_node = nodes_summaries([0, 0, 0])
     text = render_report(build_comparison(one_node, ["nano"]), one_node, "one node", plots=[])
     runs = text[text.index("## Runs"):]
