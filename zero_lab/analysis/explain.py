@@ -13,6 +13,8 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
                       rules over the trace say (`unit_policy.forward_trace`, from the parameter
                       table): at its use or ahead of it (prefetch), freed after it unless the
                       prefetch reached its backward use or `stage3_max_reuse_distance` keeps it;
+                      one call per fetch and one per prefetch, whatever it starts (each buffer
+                      by itself with hpZ or qwZ);
     backward          stage 3: each unit freed after its forward is gathered again; stages 2
                       and 3: every gradient bucket is reduce-scattered (all-reduced with
                       `reduce_scatter: false`; with qgZ over several nodes, four all-to-alls) as
@@ -264,23 +266,31 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
         return [moved(phase, "all_gather", padded, f"{buffer.name} int8", group_size),
                 moved(phase, "all_gather", scales, f"{buffer.name} scales", group_size)]
 
-    def gathers(phase: str, units: list[str]) -> list[Collective]:
+    def gathers(phase: str, calls: list[list[str]]) -> list[Collective]:
+        """Each fetch's or prefetch's units in one call (`nano.coalesced_gather`); with hpZ or qwZ
+        each buffer has a wire format of its own and is gathered by itself."""
         found = []
-        for unit in units:
-            group_size = secondary_group if unit in with_secondary else world_size
-            for buffer in buffers:
-                if buffer.unit == unit and buffer.sharded:
-                    found += gather(phase, buffer, group_size)
-            if secondary_group:
-                with_secondary.add(unit)
+        for units in calls:
+            chosen = [buffer for unit in units for buffer in buffers if buffer.unit == unit and buffer.sharded]
+            if not secondary_group and not zero.zero_quantized_weights:
+                found.append(moved(phase, "all_gather", sum(buffer.layout.padded_numel for buffer in chosen) * width,
+                                   " + ".join(dict.fromkeys(buffer.name for buffer in chosen))))
+                continue
+            for unit in units:
+                group_size = secondary_group if unit in with_secondary else world_size
+                for buffer in buffers:
+                    if buffer.unit == unit and buffer.sharded:
+                        found += gather(phase, buffer, group_size)
+                if secondary_group:
+                    with_secondary.add(unit)
         return found
 
     found: list[Collective] = []
     if stage >= 2:  # every micro-step gathers (stage 3) and reduces as backward goes
         for _ in range(config.gradient_accumulation_steps):
             if micro_step is not None:
-                found += gathers("forward", micro_step.forward_gathers)
-                found += gathers("backward", micro_step.backward_gathers)
+                found += gathers("forward", micro_step.forward_calls)
+                found += gathers("backward", micro_step.backward_calls)
             found += reductions("backward", buffers)
     else:  # once, at the boundary
         found += reductions("reduce_gradients", buffers)
