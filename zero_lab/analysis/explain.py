@@ -273,8 +273,9 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
         for units in calls:
             chosen = [buffer for unit in units for buffer in buffers if buffer.unit == unit and buffer.sharded]
             if not secondary_group and not zero.zero_quantized_weights:
+                what = units[0] if len(units) == 1 else f"{units[0]} and {len(units) - 1} more units"
                 found.append(moved(phase, "all_gather", sum(buffer.layout.padded_numel for buffer in chosen) * width,
-                                   " + ".join(dict.fromkeys(buffer.name for buffer in chosen))))
+                                   what))
                 continue
             for unit in units:
                 group_size = secondary_group if unit in with_secondary else world_size
