@@ -16,8 +16,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor",
-               "all_to_all_single", "broadcast")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_gather",
+               "all_gather_into_tensor", "all_gather_single", "all_to_all_single", "broadcast")
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -29,11 +29,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def backend_holding_collective_tensors() -> Iterator[list[torch.Tensor]]:
-    """Patch torch.distributed's collectives (looked up by attribute at call time, as nano and our
-    FSDP2 engine call them) to hold their tensor arguments; yields the held list."""
+def backend_holding_collective_tensors(names: tuple[str, ...] = COLLECTIVES) -> Iterator[list[torch.Tensor]]:
+    """Patch torch.distributed's collectives `names` (looked up by attribute at call time, as nano and
+    our FSDP2 engine call them) to hold their tensor arguments; yields the held list."""
     held: list[torch.Tensor] = []
-    originals = {name: getattr(torch.distributed, name) for name in COLLECTIVES}
+    originals = {name: getattr(torch.distributed, name) for name in names if hasattr(torch.distributed, name)}
 
     def holding(original):
         def collective(*args, **kwargs):

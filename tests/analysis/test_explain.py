@@ -156,3 +156,31 @@ def test_explaining_a_preset_loads_no_torch():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_the_peak_adds_zeropps_temporaries_to_the_phase_that_holds_the_most():
+    """Without the quantized keys nothing holds a temporary and the peak is the fullest moment; with
+    qwZ every int8 gather and with qgZ every bucket's first all-to-all carries its temporaries, and the
+    peak is a phase's moment plus the largest of its own (docs/explain-json.md, `peak`)."""
+    def walked(**zero):
+        config = json.loads((REPO / "harness" / "configs" / "zero3.json").read_text())
+        config["zero_optimization"].update(zero)
+        return explain("tiny", preset_parameters("tiny"), preset_blocks("tiny"), load_config(config, world_size=4),
+                       4, 2).to_json()
+
+    plain = walked()
+    assert not any(item["temporary_bytes"] for item in plain["collectives"])
+    assert plain["peak"]["bytes"] == max(moment["total_bytes"] for moment in plain["moments"])
+    assert plain["peak"]["temporary_of"] is None
+    quantized = walked(zero_quantized_weights=True, zero_quantized_gradients=True)
+    carriers = {item["what"].rsplit(" ", 1)[-1] if item["op"] == "all_gather" else item["what"].split(" int4, ")[1]
+                for item in quantized["collectives"] if item["temporary_bytes"]}
+    assert carriers == {"int8", "node"}  # every gather's values, every exchange's first (in-node) call
+    totals = {moment["name"]: moment["total_bytes"] for moment in quantized["moments"]}
+    holds = {phase["name"]: phase["holds"] for phase in quantized["phases"]}
+    expected = max(totals[holds[phase]] + max([item["temporary_bytes"] for item in quantized["collectives"]
+                                               if item["phase"] == phase], default=0) for phase in holds)
+    peak = quantized["peak"]
+    assert peak["bytes"] == expected == totals[peak["moment"]] + peak["temporary_bytes"] > plain["peak"]["bytes"]
+    assert peak["temporary_bytes"] == max(item["temporary_bytes"] for item in quantized["collectives"]
+                                          if item["what"] == peak["temporary_of"])

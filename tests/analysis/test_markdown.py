@@ -2,6 +2,7 @@
 
 from zero_lab.analysis.markdown import dict_differences, markdown_table, render_report
 from zero_lab.analysis.comparison import build_comparison
+from tests.analysis.node_runs import RUN_COLUMNS, nodes_summaries
 
 
 def summary(impl, status="ok", alloc=100.0, reduce_scatter="True", **extra):
@@ -42,3 +43,17 @@ def test_table_and_differences_helpers():
     assert markdown_table(["a", "b"], [["1", "2"]]) == "| a | b |\n|---|---|\n| 1 | 2 |"
     assert dict_differences({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4}) == [
         ("a.c", 2, 3), ("d", None, 4)]
+
+
+def test_the_runs_table_splits_the_wire_bytes_by_node_only_when_ranks_crossed_a_node():
+    """`--ranks-per-node 2` at W=4: the runs table adds the intra- and inter-node medians after the
+    wire bytes (every column before stays as it was); one node (inter 0 in every step): no split."""
+    split = nodes_summaries([2**20, 2**20, 3 * 2**20, 2**20])  # the steady median drops step 1
+    text = render_report(build_comparison(split, ["nano"]), split, "nodes", plots=[])
+    runs = text[text.index("## Runs"):]
+    assert RUN_COLUMNS + " intra-node wire MB / step | inter-node wire MB / step |" in runs
+    assert "| 4 | 3 | nano | PartitionedAdam | ok | 4 | 2.000000 | 5.0 | 30.0 | 100.0 | 4.00 | 3.00 | 2.00 | 1.00 |" in runs
+    one_node = nodes_summaries([0, 0, 0])
+    text = render_report(build_comparison(one_node, ["nano"]), one_node, "one node", plots=[])
+    runs = text[text.index("## Runs"):]
+    assert RUN_COLUMNS + "\n" in runs and "intra-node" not in text

@@ -332,3 +332,35 @@ def test_flags_click_cannot_parse_are_one_line_with_exit_2():
         assert finished.returncode == 2, argv
         assert finished.stderr.startswith("error: ") and finished.stderr.count("\n") == 1, finished.stderr
     assert subprocess.run([zero_lab], capture_output=True, text=True).returncode == 0  # bare: the help
+
+
+@pytest.mark.parametrize("inter_bytes, split", [([2**20, 2**20, 3 * 2**20, 2**20], True), ([0, 0, 0], False)],
+                         ids=["two nodes", "one node"])
+def test_compares_console_runs_table_splits_the_wire_bytes_by_node_only_across_nodes(monkeypatch, inter_bytes, split):
+    """The runs table `compare` prints (the done-when command's nano-alone run, W=4), at the width
+    off a terminal: with `--ranks-per-node 2` the intra- and inter-node wire MB per step follow the
+    wire MB, and no cell is cut to make room; with one node the columns are as before."""
+    from rich.console import Console
+
+    from tests.analysis.node_runs import RUN_COLUMNS, nodes_summaries
+    from zero_lab.analysis.comparison import build_comparison
+    from zero_lab.cli import compare_cmd, output
+
+    console = Console(file=io.StringIO(), width=output.stdout.width, soft_wrap=True, color_system=None)
+    monkeypatch.setattr(output, "stdout", console)
+    summaries = nodes_summaries(inter_bytes)
+    compare_cmd.show(build_comparison(summaries, ["nano"]), summaries, "table")
+    lines = console.file.getvalue().splitlines()
+    lines = lines[[line.strip() for line in lines].index("runs") + 1:]
+    header_lines = lines[1:next(index for index, line in enumerate(lines) if line.startswith("┡"))]
+    columns = zip(*([cell.strip() for cell in line.strip("┃").split("┃")] for line in header_lines))
+    headers = [" ".join(word for word in column if word) for column in columns]
+    row = [cell.strip() for cell in lines[len(header_lines) + 2].strip("│").split("│")]
+    expected = [cell.strip() for cell in RUN_COLUMNS.strip("| ").split("|")]
+    values = ["4", "3", "nano", "PartitionedAdam", "ok", "4" if split else "3", "2.000000" if split else "3.000000",
+              "5.0", "30.0", "100.0"]
+    if split:
+        assert headers == [*expected, "intra-node wire MB / step", "inter-node wire MB / step"], headers
+        assert row == [*values, "4.00", "3.00", "2.00", "1.00"], row  # comm, wire = intra + inter
+    else:
+        assert headers == expected and row == [*values, "4.00", "3.00"], (headers, row)

@@ -27,6 +27,9 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
                       whole again, in one call per buffer.
 It describes a steady step (stage 3 records the order of uses during the first one). Ops are
 collective families (`all_gather` for `all_gather_into_tensor` too); with one rank nothing moves.
+Phase 4 (peak): ZeRO++'s quantized collectives hold temporaries while they run (qwZ: int8 blocks
+and scales, sent and received; qgZ: int4 rows, scales and fp32 rows; `nano.quantization`'s
+figures); the peak is the largest of each phase's moment plus the largest temporary of its collectives.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.layout import FlatLayout
-from zero_lab.nano.quantization import block_count, gradient_chunk
+from zero_lab.nano.quantization import (block_count, gradient_chunk, gradient_exchange_temporary_bytes,
+                                        weight_gather_temporary_bytes)
 from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
 from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
 from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units, traced_calls
@@ -91,6 +95,7 @@ class Collective:
     what: str  # the buffer, bucket or unit it moves
     wire_intra_bytes: int = 0  # of wire_bytes, to ranks on this rank's node (rank 0's; nodes: ranks_per_node)
     wire_inter_bytes: int = 0  # of wire_bytes, to ranks on other nodes
+    temporary_bytes: int = 0  # held while it runs, beside what it reads and fills (ZeRO++'s quantized ones)
 
 
 @dataclass
@@ -116,6 +121,20 @@ class Walkthrough:
         places = self.moments[moment]
         return {category: places["device"][category] + places["host"][category] for category in CATEGORIES}
 
+    def peak(self) -> dict:
+        """Phase 4: the phase whose moment plus the largest temporary of its collectives is the most:
+        {bytes, phase, moment, temporary_bytes, temporary_of} (model states and temporaries, no activations)."""
+        found = []
+        for phase in self.phases():
+            moment = PHASES[phase][1]
+            largest = max((item for item in self.collectives if item.phase == phase), default=None,
+                          key=lambda item: item.temporary_bytes)
+            temporary = largest.temporary_bytes if largest is not None else 0
+            found.append({"bytes": sum(self.moment_bytes(moment).values()) + temporary, "phase": phase,
+                          "moment": moment, "temporary_bytes": temporary,
+                          "temporary_of": largest.what if temporary else None})
+        return max(found, key=lambda item: item["bytes"])
+
     def to_json(self) -> dict:
         """The contract of `zero-lab explain --format json` (docs/explain-json.md)."""
         return {
@@ -132,8 +151,10 @@ class Walkthrough:
             "ranks_per_node": self.ranks_per_node,
             "collectives": [{"phase": item.phase, "op": item.op, "payload_bytes": item.payload_bytes,
                              "wire_bytes": item.wire_bytes, "wire_intra_bytes": item.wire_intra_bytes,
-                             "wire_inter_bytes": item.wire_inter_bytes, "what": item.what}
+                             "wire_inter_bytes": item.wire_inter_bytes, "what": item.what,
+                             "temporary_bytes": item.temporary_bytes}
                             for item in self.collectives],
+            "peak": self.peak(),
         }
 
 
@@ -219,12 +240,12 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     reduction = "reduce_scatter" if scatters else "all_reduce"
 
     def moved(phase: str, op: str, payload: int, what: str, group_size: int = world_size,
-              stride: int = 1) -> Collective:
+              stride: int = 1, temporary: int = 0) -> Collective:
         """One call over the group of ranks 0, stride, 2 stride, ... (group_size of them)."""
         ranks = list(range(0, group_size * stride, stride))
         on_my_node = ranks_on_node(ranks, 0, ranks_per_node) if ranks_per_node else group_size
         intra, inter = wire_split(op, payload, group_size, on_my_node)
-        return Collective(phase, op, payload, intra + inter, what, intra, inter)
+        return Collective(phase, op, payload, intra + inter, what, intra, inter, temporary)
 
     secondary_group = min(zero.zero_hpz_partition_size, world_size) if zero.hpz_enabled else 0
     with_secondary: set[str] = set()  # units gathered once this step: hpZ gathers them again in the node
@@ -247,12 +268,16 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
 
     def quantized_exchange(phase: str, buffer: Buffer, start: int, end: int, what: str) -> list[Collective]:
         """A bucket's two int4 all-to-alls, values (two per byte) then fp32 scales: every owner's row
-        within the node, the node's sums across nodes (one rank per node: ranks 0, K, 2K, ...)."""
-        chunk, blocks = gradient_chunk(max(high - low for low, high in buffer.layout.owner_ranges(start, end)))
+        within the node, the node's sums across nodes (one rank per node: ranks 0, K, 2K, ...); the
+        exchange's temporaries are the first call's."""
+        largest = max(high - low for low, high in buffer.layout.owner_ranges(start, end))
+        chunk, blocks = gradient_chunk(largest)
+        temporary = gradient_exchange_temporary_bytes(largest, world_size, ranks_per_node)
         found = []
         for rows, group_size, stride, where in ((world_size, ranks_per_node, 1, "node"),
                                                 (nodes, nodes, ranks_per_node, "across nodes")):
-            found.append(moved(phase, "all_to_all", rows * chunk // 2, f"{what} int4, {where}", group_size, stride))
+            found.append(moved(phase, "all_to_all", rows * chunk // 2, f"{what} int4, {where}", group_size, stride,
+                               0 if found else temporary))
             found.append(moved(phase, "all_to_all", rows * blocks * FP32_BYTES, f"{what} scales, {where}",
                                group_size, stride))
         return found
@@ -263,7 +288,8 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
             return [moved(phase, "all_gather", padded * width, buffer.name, group_size)]
         # qwZ (`nano.quantized_weights`): int8 values, then one fp32 scale per block of each share
         scales = group_size * block_count(padded // group_size) * FP32_BYTES
-        return [moved(phase, "all_gather", padded, f"{buffer.name} int8", group_size),
+        temporary = weight_gather_temporary_bytes(padded // group_size, group_size)
+        return [moved(phase, "all_gather", padded, f"{buffer.name} int8", group_size, temporary=temporary),
                 moved(phase, "all_gather", scales, f"{buffer.name} scales", group_size)]
 
     def gathers(phase: str, calls: list[list[str]]) -> list[Collective]:

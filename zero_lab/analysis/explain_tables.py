@@ -4,6 +4,7 @@ prediction) as (headers, rows) that the terminal and the markdown writer both pr
     holdings_table     what one rank holds at each moment, by category (MB)
     phases_table       the step phase by phase: the engine call, what a rank holds after it, what moves
     collectives_table  the collectives in order, a run of equal ones on one row
+    peak_line          the peak of model states and ZeRO++'s temporaries, and where it is
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ def holdings_table(walk: Walkthrough) -> tuple[list[str], list[list[str]]]:
             for category in CATEGORIES]
     body.append(["total", *[mb(sum(figures[moment].values())) for moment in MOMENTS]])
     return ["MB per rank", *[moment.replace("_", " ") for moment in MOMENTS]], body
+
+
+def peak_line(walk: Walkthrough) -> str:
+    """`Walkthrough.peak` in words."""
+    peak = walk.peak()
+    line = f"peak (model states and ZeRO++'s temporaries, no activations): {mb(peak['bytes'])} MB in {peak['phase']}"
+    if peak["temporary_bytes"]:
+        return (line + f": {peak['moment'].replace('_', ' ')} + {mb(peak['temporary_bytes'])} MB of temporaries "
+                f"({peak['temporary_of']})")
+    return line + f" ({peak['moment'].replace('_', ' ')})"
 
 
 def runs(collectives: list[dict]) -> list[list[dict]]:
@@ -79,7 +90,7 @@ def render_markdown(walk: Walkthrough, config_source: str, measurement_sections:
         f"# One optimizer step of nano: {title(walk, config_source)}", "",
         "## Flat buffers", "", *buffers, "",
         "## The step, phase by phase", "", markdown_table(*phases_table(walk)), "", *phase_notes(), "",
-        "## What one rank holds", "", markdown_table(*holdings_table(walk)), "",
+        "## What one rank holds", "", markdown_table(*holdings_table(walk)), "", peak_line(walk), "",
         "## What moves", "",
         "Payload: the whole array; wire: what one rank sends for it (NCCL-tests' bus bytes, docs/log-format.md).", "",
         markdown_table(*collectives_table(walk.to_json()["collectives"])), "",

@@ -19,6 +19,17 @@ METRIC_LABELS = {
 }
 
 
+# The wire bytes split by node (`--ranks-per-node`, docs/log-format.md "Intra- and inter-node"): label, row key.
+NODE_COLUMNS = (("intra-node wire MB / step", "comm_wire_intra_mb"), ("inter-node wire MB / step", "comm_wire_inter_mb"))
+
+
+def split_into_nodes(rows: list[dict]) -> bool:
+    """Whether a run sent bytes to another node: `--ranks-per-node K` smaller than its world size
+    (or a launch over several real nodes). With one node every wire byte is intra-node, so the
+    tables leave the split out."""
+    return any(row.get("comm_wire_inter_mb") for row in rows)
+
+
 def fmt(value: object, digits: int = 1, signed: bool = False) -> str:
     if value is None:
         return "-"
@@ -56,9 +67,8 @@ def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]
                  fmt(delta["comm_mb_delta"], 2, signed=True), ""])
     body.append(["wire MB / step", fmt(by_impl[candidate].get("comm_wire_mb"), 2),
                  fmt(by_impl[baseline].get("comm_wire_mb"), 2), "", f"ratio {fmt(delta.get('comm_wire_ratio'), 3)}"])
-    if any(by_impl[impl].get("comm_wire_inter_mb") for impl in (candidate, baseline)):  # --ranks-per-node: nodes
-        for label, name in (("intra-node wire MB / step", "comm_wire_intra_mb"),
-                            ("inter-node wire MB / step", "comm_wire_inter_mb")):
+    if split_into_nodes([by_impl[candidate], by_impl[baseline]]):
+        for label, name in NODE_COLUMNS:
             body.append([label, fmt(by_impl[candidate].get(name), 2), fmt(by_impl[baseline].get(name), 2), "", ""])
     body.append(["loss parity", "", "", fmt(delta["loss_parity"]), ""])
     return headers, body
@@ -240,9 +250,13 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
 
 
 def run_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """A line per run, for the console and the report; with runs split into nodes, the intra- and
+    inter-node wire bytes after the wire bytes they split."""
+    nodes = NODE_COLUMNS if split_into_nodes(rows) else ()
     headers = ["world size", "stage", "impl", "optimizer", "status", "steps", "last loss", "alloc MB", "peak alloc MB",
-               "step ms", "comm MB / step", "wire MB / step"]
+               "step ms", "comm MB / step", "wire MB / step", *(label for label, _ in nodes)]
     body = [[str(r["world_size"]), str(r["stage"]), r["impl"], r.get("optimizer") or "-", r["status"], fmt(r.get("steps")),
              fmt(r.get("loss_last"), 6), fmt(r.get("alloc_max_mb")), fmt(r.get("peak_alloc_max_mb")),
-             fmt(r.get("step_ms")), fmt(r.get("comm_mb"), 2), fmt(r.get("comm_wire_mb"), 2)] for r in rows]
+             fmt(r.get("step_ms")), fmt(r.get("comm_mb"), 2), fmt(r.get("comm_wire_mb"), 2),
+             *(fmt(r.get(name), 2) for _, name in nodes)] for r in rows]
     return headers, body

@@ -28,7 +28,8 @@ from zero_lab.launch.ports import free_port
 from zero_lab.analysis.explain import explain as walk_through
 from zero_lab.analysis.explain_check import (collectives_comparison, disagreements, memory_comparison,
                                              recorded_sequence)
-from zero_lab.analysis.explain_tables import collectives_table, holdings_table, phases_table, render_markdown, title
+from zero_lab.analysis.explain_tables import (collectives_table, holdings_table, peak_line, phases_table,
+                                              render_markdown, title)
 from zero_lab.analysis.markdown import markdown_table
 from zero_lab.cli import input_checks, output
 from zero_lab.cli.errors import EXIT_GATE, EXIT_RUN_FAILED, BadInput, check_choice, one_line_errors
@@ -155,6 +156,7 @@ def print_walk(walk, source: str, verdict: dict | None) -> None:
     output.stdout.print(title(walk, source), markup=False)
     output.print_table(*phases_table(walk), title="The step, phase by phase", numeric=False)
     output.print_table(*holdings_table(walk), title="What one rank holds (MB)")
+    output.stdout.print(peak_line(walk), markup=False)
     output.print_table(*collectives_table(walk.to_json()["collectives"]),
                        title="What moves (payload: the whole array; wire: what one rank sends)", numeric=False)
     if walk.ranks_per_node:

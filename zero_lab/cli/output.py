@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-# Off a terminal (CI logs, pipes) Rich would assume 80 columns and squeeze the tables.
-stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+# Off a terminal (CI logs, pipes) Rich would assume 80 columns and squeeze the tables; a table is no
+# wider than its cells, and the widest, compare's runs with the node split, takes about 165.
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 stderr = Console(stderr=True, soft_wrap=True)
 
 

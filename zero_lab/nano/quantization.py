@@ -81,21 +81,33 @@ class QuantizedBlocks:
     scales: torch.Tensor  # float32, block_count(numel) elements
 
 
+def block_scales(blocks: torch.Tensor, levels: int) -> torch.Tensor:
+    """Phase 2 for blocks along the last dimension: absmax / levels in fp32, 1.0 for an all-zero
+    block (the absmax read without an |x| copy of the blocks)."""
+    import torch  # here, not above: `explain` reads the arithmetic below without loading torch
+    low, high = torch.aminmax(blocks, dim=-1, keepdim=True)
+    absmax = torch.maximum(high.float(), low.float().neg())
+    return torch.where(absmax > 0, absmax / levels, torch.ones_like(absmax))
+
+
 def quantize(tensor: torch.Tensor) -> QuantizedBlocks:
-    """Phases 1-3 of the module docstring for a flat tensor."""
-    import torch  # here, not above: `explain` reads block_count without loading torch
-    blocks = tensor.reshape(block_count(tensor.numel()), -1).float()
-    absmax = blocks.abs().amax(dim=1, keepdim=True)
-    scales = torch.where(absmax > 0, absmax / LEVELS, torch.ones_like(absmax))
-    values = torch.round(blocks / scales).clamp_(-LEVELS, LEVELS - 1).to(torch.int8)
+    """Phases 1-3 of the module docstring for a flat tensor. Its temporary is one fp32 copy of the
+    blocks divided by their scales (`weight_gather_temporary_bytes`)."""
+    import torch
+    blocks = tensor.reshape(block_count(tensor.numel()), -1)
+    scales = block_scales(blocks, LEVELS)
+    scaled = blocks / scales  # fp32 whatever the tensor's dtype
+    values = scaled.round_().clamp_(-LEVELS, LEVELS - 1).to(torch.int8)
     return QuantizedBlocks(values.reshape(-1), scales.reshape(-1))
 
 
 def dequantize(values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Every int8 value times its block's scale, written into `out` (any float dtype); the blocks
-    are consecutive and equal, scales.numel() of them (several ranks' blocks end to end)."""
-    blocks = values.view(scales.numel(), -1)
-    out.view(scales.numel(), -1).copy_(blocks.float() * scales.view(-1, 1))
+    """Every int8 value times its block's scale, written into `out` (any float dtype) in place: no
+    float copy of the values; the blocks are consecutive and equal, scales.numel() of them (several
+    ranks' blocks end to end). The product is taken in fp32 and rounded once to `out`'s dtype."""
+    blocks = out.view(scales.numel(), -1)
+    blocks.copy_(values.view(scales.numel(), -1))  # int8 -> out's dtype: exact (bf16 holds -128..127)
+    blocks.mul_(scales.view(-1, 1))
     return out
 
 
@@ -115,29 +127,65 @@ def gradient_chunk(largest_share: int) -> tuple[int, int]:
 
 
 def quantize_int4(rows: torch.Tensor, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradient Phases 2-3 for rows of C elements, each in `blocks` blocks: (packed int8 of
-    rows x C / 2 bytes, fp32 scales of rows x blocks)."""
+    """Gradient Phases 2-3 for fp32 rows of C elements, each in `blocks` blocks: (packed int8 of
+    rows x C / 2 bytes, fp32 scales of rows x blocks). Its temporary is one fp32 copy of the rows
+    divided by their scales, where the nibbles are packed in place (`gradient_exchange_temporary_bytes`)."""
     import torch
-    grouped = rows.float().reshape(rows.shape[0], blocks, -1)
-    absmax = grouped.abs().amax(dim=2, keepdim=True)
-    scales = torch.where(absmax > 0, absmax / GRADIENT_LEVELS, torch.ones_like(absmax))
-    values = torch.round(grouped / scales).clamp_(-GRADIENT_LEVELS, GRADIENT_LEVELS - 1).to(torch.int32)
-    values = values.reshape(rows.shape[0], -1)
-    packed = ((values[:, 0::2] & 0xF) << 4) | (values[:, 1::2] & 0xF)
-    return packed.to(torch.uint8).view(torch.int8), scales.reshape(rows.shape[0], blocks)
+    count = rows.shape[0]
+    grouped = rows.float().reshape(count, blocks, -1)
+    scales = block_scales(grouped, GRADIENT_LEVELS)
+    scaled = grouped / scales
+    scaled.round_().clamp_(-GRADIENT_LEVELS, GRADIENT_LEVELS - 1).remainder_(2 * GRADIENT_LEVELS)  # -1 -> 15: a nibble
+    pairs = scaled.view(count, -1, 2)
+    high = pairs[:, :, 0].mul_(2 * GRADIENT_LEVELS).add_(pairs[:, :, 1])  # value 2i in bits 4-7, 2i + 1 in 0-3
+    return high.to(torch.uint8).view(torch.int8), scales.reshape(count, blocks)
 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The fp32 rows (rows x C) of packed int4 values (rows x C / 2 bytes) and their block scales."""
+    """The fp32 rows (rows x C) of packed int4 values (rows x C / 2 bytes) and their block scales,
+    unpacked and scaled in the rows themselves: no temporary beside them."""
     import torch
-    unsigned = packed.view(torch.uint8).to(torch.int32)
-    nibbles = torch.stack((unsigned >> 4, unsigned & 0xF), dim=-1).reshape(packed.shape[0], -1)
-    values = torch.where(nibbles >= GRADIENT_LEVELS, nibbles - 2 * GRADIENT_LEVELS, nibbles).float()
-    blocks = scales.shape[1]
-    return (values.reshape(packed.shape[0], blocks, -1) * scales.unsqueeze(2)).reshape(packed.shape[0], -1)
+    count, blocks = packed.shape[0], scales.shape[1]
+    rows = torch.empty(count, 2 * packed.shape[1], dtype=torch.float32, device=packed.device)
+    pairs, unsigned = rows.view(count, -1, 2), packed.view(torch.uint8)
+    pairs[:, :, 0].copy_(unsigned).div_(2 * GRADIENT_LEVELS, rounding_mode="floor")  # bits 4-7
+    pairs[:, :, 1].copy_(unsigned).remainder_(2 * GRADIENT_LEVELS)  # bits 0-3
+    rows.add_(GRADIENT_LEVELS).remainder_(2 * GRADIENT_LEVELS).sub_(GRADIENT_LEVELS)  # 8..15 -> -8..-1
+    rows.view(count, blocks, -1).mul_(scales.unsqueeze(2))
+    return rows
 
 
 def int4_max_error(rows: torch.Tensor, blocks: int) -> torch.Tensor:
     """The bound on |x - dequantize_int4(quantize_int4(x))| per element: its block's absmax / 8."""
     grouped = rows.float().reshape(rows.shape[0], blocks, -1)
     return (grouped.abs().amax(dim=2, keepdim=True) / GRADIENT_LEVELS).expand_as(grouped).reshape(rows.shape)
+
+
+# What a quantized collective holds while it runs, beside the tensors it reads and fills (the
+# partition, the whole buffer, the gradient bucket and share): pure arithmetic, for `zero-lab explain`.
+
+def weight_gather_temporary_bytes(partition_numel: int, group_size: int) -> int:
+    """qwZ: the most bytes one gather of a partition of n elements over `group_size` ranks holds
+    beside its whole buffer (`nano.quantized_weights`): while quantizing, the fp32 scaled copy (4n)
+    beside this rank's int8 values and scales; then, while the values travel and are dequantized in
+    place, this rank's values and scales beside every rank's."""
+    own = partition_numel + block_count(partition_numel) * 4
+    return own + max(4 * partition_numel, group_size * own)
+
+
+def gradient_exchange_temporary_bytes(largest_share: int, world_size: int, ranks_per_node: int) -> int:
+    """qgZ: the most bytes one bucket's exchange holds beside the bucket and this rank's share
+    (`nano.quantized_gradients`, its Phases), every row fp32 and C elements long (`gradient_chunk`):
+    the W rows throughout; an exchange of R rows holds, while quantizing, the scaled copy (4RC) and
+    the packed values and scales, then the sent and received values and scales and the dequantized
+    rows (4RC); between the two exchanges, the node's rows arrived beside their sums over the node."""
+    chunk, blocks = gradient_chunk(largest_share)
+    nodes = world_size // ranks_per_node
+
+    def exchange(rows: int) -> int:
+        sent = rows * chunk // 2 + rows * blocks * 4
+        return max(4 * rows * chunk + sent, 2 * sent + 4 * rows * chunk)
+
+    rows, sums = 4 * world_size * chunk, 4 * nodes * chunk
+    return rows + max(exchange(world_size), 4 * world_size * chunk + sums, sums + exchange(nodes),
+                      2 * sums + 4 * chunk)

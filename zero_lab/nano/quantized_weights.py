@@ -8,7 +8,7 @@
             of group size x blocks: two all-gathers, as official DeepSpeed sends them
             (`_all_gather_coalesced` with quantize=True).
     Phase 2 (the handle's `wait`): multiply every rank's blocks by their scales into `full`, the
-            buffer the parameters view, and free the two temporaries.
+            buffer the parameters view, and free the temporaries: the blocks sent and received.
 Official quantizes every gather its parameter coordinator makes (forward, backward, prefetch,
 hpZ's secondary ones) and none that `GatheredParameters` makes; nano the same: `hold_whole` (the
 consolidated state dict, `GatheredParameters`) and `destroy` gather exactly. The partitions Adam
@@ -30,10 +30,12 @@ from zero_lab.nano.stage3 import Stage3Optimizer
 
 
 class _DequantizeOnArrival:
-    """The two all-gathers of a quantized gather; waiting dequantizes into the whole buffer (Phase 2)."""
+    """The two all-gathers of a quantized gather; waiting dequantizes into the whole buffer (Phase 2)
+    and frees the temporaries, this rank's sent blocks too (the backend's thread may still refer to
+    them: freed here, their bytes do not depend on when it lets go)."""
 
-    def __init__(self, works, values: torch.Tensor, scales: torch.Tensor, full: torch.Tensor):
-        self.works, self.values, self.scales, self.full = works, values, scales, full
+    def __init__(self, works, sent, values: torch.Tensor, scales: torch.Tensor, full: torch.Tensor):
+        self.works, self.sent, self.values, self.scales, self.full = works, sent, values, scales, full
 
     def wait(self) -> bool:
         if self.values is not None:
@@ -41,9 +43,9 @@ class _DequantizeOnArrival:
                 if work is not None:
                     work.wait()
             dequantize(self.values, self.scales, self.full)
-            free_storage(self.values)
-            free_storage(self.scales)
-            self.values = self.scales = None
+            for temporary in (self.sent.values, self.sent.scales, self.values, self.scales):
+                free_storage(temporary)
+            self.sent = self.values = self.scales = None
         return True
 
 
@@ -61,7 +63,7 @@ class QuantizedGathers:
         scales = torch.empty(blocks.scales.numel() * collectives.world_size, dtype=torch.float32, device=local.device)
         works = [collectives.all_gather_into_tensor(values, blocks.values, async_op=asynchronous),
                  collectives.all_gather_into_tensor(scales, blocks.scales, async_op=asynchronous)]
-        arrival = _DequantizeOnArrival(works, values, scales, self.full)
+        arrival = _DequantizeOnArrival(works, blocks, values, scales, self.full)
         if asynchronous:
             return arrival
         arrival.wait()
