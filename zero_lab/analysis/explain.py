@@ -27,7 +27,8 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
                       whole again, in one call per buffer.
 It describes a steady step (stage 3 records the order of uses during the first one). Ops are
 collective families (`all_gather` for `all_gather_into_tensor` too); with one rank nothing moves.
-Phase 4 (peak): ZeRO++'s quantized collectives hold temporaries while they run (qwZ: int8 blocks
+Phase 4 (peak): a stage-3 call of several buffers holds a staging tensor of its size
+(`nano.coalesced_gather`), and ZeRO++'s quantized collectives hold temporaries while they run (qwZ: int8 blocks
 and scales, sent and received; qgZ: int4 rows, scales and fp32 rows; `nano.quantization`'s
 figures); the peak is the largest of each phase's moment plus the largest temporary of its collectives.
 """
@@ -95,7 +96,7 @@ class Collective:
     what: str  # the buffer, bucket or unit it moves
     wire_intra_bytes: int = 0  # of wire_bytes, to ranks on this rank's node (rank 0's; nodes: ranks_per_node)
     wire_inter_bytes: int = 0  # of wire_bytes, to ranks on other nodes
-    temporary_bytes: int = 0  # held while it runs, beside what it reads and fills (ZeRO++'s quantized ones)
+    temporary_bytes: int = 0  # held while it runs, beside what it reads and fills (staging, ZeRO++'s quantized ones)
 
 
 @dataclass
@@ -300,8 +301,9 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
             chosen = [buffer for unit in units for buffer in buffers if buffer.unit == unit and buffer.sharded]
             if not secondary_group and not zero.zero_quantized_weights:
                 what = units[0] if len(units) == 1 else f"{units[0]} and {len(units) - 1} more units"
-                found.append(moved(phase, "all_gather", sum(buffer.layout.padded_numel for buffer in chosen) * width,
-                                   what))
+                payload = sum(buffer.layout.padded_numel for buffer in chosen) * width
+                # several buffers in one call pass through a staging tensor of the call's size
+                found.append(moved(phase, "all_gather", payload, what, temporary=payload if len(chosen) > 1 else 0))
                 continue
             for unit in units:
                 group_size = secondary_group if unit in with_secondary else world_size
