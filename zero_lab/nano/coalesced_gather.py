@@ -75,8 +75,7 @@ def start_gathers(buffers: list[ShardedFlatBuffer], collectives: Collectives, as
         if len(group) == 1:
             group[0].unshard(collectives, asynchronous)
         else:
-            gather = GatherTogether(group, collectives, asynchronous)
+            GatherTogether(group, collectives, asynchronous)  # each buffer holds it as its pending gather
             if not asynchronous:
                 for buffer in group:
                     buffer.wait()
-            del gather
