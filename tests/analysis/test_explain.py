@@ -159,7 +159,8 @@ def test_explaining_a_preset_loads_no_torch():
 
 
 def test_the_peak_adds_zeropps_temporaries_to_the_phase_that_holds_the_most():
-    """Without the quantized keys nothing holds a temporary and the peak is the fullest moment; with
+    """Without the quantized keys, and with no stage-3 call of several buffers (whose staging tensor
+    is its temporary), nothing holds a temporary and the peak is the fullest moment; with
     qwZ every int8 gather and with qgZ every bucket's first all-to-all carries its temporaries, and the
     peak is a phase's moment plus the largest of its own (docs/explain-json.md, `peak`)."""
     def walked(**zero):
@@ -168,10 +169,13 @@ def test_the_peak_adds_zeropps_temporaries_to_the_phase_that_holds_the_most():
         return explain("tiny", preset_parameters("tiny"), preset_blocks("tiny"), load_config(config, world_size=4),
                        4, 2).to_json()
 
-    plain = walked()
+    plain = walked(stage3_prefetch_bucket_size=0)  # every call one unit's buffers: no staging tensor
     assert not any(item["temporary_bytes"] for item in plain["collectives"])
     assert plain["peak"]["bytes"] == max(moment["total_bytes"] for moment in plain["moments"])
     assert plain["peak"]["temporary_of"] is None
+    staged = [item for item in walked()["collectives"] if item["temporary_bytes"]]  # zero3.json's one prefetch
+    assert staged and all(item["op"] == "all_gather" and item["temporary_bytes"] == item["payload_bytes"]
+                          and item["what"].endswith("more units") for item in staged)
     quantized = walked(zero_quantized_weights=True, zero_quantized_gradients=True)
     carriers = {item["what"].rsplit(" ", 1)[-1] if item["op"] == "all_gather" else item["what"].split(" int4, ")[1]
                 for item in quantized["collectives"] if item["temporary_bytes"]}

@@ -7,7 +7,12 @@ parameters; nano fetches as official does, so its bytes are official's on every 
 two the worker also checks what explains official's bytes, independently of nano's engine:
 `fetch_policy`'s rules run over every module the forward calls (containers included: official
 prefetches at each), one unit per module's own non-persistent parameters, predict official's extra
-bytes over a step that gathers every parameter once."""
+bytes over a step that gathers every parameter once.
+
+The calls are equal too, except for one mechanism of official's: each fetch and each prefetch is one
+all-gather in both engines, but official's step gathers its persistent parameters in one call per
+parameter (`_allgather_params_coalesced` loops over them), nano in one per persistent flat buffer.
+The worker checks both counts."""
 
 from __future__ import annotations
 
@@ -89,16 +94,23 @@ def module_granularity_wire_bytes(config: dict, world_size: int) -> int:
                for name in step.forward_gathers + step.backward_gathers)
 
 
-def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter, after=None) -> tuple[
-        list[tuple[int, int]], dict[str, int]]:
-    """(all-gather calls, all-gather wire bytes) of each optimizer step, and the bytes this run's
-    tensors hold: the most at each phase boundary over the steps, and the peak (CPU storage
-    allocated since the model was built, `LiveStorageTracker`). `after(model, engine)` runs after
-    the last step."""
+def all_gathers(meter: CommMeter, before: dict) -> tuple[int, int]:
+    """(calls, wire bytes) of the all-gathers since the snapshot `before`."""
+    moved = [count for name, count in difference(meter.snapshot(), before).items() if family(name) == "all_gather"]
+    return sum(count.calls for count in moved), sum(count.wire_bytes for count in moved)
+
+
+def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter, after=None,
+                          harness_groups: bool = False) -> tuple[list[tuple[int, int, int]], dict[str, int]]:
+    """(all-gather calls, all-gather wire bytes, calls of them inside `engine.step()`) of each
+    optimizer step, and the bytes this run's tensors hold: the most at each phase boundary over the
+    steps, and the peak (CPU storage allocated since the model was built, `LiveStorageTracker`).
+    `after(model, engine)` runs after the last step; `harness_groups`: the harness's weight-decay
+    parameter groups (what `explain` assumes), else one group."""
     import gc
 
     from zero_lab.workload.memory_meter import LiveStorageTracker
-    from zero_lab.workload.models import build_model
+    from zero_lab.workload.models import build_model, parameter_groups
 
     found, held = [], {}
     with LiveStorageTracker("cpu") as tracker, backend_holding_collective_tensors():
@@ -107,7 +119,9 @@ def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter, aft
             held[moment] = max(held.get(moment, 0), tracker.live_bytes)
 
         model = build_model("tiny", seed=0)
-        engine, *_ = module.initialize(model=model, model_parameters=model.parameters(), config=config)
+        groups = (parameter_groups(model, config["optimizer"]["params"]["weight_decay"]) if harness_groups
+                  else model.parameters())
+        engine, *_ = module.initialize(model=model, model_parameters=groups, config=config)
         generator = torch.Generator().manual_seed(rank)
         for _ in range(STEPS):
             ids = torch.randint(0, model.config.vocab_size, (MICRO_SIZE, SEQUENCE), generator=generator)
@@ -116,11 +130,10 @@ def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter, aft
             boundary("after forward")
             engine.backward(loss)
             boundary("after backward")
+            before_step = meter.snapshot()
             engine.step()
             boundary("after step")
-            moved = [count for name, count in difference(meter.snapshot(), before).items()
-                     if family(name) == "all_gather"]
-            found.append((sum(count.calls for count in moved), sum(count.wire_bytes for count in moved)))
+            found.append((*all_gathers(meter, before), all_gathers(meter, before_step)[0]))
         held["peak"] = tracker.peak_bytes
         if after is not None:
             after(model, engine)
@@ -133,43 +146,68 @@ def more_than_official(label: str, mine: dict[str, int], theirs: dict[str, int])
             for moment in mine if mine[moment] > theirs[moment]]
 
 
+def persistent_gathers(counted: dict[str, int]):
+    """An `after` for `gather_bytes_per_step` noting the all-gather calls each engine's step makes
+    for its persistent parameters: official one per parameter (`stage3.py` `_post_step` hands them
+    to `all_gather`, whose `_allgather_params_coalesced` starts one `all_gather_into_tensor` per
+    parameter), nano one per persistent flat buffer (`FlatParameterBuffer.gather_partitions`)."""
+    from zero_lab.nano.flat_buffer import ShardedFlatBuffer
+
+    def note(model, engine):
+        optimizer = engine.optimizer
+        if hasattr(optimizer, "persistent_parameters"):  # official
+            counted["official"] = len(optimizer.persistent_parameters)
+        else:
+            counted["nano"] = sum(not isinstance(buffer, ShardedFlatBuffer) for buffer in optimizer.buffers)
+    return note
+
+
+def differences(label: str, mine: list, theirs: list, persistent: dict[str, int]) -> list[str]:
+    """From the second step on (the first records the trace): equal all-gather wire bytes, and equal
+    calls in the forward and backward (one per fetch and per prefetch); in every step, each engine's
+    step makes one call per persistent parameter (official) or persistent buffer (nano)."""
+    failures = []
+    if [wire for _, wire, _ in mine[1:]] != [wire for _, wire, _ in theirs[1:]]:
+        failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes, in step)")
+    if [calls - in_step for calls, _, in_step in mine[1:]] != [calls - in_step for calls, _, in_step in theirs[1:]]:
+        failures.append(f"{label}: all-gather calls outside the optimizer step nano {mine}, official {theirs} "
+                        "(calls, bytes, in step)")
+    for impl, steps in (("nano", mine), ("official", theirs)):
+        if [in_step for _, _, in_step in steps] != [persistent[impl]] * STEPS:
+            failures.append(f"{label}: {impl}'s all-gather calls in each step {steps} are not one per persistent "
+                            f"{'parameter' if impl == 'official' else 'buffer'} ({persistent[impl]})")
+    return failures
+
+
 def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
-    """From the second step on (the first records the trace), nano's all-gather wire bytes per step
-    equal official's on every config, and official's equal the per-module prediction on the two
-    finer ones; the calls are printed (they differ: nano starts a prefetch's units together). At
-    every phase boundary, and at its peak, nano holds no more bytes than official."""
+    """From the second step on (the first records the trace), nano's all-gathers per step equal
+    official's on every config: the same wire bytes, and the same calls in the forward and backward
+    (`differences`); official's bytes equal the per-module prediction on the two finer ones. At every
+    phase boundary, and at its peak, nano holds no more bytes than official."""
     meter = CommMeter().install()  # before DeepSpeed keeps references to the collectives
     from tests.nano.official_workers import import_official_deepspeed
 
     deepspeed = import_official_deepspeed(world_size)
     failures = []
-    for label, config in configs().items():
+    for label, config in {**configs(), **finer_configs()}.items():
         config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
-        (mine, my_bytes), (theirs, their_bytes) = (gather_bytes_per_step(nano, config, rank, meter),
-                                                   gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"),
-                                                                         rank, meter))
-        print(f"[gathers] rank {rank} {label}: nano {mine} {my_bytes} official {theirs} {their_bytes}", flush=True)
+        persistent: dict[str, int] = {}
+        (mine, my_bytes), (theirs, their_bytes) = (
+            gather_bytes_per_step(nano, config, rank, meter, after=persistent_gathers(persistent)),
+            gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"), rank, meter,
+                                  after=persistent_gathers(persistent)))
+        print(f"[gathers] rank {rank} {label}: nano {mine} {my_bytes} official {theirs} {their_bytes} "
+              f"persistent {persistent}", flush=True)
         failures += more_than_official(label, my_bytes, their_bytes)
-        if [wire for _, wire in mine[1:]] != [wire for _, wire in theirs[1:]]:
-            failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes)")
+        failures += differences(label, mine, theirs, persistent)
         if label == "zero3.json":
             once = theirs[-1][1]  # every parameter gathered once a step (equal to nano's, checked above)
-    for label, config in finer_configs().items():
-        config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
-        (mine, my_bytes), (theirs, their_bytes) = (gather_bytes_per_step(nano, config, rank, meter),
-                                                   gather_bytes_per_step(deepspeed, to_official_config(config, device="cpu"),
-                                                                         rank, meter))
-        failures += more_than_official(label, my_bytes, their_bytes)
-        extra = module_granularity_wire_bytes(config, world_size) - module_granularity_wire_bytes(harness_zero3(),
-                                                                                                  world_size)
-        print(f"[gathers] rank {rank} {label}: nano {mine} {my_bytes} official {theirs} {their_bytes}; "
-              f"official's rules per module "
-              f"predict {once + extra} bytes a step", flush=True)
-        if [wire for _, wire in mine[1:]] != [wire for _, wire in theirs[1:]]:
-            failures.append(f"{label}: all-gather wire bytes per step nano {mine}, official {theirs} (calls, bytes)")
-        if [wire for _, wire in theirs[1:]] != [once + extra] * (STEPS - 1):
-            failures.append(f"{label}: official's all-gather bytes per step {theirs} are not the per-module "
-                            f"prediction {once + extra} (once a step {once} + {extra})")
+        if label in finer_configs():
+            extra = (module_granularity_wire_bytes(config, world_size)
+                     - module_granularity_wire_bytes(harness_zero3(), world_size))
+            if [wire for _, wire, _ in theirs[1:]] != [once + extra] * (STEPS - 1):
+                failures.append(f"{label}: official's all-gather bytes per step {theirs} are not the per-module "
+                                f"prediction {once + extra} (once a step {once} + {extra})")
     meter.uninstall()
     return failures
 
@@ -177,7 +215,8 @@ def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
 def explained_gathers_worker(rank: int, world_size: int) -> list[str]:
     """On the tiny preset, on every config above, nano records the module calls that
     `model_shapes.preset_module_calls` names (forward, then backward), and from the second step on
-    moves the all-gather wire bytes per step that `zero-lab explain` predicts without building it."""
+    makes the all-gather calls and moves the wire bytes per step that `zero-lab explain` predicts
+    without building it."""
     from zero_lab.analysis.explain import explain
     from zero_lab.nano.config import load_config
     from zero_lab.workload.model_shapes import preset_blocks, preset_module_calls, preset_parameters
@@ -194,13 +233,14 @@ def explained_gathers_worker(rank: int, world_size: int) -> list[str]:
 
     for label, config in {**configs(), **finer_configs()}.items():
         config = {**config, "train_micro_batch_size_per_gpu": MICRO_SIZE}
-        found, _ = gather_bytes_per_step(nano, config, rank, meter, after=note_trace)
+        found, _ = gather_bytes_per_step(nano, config, rank, meter, after=note_trace, harness_groups=True)
         if recorded["calls"] != preset_module_calls("tiny"):
             failures.append(f"{label}: recorded calls {recorded['calls']}, not the preset's {preset_module_calls('tiny')}")
         walk = explain("tiny", preset_parameters("tiny"), preset_blocks("tiny"), load_config(config, world_size=world_size),
                        world_size)
-        predicted = sum(item.wire_bytes for item in walk.collectives if item.op == "all_gather")
-        if [wire for _, wire in found[1:]] != [predicted] * (STEPS - 1):
-            failures.append(f"{label}: all-gather wire bytes per step {found}, explain predicts {predicted}")
+        predicted = [item for item in walk.collectives if item.op == "all_gather"]
+        predicted = (len(predicted), sum(item.wire_bytes for item in predicted))
+        if [(calls, wire) for calls, wire, _ in found[1:]] != [predicted] * (STEPS - 1):
+            failures.append(f"{label}: all-gather (calls, wire bytes) per step {found}, explain predicts {predicted}")
     meter.uninstall()
     return failures

@@ -286,12 +286,13 @@ def knobs_worker(rank: int, world_size: int) -> list[str]:
         engine, *_ = nano.initialize(model=model, config=config)
         gathering = engine.optimizer.gathering
         gathered: list[str] = []
-        for entry in gathering.entries:
-            def counting(collectives, *args, entry=entry, original=entry.buffers[0].unshard, **kwargs):
-                if not entry.gathered:
-                    gathered.append(entry.unit.name)
-                return original(collectives, *args, **kwargs)
-            entry.buffers[0].unshard = counting
+        for entry in gathering.entries:  # a gather by itself (unshard) or in one call with others (join_gather)
+            for verb in ("unshard", "join_gather"):
+                def counting(*args, entry=entry, original=getattr(entry.buffers[0], verb), **kwargs):
+                    if not entry.gathered:
+                        gathered.append(entry.unit.name)
+                    return original(*args, **kwargs)
+                setattr(entry.buffers[0], verb, counting)
         for step in range(2):  # the second step follows the first one's trace
             gathered.clear()
             loss = token_loss(engine, token_batch(step, 0, rank, MICRO_SIZE))

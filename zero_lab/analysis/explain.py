@@ -13,6 +13,8 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
                       rules over the trace say (`unit_policy.forward_trace`, from the parameter
                       table): at its use or ahead of it (prefetch), freed after it unless the
                       prefetch reached its backward use or `stage3_max_reuse_distance` keeps it;
+                      one call per fetch and one per prefetch, whatever it starts (each buffer
+                      by itself with hpZ or qwZ);
     backward          stage 3: each unit freed after its forward is gathered again; stages 2
                       and 3: every gradient bucket is reduce-scattered (all-reduced with
                       `reduce_scatter: false`; with qgZ over several nodes, four all-to-alls) as
@@ -25,7 +27,8 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
                       whole again, in one call per buffer.
 It describes a steady step (stage 3 records the order of uses during the first one). Ops are
 collective families (`all_gather` for `all_gather_into_tensor` too); with one rank nothing moves.
-Phase 4 (peak): ZeRO++'s quantized collectives hold temporaries while they run (qwZ: int8 blocks
+Phase 4 (peak): a stage-3 call of several buffers holds a staging tensor of its size
+(`nano.coalesced_gather`), and ZeRO++'s quantized collectives hold temporaries while they run (qwZ: int8 blocks
 and scales, sent and received; qgZ: int4 rows, scales and fp32 rows; `nano.quantization`'s
 figures); the peak is the largest of each phase's moment plus the largest temporary of its collectives.
 """
@@ -93,7 +96,7 @@ class Collective:
     what: str  # the buffer, bucket or unit it moves
     wire_intra_bytes: int = 0  # of wire_bytes, to ranks on this rank's node (rank 0's; nodes: ranks_per_node)
     wire_inter_bytes: int = 0  # of wire_bytes, to ranks on other nodes
-    temporary_bytes: int = 0  # held while it runs, beside what it reads and fills (ZeRO++'s quantized ones)
+    temporary_bytes: int = 0  # held while it runs, beside what it reads and fills (staging, ZeRO++'s quantized ones)
 
 
 @dataclass
@@ -290,23 +293,33 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
         return [moved(phase, "all_gather", padded, f"{buffer.name} int8", group_size, temporary=temporary),
                 moved(phase, "all_gather", scales, f"{buffer.name} scales", group_size)]
 
-    def gathers(phase: str, units: list[str]) -> list[Collective]:
+    def gathers(phase: str, calls: list[list[str]]) -> list[Collective]:
+        """Each fetch's or prefetch's units in one call (`nano.coalesced_gather`); with hpZ or qwZ
+        each buffer has a wire format of its own and is gathered by itself."""
         found = []
-        for unit in units:
-            group_size = secondary_group if unit in with_secondary else world_size
-            for buffer in buffers:
-                if buffer.unit == unit and buffer.sharded:
-                    found += gather(phase, buffer, group_size)
-            if secondary_group:
-                with_secondary.add(unit)
+        for units in calls:
+            chosen = [buffer for unit in units for buffer in buffers if buffer.unit == unit and buffer.sharded]
+            if not secondary_group and not zero.zero_quantized_weights:
+                what = units[0] if len(units) == 1 else f"{units[0]} and {len(units) - 1} more units"
+                payload = sum(buffer.layout.padded_numel for buffer in chosen) * width
+                # several buffers in one call pass through a staging tensor of the call's size
+                found.append(moved(phase, "all_gather", payload, what, temporary=payload if len(chosen) > 1 else 0))
+                continue
+            for unit in units:
+                group_size = secondary_group if unit in with_secondary else world_size
+                for buffer in buffers:
+                    if buffer.unit == unit and buffer.sharded:
+                        found += gather(phase, buffer, group_size)
+                if secondary_group:
+                    with_secondary.add(unit)
         return found
 
     found: list[Collective] = []
     if stage >= 2:  # every micro-step gathers (stage 3) and reduces as backward goes
         for _ in range(config.gradient_accumulation_steps):
             if micro_step is not None:
-                found += gathers("forward", micro_step.forward_gathers)
-                found += gathers("backward", micro_step.backward_gathers)
+                found += gathers("forward", micro_step.forward_calls)
+                found += gathers("backward", micro_step.backward_calls)
             found += reductions("backward", buffers)
     else:  # once, at the boundary
         found += reductions("reduce_gradients", buffers)

@@ -27,6 +27,9 @@ The rules, with official's names for the keys (`runtime/zero/partitioned_param_c
           included, each with all the parameters it touches, persistent ones too: a large head
           counts twice between a block's forward and its backward.
     4. Persistence (`unit_policy.plan_units`): the small parameters are never released.
+    5. Calls: what one fetch (rule 1) or one prefetch (rule 2) starts moves in one all-gather
+       (per dtype: `coalesced_gather`), as official's `all_gather_coalesced` sends it
+       (`MicroStep.forward_calls`, `backward_calls`).
 A unit is what official fetches at once (`unit_policy`): a module's own parameters, a leaf
 module's subtree. Official queues and counts parameters, nano units: a prefetch window that ends
 inside a module with several sharded parameters takes all of them here (Qwen3's modules have one).
@@ -121,12 +124,21 @@ class FetchSchedule:
 
 @dataclass
 class MicroStep:
-    """What `simulate_micro_step` found: each phase's gathers, in order, and what is whole after the forward."""
+    """What `simulate_micro_step` found: each phase's gathers, in order, grouped into the calls
+    that move them (rule 5), and what is whole after the forward."""
 
-    forward_gathers: list[str]
-    backward_gathers: list[str]
+    forward_calls: list[list[str]]
+    backward_calls: list[list[str]]
     whole_after_forward: set[str]
     largest_prefetch: int = 0  # elements of the largest set of units one prefetch started in the forward
+
+    @property
+    def forward_gathers(self) -> list[str]:
+        return [unit for call in self.forward_calls for unit in call]
+
+    @property
+    def backward_gathers(self) -> list[str]:
+        return [unit for call in self.backward_calls for unit in call]
 
 
 def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, int], rules: FetchRules | None,
@@ -137,23 +149,24 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
     model's forward to the end of its backward (nano's root)."""
     schedule = FetchSchedule(forward, unit_numel, rules, backward) if rules is not None else None
     whole: set[str] = set()
-    gathers: list[str] = []
+    calls: list[list[str]] = []
 
-    def gather(unit: str | None) -> None:
-        if unit is not None and unit not in whole:
-            whole.add(unit)
-            gathers.append(unit)
+    def gather(units: list[str | None]) -> None:
+        """One fetch or prefetch: the units not whole yet, in one call (rule 5)."""
+        call = [unit for unit in dict.fromkeys(units) if unit is not None and unit not in whole]
+        whole.update(call)
+        if call:
+            calls.append(call)
 
     largest_prefetch = 0
 
     def use(position: int, unit: str | None) -> None:
         nonlocal largest_prefetch
-        gather(unit)
+        gather([unit])
         if schedule is not None:
             live = sum(unit_numel[name] for name in whole)
             started = schedule.prefetch(position, whole.__contains__, live)
-            for name in started:
-                gather(name)
+            gather(started)
             if position < len(forward):
                 largest_prefetch = max(largest_prefetch, sum(unit_numel[name] for name in started))
 
@@ -161,15 +174,15 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
         if unit is not None and unit != held and not (schedule is not None and schedule.keep(unit, position + 1)):
             whole.discard(unit)
 
-    gather(held)
+    gather([held])
     for position, traced in enumerate(forward):
         use(position, traced.unit)
         release(position, traced.unit)
-    forward_gathers, gathers = gathers, []
+    forward_calls, calls = calls, []
     whole_after_forward = set(whole)
     order = full_order(forward, backward)
     for position in range(len(forward), len(order)):
         traced = order[position]
         use(position, traced.unit)
         release(position, traced.unit)
-    return MicroStep(forward_gathers, gathers, whole_after_forward, largest_prefetch)
+    return MicroStep(forward_calls, calls, whole_after_forward, largest_prefetch)

@@ -115,6 +115,7 @@ class ShardedFlatBuffer(FlatParameterBuffer):
     """
 
     partition_kind = TensorKind.PARTITION  # storage of its own, on the host with offload_param
+    gathers_with_others = True  # may share one all-gather call with other buffers (`coalesced_gather`)
 
     def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, collectives: Collectives,
                  group_index: int, full: torch.Tensor, partition: torch.Tensor,
@@ -141,6 +142,12 @@ class ShardedFlatBuffer(FlatParameterBuffer):
         self.state = BufferState.GATHERING
         if self.pending is None:
             self.wait()
+
+    def join_gather(self, shared) -> None:
+        """Become whole through a gather of several buffers (`coalesced_gather.GatherTogether`):
+        storage for `full` now, its values once `shared.wait()` has run."""
+        self.full.untyped_storage().resize_(self.full_nbytes)
+        self.staged, self.pending, self.state = self.partition, shared, BufferState.GATHERING
 
     def start_gather(self, collectives: Collectives, local: torch.Tensor, asynchronous: bool):
         """Every rank's `local` into `full`, over `collectives`: the wire format of a gather (qwZ's

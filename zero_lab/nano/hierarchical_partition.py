@@ -50,6 +50,8 @@ def node_group(world_size: int, rank: int, ranks_per_node: int):
 class HierarchicalShardedBuffer(ShardedFlatBuffer):
     """A sharded flat buffer with a secondary partition within the node (see the module docstring)."""
 
+    gathers_with_others = False  # its gathers read the primaries or the secondaries: each by itself
+
     def __init__(self, *arguments, node_collectives: Collectives, **keywords):
         self.node_collectives = node_collectives
         self.secondary: torch.Tensor | None = None  # None: no secondary (Phases 1 and 4)

@@ -53,6 +53,7 @@ class QuantizedGathers:
     """The buffer side of qwZ: gathers send int8 blocks (Phase 1), unless asked for an exact one."""
 
     exact = False  # the gather in progress is an exact one (hold_whole, destroy)
+    gathers_with_others = False  # int8 blocks and their scales: each buffer by itself
 
     def start_gather(self, collectives: Collectives, local: torch.Tensor, asynchronous: bool):
         if self.exact:

@@ -8,9 +8,10 @@ fetches it. For each use of a traced module, one micro-step runs in phases, each
 for its moment:
     1. pre_forward: note the use in the trace being recorded; gather the module's unit (all-gather
        into a full buffer allocated for this use; the parameters are views of it); start gathering
-       the units the prefetch rule reaches. The model's own pre_forward gathers the root unit (a
-       parameter two modules own, as a tied embedding and head, or the model's own) and holds it
-       to the end of the backward.
+       the units the prefetch rule reaches, all of them in one call (`coalesced_gather`: one call
+       per fetch and per prefetch, as official). The model's own pre_forward gathers the root unit
+       (a parameter two modules own, as a tied embedding and head, or the model's own) and holds
+       it to the end of the backward.
     2. post_forward: free the unit unless another use still holds it or the release rule keeps it
        (reached by the prefetch, or reused within `stage3_max_reuse_distance`).
     3. pre_backward (a hook on the gradients of the use's outputs): note the use in the trace (the
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from zero_lab.nano.coalesced_gather import start_gathers
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.fetch_policy import FetchRules, FetchSchedule, TracedUse
 from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
@@ -146,8 +148,8 @@ class UnitGathering:
         else:
             entry.holds += 1
         entry.kept = False
+        start_gathers(entry.buffers, self.collectives)  # one call (per dtype) for the unit
         for buffer in entry.buffers:
-            buffer.unshard(self.collectives)
             buffer.wait()
 
     def release(self, entry: GatheredUnit, keep: bool = False) -> None:
@@ -179,11 +181,12 @@ class UnitGathering:
         """Rule 2 at the use at `position`: start gathering what the schedule reaches."""
         if self.schedule is None or position is None:
             return
-        for name in self.schedule.prefetch(position, lambda unit: self.by_name[unit].gathered, self.live_numel()):
-            entry = self.by_name[name]
+        started = [self.by_name[name] for name in
+                   self.schedule.prefetch(position, lambda unit: self.by_name[unit].gathered, self.live_numel())]
+        for entry in started:
             entry.prefetched = True
-            for buffer in entry.buffers:
-                buffer.unshard(self.collectives, asynchronous=True)
+        start_gathers([buffer for entry in started for buffer in entry.buffers], self.collectives,
+                      asynchronous=True)  # one call (per dtype) for the whole prefetch
 
     def _keep(self, entry: GatheredUnit) -> bool:
         """Rule 3 at this moment: official counts the uses begun so far."""
