@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
 
 
@@ -66,6 +66,7 @@ class GatherTogether:
         for buffer, size in zip(self.buffers, self.sizes):
             buffer.full.view(self.world_size, size).copy_(rows[:, offset:offset + size])
             offset += size
+        free_storage(self.staging)  # shrunk, not just dropped: the backend's worker may still hold it
         self.staging = self.work = None
 
 
