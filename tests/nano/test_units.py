@@ -26,10 +26,13 @@ def test_below_stage_3_the_whole_model_is_one_unit():
 def test_stage_3_units_are_each_modules_own_parameters_the_root_and_the_persistent_parameters():
     """As official fetches (`recurse=False`): each module's own parameters are a unit; the tied
     embedding/head, owned by two modules, is one parameter of the root; parameters of at most the
-    threshold (6-element norms and biases) are persistent."""
+    threshold (6-element norms and biases) are persistent, each a unit of its own (official partitions
+    and gathers each persistent parameter on its own)."""
     model = build_trapnet()
     units = units_of(model, stage=3, stage3_param_persistence_threshold=6)
-    assert names(units) == [("persistent", 4 * 3 + 2, False), ("blocks.0.linear", 1, True),
+    small = [name for name, parameter in model.named_parameters() if parameter.numel() <= 6]
+    assert len(small) == 4 * 3 + 2
+    assert names(units) == [*((f"persistent:{name}", 1, False) for name in small), ("blocks.0.linear", 1, True),
                             ("blocks.1.linear", 1, True), ("blocks.2.linear", 1, True), ("spare.0.linear", 1, True),
                             ("root", 1, True)]
     assert units[-1].parameters == [model.embed.weight] and model.head.weight is model.embed.weight
@@ -40,7 +43,7 @@ def test_stage_3_units_are_each_modules_own_parameters_the_root_and_the_persiste
 def test_the_model_persistence_threshold_caps_the_persistent_total():
     units = units_of(build_trapnet(), stage=3, stage3_param_persistence_threshold=6,
                      stage3_model_persistence_threshold=12)
-    assert names(units)[0] == ("persistent", 2, False)
+    assert [sharded for _, _, sharded in names(units)].count(False) == 2
 
 
 def test_leaf_module_names_the_units_and_shared_parameters_go_to_the_root():
@@ -51,15 +54,15 @@ def test_leaf_module_names_the_units_and_shared_parameters_go_to_the_root():
     model.blocks[2].linear = model.blocks[0].linear  # one module in two blocks
     units = units_of(model, stage=3, stage3_param_persistence_threshold=6, leaf_module={"classes": ["Block"]})
     # blocks 0 and 2 keep nothing of their own (the shared linear is the root's, the norms persistent)
-    assert [unit.name for unit in units] == ["persistent", "blocks.1", "spare.0", "root"]
+    assert [unit.name for unit in units if unit.sharded] == ["blocks.1", "spare.0", "root"]
     assert any(parameter is model.blocks[0].linear.weight for parameter in units[-1].parameters)
     by_suffix = units_of(build_trapnet(), stage=3, stage3_param_persistence_threshold=6,
                          leaf_module={"name_suffixes": ".1"})
-    assert [unit.name for unit in by_suffix] == ["persistent", "blocks.0.linear", "blocks.1", "blocks.2.linear",
-                                                 "spare.0.linear", "root"]
+    assert [unit.name for unit in by_suffix if unit.sharded] == ["blocks.0.linear", "blocks.1", "blocks.2.linear",
+                                                                 "spare.0.linear", "root"]
     by_name = units_of(build_trapnet(), stage=3, stage3_param_persistence_threshold=6,
                        leaf_module={"names": ["blocks"]})
-    assert [unit.name for unit in by_name] == ["persistent", "blocks", "spare.0.linear", "root"]
+    assert [unit.name for unit in by_name if unit.sharded] == ["blocks", "spare.0.linear", "root"]
 
 
 def test_hugging_face_linear_layers_are_the_units():
@@ -73,5 +76,6 @@ def test_hugging_face_linear_layers_are_the_units():
     linears = [f"model.layers.{layer}.{name}" for layer in range(3) for name in
                ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                 "mlp.up_proj", "mlp.down_proj")]
-    assert [unit.name for unit in units] == ["persistent", *linears, "root"]
+    norms = [name for name, parameter in model.named_parameters() if parameter.numel() <= 16]
+    assert [unit.name for unit in units] == [*(f"persistent:{name}" for name in norms), *linears, "root"]
     assert units[-1].parameters == [model.model.embed_tokens.weight]  # the head is tied to it

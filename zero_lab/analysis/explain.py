@@ -23,8 +23,8 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
                       `param.grad` and reduced, once per optimizer step (stage 0 all-reduces);
     unscale_clip      stages 1-3: the squared gradient norm is summed over ranks (4 bytes);
     adam              nothing moves;
-    all_gather        stages 1 and 2, and stage 3's persistent buffers: each buffer is gathered
-                      whole again, in one call per buffer.
+    all_gather        stages 1 and 2, and stage 3's persistent buffers (one per persistent
+                      parameter): each buffer is gathered whole again, in one call per buffer.
 It describes a steady step (stage 3 records the order of uses during the first one). Ops are
 collective families (`all_gather` for `all_gather_into_tensor` too); with one rank nothing moves.
 Phase 4 (peak): a stage-3 call of several buffers holds a staging tensor of its size

@@ -2,16 +2,17 @@
 
 The diff from stage 2:
     units:   one per module fetched as one (its own parameters, or a leaf module's subtree), one
-             root, one for the persistent small parameters (`units.per_block`, decided by
+             root, one for each persistent small parameter (`units.per_block`, decided by
              `initialize`). Each such unit's and the root's parameters of each group live
              in a `ShardedFlatBuffer`: between uses a rank keeps only its partition (fp32: that
              partition is also the master; bf16/fp16: plus an fp32 master partition). The
-             persistent unit keeps stage 2's always-whole buffers.
+             persistent units keep stage 2's always-whole buffers.
     gather:  `UnitGathering` gathers each sharded unit for its module's forward and, unless official
              DeepSpeed's release rule kept it (`fetch_policy`: prefetch, reuse distance), again for
              its backward, and frees it after each use (see its module for the hooks).
     publish: after Adam, the masters become the partitions (mixed precision) and the persistent
-             buffers are all-gathered as at stage 2; no sharded unit stays gathered, so the next
+             buffers are all-gathered as at stage 2, one call each (official's one per persistent
+             parameter); no sharded unit stays gathered, so the next
              forward gathers the new values.
 Gradients reach their fp32 partitions exactly as at stage 2, bucket by bucket within each unit's
 buffer, reduce-scattered as the unit's backward produces them. After every backward nothing stays

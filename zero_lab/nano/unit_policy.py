@@ -5,8 +5,11 @@ apply them to a live model, and `zero-lab explain` to a model it never builds.
 Units (the order `units.py` documents). A "block" here is a module fetched as one, as official
 DeepSpeed fetches (`fetch_sub_module`): each module's own parameters (`recurse=False`), or a leaf
 module's (`leaf_module`) whole subtree.
-    Phase 1: "persistent": each parameter of at most `persistence_threshold` elements, in the
-             model's order, while their total stays within `model_persistence_threshold`.
+    Phase 1: persistent: each parameter of at most `persistence_threshold` elements, in the
+             model's order, while their total stays within `model_persistence_threshold`, is a
+             unit of its own, named "persistent:" and its name (official DeepSpeed partitions and
+             gathers each persistent parameter on its own: one all-gather per parameter after
+             every step, `stage3.py` `_post_step`).
     Phase 2: one unit per block, with the block's parameters that no other block reaches and that
              are not persistent.
     Phase 3: "root": every other parameter (one owned by two modules, as a tied head's, or by
@@ -22,6 +25,9 @@ from math import prod
 from typing import Sequence
 
 from zero_lab.nano.fetch_policy import TracedUse
+
+
+PERSISTENT_PREFIX = "persistent:"  # a persistent unit's name: this, then its parameter's name
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,7 @@ def plan_units(entries: Sequence[ParameterEntry], block_names: Sequence[str], pe
             persistent.append(index)
             total += entry.numel
     taken = set(persistent)
-    units = [UnitPlan("persistent", tuple(persistent), False)]
+    units = [UnitPlan(f"{PERSISTENT_PREFIX}{entries[index].name}", (index,), False) for index in persistent]
     for block in block_names:  # Phase 2
         members = tuple(index for index, entry in enumerate(entries)
                         if entry.blocks == (block,) and index not in taken)

@@ -7,9 +7,11 @@ from the mechanism, as torchtitan applies its parallelism per layer from outside
 Stages 0-2 use one unit, the whole model, so each parameter group is one flat buffer.
 Stage 3 gathers a unit whole for each use, so the units are what official DeepSpeed fetches at
 once (`fetch_sub_module`):
-    1. "persistent": every parameter of at most `stage3_param_persistence_threshold` elements
+    1. persistent: every parameter of at most `stage3_param_persistence_threshold` elements
        (in `named_parameters()` order, while their total stays within
-       `stage3_model_persistence_threshold`), kept whole on every rank, as official DeepSpeed does.
+       `stage3_model_persistence_threshold`) is a unit of its own ("persistent:" and its name),
+       kept whole on every rank and published after each step in one all-gather per parameter,
+       as official DeepSpeed does.
     2. one unit per module fetched as one (`fetch_modules`): each module matching
        `zero_optimization.leaf_module` (DeepSpeed's classes, names and name suffixes) with the
        parameters of its subtree, and every other module with its own parameters (`recurse=False`:
