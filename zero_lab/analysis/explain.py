@@ -18,7 +18,9 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
     backward          stage 3: each unit freed after its forward is gathered again; stages 2
                       and 3: every gradient bucket is reduce-scattered (all-reduced with
                       `reduce_scatter: false`; with qgZ over several nodes, four all-to-alls) as
-                      its gradients arrive, in every micro-step;
+                      its gradients arrive, in every micro-step; stage 3's persistent buffers
+                      share one bucket (`nano.spanning_layout`), one call unless they exceed
+                      `reduce_bucket_size`;
     reduce_gradients  stages 0 and 1, the step's first phase: every bucket is packed from
                       `param.grad` and reduced, once per optimizer step (stage 0 all-reduces);
     unscale_clip      stages 1-3: the squared gradient norm is summed over ranks (4 bytes);
@@ -42,6 +44,7 @@ from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.quantization import (block_count, gradient_chunk, gradient_exchange_temporary_bytes,
                                         weight_gather_temporary_bytes)
 from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
+from zero_lab.nano.spanning_layout import SpanningLayout, spanning_groups
 from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
 from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units, traced_calls
 from zero_lab.workload.model_shapes import PRESETS, decays, preset_module_calls
@@ -256,22 +259,36 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     quantized_reduction = stage == 3 and zero.zero_quantized_gradients and scatters and nodes > 1
 
     def reductions(phase: str, chosen: list[Buffer]) -> list[Collective]:
+        """Every gradient bucket's reduction: each buffer's range buckets, then the buckets spanning
+        stage 3's persistent buffers (`nano.spanning_layout`), in the engine's order."""
+        bucket_numel = zero.reduce_bucket_size
+        groups = spanning_groups([buffer.layout.padded_numel for buffer in chosen],
+                                 [stage == 3 and not buffer.sharded for buffer in chosen], bucket_numel)
+        spanned = {index for group in groups for index in group}
+        buckets = []  # (what, payload elements, largest share)
+        for index, buffer in enumerate(chosen):
+            if index in spanned:
+                continue
+            ranges = buffer.layout.bucket_ranges(bucket_numel)
+            buckets += [(f"{buffer.name} bucket {number}/{len(ranges)}", end - start,
+                         max(high - low for low, high in buffer.layout.owner_ranges(start, end)))
+                        for number, (start, end) in enumerate(ranges, 1)]
+        for group in groups:
+            layout = SpanningLayout(tuple(chosen[index].layout for index in group))
+            buckets.append((f"{len(group)} persistent buffers ({chosen[group[0]].name} ...)", layout.numel,
+                            layout.share_numel))
         found = []
-        for buffer in chosen:
-            ranges = buffer.layout.bucket_ranges(zero.reduce_bucket_size)
-            for number, (start, end) in enumerate(ranges, 1):
-                what = f"{buffer.name} bucket {number}/{len(ranges)}"
-                if quantized_reduction:
-                    found += quantized_exchange(phase, buffer, start, end, what)
-                else:
-                    found.append(moved(phase, reduction, (end - start) * communication_width, what))
+        for what, numel, largest in buckets:
+            if quantized_reduction:
+                found += quantized_exchange(phase, largest, what)
+            else:
+                found.append(moved(phase, reduction, numel * communication_width, what))
         return found
 
-    def quantized_exchange(phase: str, buffer: Buffer, start: int, end: int, what: str) -> list[Collective]:
+    def quantized_exchange(phase: str, largest: int, what: str) -> list[Collective]:
         """A bucket's two int4 all-to-alls, values (two per byte) then fp32 scales: every owner's row
-        within the node, the node's sums across nodes (one rank per node: ranks 0, K, 2K, ...); the
-        exchange's temporaries are the first call's."""
-        largest = max(high - low for low, high in buffer.layout.owner_ranges(start, end))
+        (`largest` elements at most) within the node, the node's sums across nodes (one rank per
+        node: ranks 0, K, 2K, ...); the exchange's temporaries are the first call's."""
         chunk, blocks = gradient_chunk(largest)
         temporary = gradient_exchange_temporary_bytes(largest, world_size, ranks_per_node)
         found = []

@@ -29,10 +29,10 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, fetch_policy, quantization, config.keys, config.zeropp -> unit_policy, layout -> config.schema ->
+    errors, stages, dtypes, fetch_policy, quantization, config.keys, config.zeropp -> unit_policy, layout -> config.schema, spanning_layout ->
     config.loading -> config -> official_config, memory_formula -> collectives, distributed ->
     init_partitions -> placement, units -> flat_buffer -> coalesced_gather -> gradient_reduction, unit_gathering ->
-    adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, optimizer_memory ->
+    adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, gradient_buckets, optimizer_memory ->
     zero_optimizer -> stage0 -> stage1 -> stage2 ->
     stage3, stage1_fp32_accumulation -> hierarchical_partition -> quantized_weights -> quantized_gradients ->
     checkpoint ->

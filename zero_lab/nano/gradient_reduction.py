@@ -1,6 +1,7 @@
 """Reducing one gradient bucket across ranks and keeping this rank's share in fp32.
 
-A bucket is a flat range [start, end) of one flat buffer's gradients, held in a tensor of the
+A bucket is a flat range [start, end) of one flat buffer's gradients (`launch`), or several whole
+buffers laid out rank-major (`launch_shares`, `spanning_layout`), held in a tensor of the
 communication dtype. Reducing it runs in two phases:
     Phase 1 (launch): either reduce-scatter, where the bucket is cut at partition boundaries and
              each rank receives only the sum of its own share (see `Collectives.reduce_scatter`
@@ -12,7 +13,8 @@ communication dtype. Reducing it runs in two phases:
              official DeepSpeed's stage 1/2 reduce-scatter does, every rank divides its bucket by
              the world size before Phase 1 instead, so N half-precision gradients that each fit
              do not overflow when summed), and copy the share into
-             the fp32 gradient partition (a window's first reduction) or add it (later ones).
+             the fp32 gradient partition (a window's first reduction) or add it (later ones); a
+             spanning bucket's share is cut into its members' partitions, in order.
              When copying, a reduce-scatter in fp32 lands straight in the partition: no temporary
              share at all. Temporaries the reducer was handed (the bucket, a separate share) are
              freed here.
@@ -43,7 +45,7 @@ from zero_lab.nano.placement import Placement
 class PendingReduction:
     work: Any  # the async handle, or None once finished
     share: torch.Tensor  # this rank's summed share (comm dtype)
-    destination: torch.Tensor  # the matching slice of the fp32 gradient partition
+    destinations: list[torch.Tensor]  # the matching slices of fp32 gradient partitions, in share order
     bucket: torch.Tensor  # kept alive until the collective is done
     accumulate: bool  # add into the destination (True) or overwrite it
     temporaries: list[torch.Tensor]  # freed once the share has landed
@@ -79,20 +81,31 @@ class BucketReducer:
         bucket is a temporary of its own, freed in Phase 2 (not a view of a lasting buffer)."""
         own_low, own_high = buffer.own_range(start, end)
         destination = gradient_partition[own_low - buffer.partition_start:own_high - buffer.partition_start]
+        share_sizes = [high - low for low, high in buffer.layout.owner_ranges(start, end)]
+        self.launch_shares(bucket, share_sizes, own_low - start, [destination], accumulate, owns_bucket)
+
+    def launch_shares(self, bucket: torch.Tensor, share_sizes: list[int], own_start: int,
+                      destinations: list[torch.Tensor], accumulate: bool = False, owns_bucket: bool = True) -> None:
+        """Phase 1 for any bucket: rank r's share is the r-th consecutive slice of `share_sizes`
+        elements; this rank's share starts at `own_start` and lands in `destinations`, one after
+        another (one slice of a gradient partition, or, for a bucket spanning whole buffers,
+        `spanning_layout`, every member's whole gradient partition)."""
+        own_numel = sum(destination.numel() for destination in destinations)
         asynchronous = self.max_in_flight > 0
         if self.divisor_before != 1:
             bucket.div_(self.divisor_before)
         if self.use_reduce_scatter:
-            share_sizes = [high - low for low, high in buffer.layout.owner_ranges(start, end)]
-            direct = not accumulate and bucket.dtype == destination.dtype and bucket.device == destination.device
-            share = destination if direct else torch.empty(own_high - own_low, dtype=bucket.dtype, device=bucket.device)
+            only = destinations[0] if len(destinations) == 1 else None
+            direct = (only is not None and not accumulate and bucket.dtype == only.dtype
+                      and bucket.device == only.device)
+            share = only if direct else torch.empty(own_numel, dtype=bucket.dtype, device=bucket.device)
             work = self.scatter(share, bucket, share_sizes, asynchronous)
         else:
             work = self.collectives.all_reduce(bucket, async_op=asynchronous)
-            share = bucket[own_low - start:own_high - start]
-        temporaries = ([bucket] if owns_bucket else []) + ([share] if not same_storage(share, bucket)
-                                                           and not same_storage(share, destination) else [])
-        self.pending.append(PendingReduction(work, share, destination, bucket, accumulate, temporaries))
+            share = bucket[own_start:own_start + own_numel]
+        temporaries = ([bucket] if owns_bucket else []) + ([share] if not same_storage(share, bucket) and not any(
+            same_storage(share, destination) for destination in destinations) else [])
+        self.pending.append(PendingReduction(work, share, destinations, bucket, accumulate, temporaries))
         while len(self.pending) > self.max_in_flight:
             self._finish_oldest()
 
@@ -106,7 +119,7 @@ class BucketReducer:
         reduction = self.pending.popleft()
         if reduction.work is not None:
             reduction.work.wait()
-        share, ready = self.placement.start_landing(reduction.share, reduction.destination)
+        share, ready = self.placement.start_landing(reduction.share, reduction.destinations[0])
         if ready is None:
             self._store(reduction, share)
             return
@@ -123,15 +136,16 @@ class BucketReducer:
         self._store(landing.reduction, landing.share)
 
     def _store(self, reduction: PendingReduction, share: torch.Tensor) -> None:
-        """The share, summed over ranks, into (or onto) its slice of the fp32 gradient partition."""
+        """The share, summed over ranks, into (or onto) its slices of the fp32 gradient partitions."""
         reduction.share = share
-        if reduction.accumulate:
-            reduction.destination.add_(reduction.share.to(reduction.destination.device, torch.float32)
-                                       .div_(self.divisor))
-        else:
-            reduction.destination.copy_(reduction.share)  # copy_ onto itself is a no-op
-            if self.divisor != 1:
-                reduction.destination.div_(self.divisor)
+        pieces = share.split([destination.numel() for destination in reduction.destinations])
+        for piece, destination in zip(pieces, reduction.destinations):
+            if reduction.accumulate:
+                destination.add_(piece.to(destination.device, torch.float32).div_(self.divisor))
+            else:
+                destination.copy_(piece)  # copy_ onto itself is a no-op
+                if self.divisor != 1:
+                    destination.div_(self.divisor)
         for temporary in reduction.temporaries:
             free_storage(temporary)
 

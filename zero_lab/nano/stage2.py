@@ -2,7 +2,9 @@
 
 The diff from stage 1: there is no full gradient buffer. Gradients are collected as they arrive
 (`ArrivalPacking`): each flat buffer is cut into static buckets of `reduce_bucket_size` elements
-(last parameters first, the order backward produces them; a bucket may cut through a parameter).
+(last parameters first, the order backward produces them; a bucket may cut through a parameter),
+except the buffers the stage has reduce together (`reduces_with_others`: none here, stage 3's
+persistent ones), which share buckets spanning them whole (`gradient_buckets`, `spanning_layout`).
 Per micro-step:
     Phase 1 (hook): when autograd has accumulated a parameter's gradient, its pieces are added into
              their buckets (allocated on first use, in the communication dtype) and `param.grad` is
@@ -20,28 +22,16 @@ DeepSpeed; the buckets are identical on every rank because they are fixed at con
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
-
 import torch
 
 from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.gradient_buckets import GradientBucket, RangeBucket, SpanningBucket
 from zero_lab.nano.gradient_reduction import optional_bytes
 from zero_lab.nano.layout import ParameterPiece
 from zero_lab.nano.placement import TensorKind
+from zero_lab.nano.spanning_layout import SpanningLayout, spanning_groups
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.zero_optimizer import GradientCollection
-
-
-@dataclass
-class GradientBucket:
-    buffer_index: int
-    start: int
-    end: int
-    expected: frozenset  # parameter indices with a piece in this bucket
-    arrived: set = field(default_factory=set)
-    values: Optional[torch.Tensor] = None
-    launched: bool = False
 
 
 class ArrivalPacking(GradientCollection):
@@ -50,15 +40,29 @@ class ArrivalPacking(GradientCollection):
     def __init__(self, optimizer):
         super().__init__(optimizer)
         bucket_numel = optimizer.config.zero_optimization.reduce_bucket_size
+        buffers = optimizer.buffers
+        # Phase 0 (construction): the buffers that reduce together (the stage's policy) share
+        # spanning buckets; every other buffer is cut into range buckets.
+        groups = spanning_groups([buffer.layout.padded_numel for buffer in buffers],
+                                 [optimizer.reduces_with_others(buffer) for buffer in buffers], bucket_numel)
+        spanned = {index for group in groups for index in group}
         self.buckets: list[GradientBucket] = []
-        self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, ParameterPiece]]] = {}
-        for buffer_index, buffer in enumerate(optimizer.buffers):
-            for start, end in buffer.layout.bucket_ranges(bucket_numel):
-                pieces = buffer.layout.pieces(start, end)
-                bucket = GradientBucket(buffer_index, start, end, frozenset(piece.parameter_index for piece in pieces))
-                self.buckets.append(bucket)
-                for piece in pieces:
-                    self.pieces_of.setdefault(buffer.parameters[piece.parameter_index], []).append((bucket, piece))
+        for buffer_index, buffer in enumerate(buffers):
+            if buffer_index not in spanned:
+                self.buckets += [RangeBucket(buffer_index, start, end)
+                                 for start, end in buffer.layout.bucket_ranges(bucket_numel)]
+        self.buckets += [SpanningBucket(group, SpanningLayout(tuple(buffers[index].layout for index in group)))
+                         for group in groups]
+        self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, int, ParameterPiece]]] = {}
+        for bucket in self.buckets:
+            expected = set()
+            for buffer_index, start, end in bucket.flat_ranges():
+                buffer = buffers[buffer_index]
+                for piece in buffer.layout.pieces(start, end):
+                    self.pieces_of.setdefault(buffer.parameters[piece.parameter_index], []).append(
+                        (bucket, buffer_index, piece))
+                    expected.add((buffer_index, piece.parameter_index))
+            bucket.expected = frozenset(expected)
         self.hook_handles = [parameter.register_post_accumulate_grad_hook(self._on_gradient_ready)
                              for parameter in self.pieces_of]
         self.window_reduced = False  # has a backward of this window reduced into the partitions yet?
@@ -69,31 +73,30 @@ class ArrivalPacking(GradientCollection):
             return
         with torch.no_grad():
             gradient = parameter.grad.reshape(-1)
-            for bucket, piece in self.pieces_of[parameter]:
+            for bucket, buffer_index, piece in self.pieces_of[parameter]:
                 if bucket.launched:
                     raise RuntimeError(f"parameter {self.optimizer.parameter_names.get(parameter, '?')} produced a "
                                        "second gradient after its bucket was reduced in this backward; stage 2 needs "
                                        "one gradient per parameter per backward")
-                local_start = piece.flat_start - bucket.start
-                self._values(bucket)[local_start:local_start + piece.numel].add_(
-                    gradient[piece.parameter_offset:piece.parameter_offset + piece.numel])
-                bucket.arrived.add(piece.parameter_index)
+                values = self._values(bucket)
+                for bucket_offset, piece_offset, numel in bucket.slots(buffer_index, piece):
+                    source = piece.parameter_offset + piece_offset
+                    values[bucket_offset:bucket_offset + numel].add_(gradient[source:source + numel])
+                bucket.arrived.add((buffer_index, piece.parameter_index))
                 if bucket.arrived >= bucket.expected:
                     self._launch(bucket)
         parameter.grad = None
 
     def _values(self, bucket: GradientBucket) -> torch.Tensor:
         if bucket.values is None:
-            bucket.values = self.optimizer.placement.zeros(TensorKind.COMPUTE, bucket.end - bucket.start,
+            bucket.values = self.optimizer.placement.zeros(TensorKind.COMPUTE, bucket.numel,
                                                            self.optimizer.communication_dtype)
         return bucket.values
 
     def _launch(self, bucket: GradientBucket) -> None:
-        optimizer = self.optimizer
-        values = self._values(bucket)
+        self._values(bucket)
         bucket.launched = True
-        optimizer.reducer.launch(optimizer.buffers[bucket.buffer_index], values, bucket.start, bucket.end,
-                                 optimizer.gradient_partition(bucket.buffer_index), accumulate=self.window_reduced)
+        bucket.launch(self.optimizer, accumulate=self.window_reduced)
         bucket.values = None  # the reducer holds it until the reduction is finished
 
     def after_backward(self) -> None:
@@ -104,8 +107,8 @@ class ArrivalPacking(GradientCollection):
                 continue
             missing = bucket.expected - bucket.arrived
             if missing and not optimizer.config.zero_optimization.ignore_unused_parameters:
-                parameters = optimizer.buffers[bucket.buffer_index].parameters
-                name = optimizer.parameter_names.get(parameters[min(missing)], "?")
+                buffer_index, parameter_index = min(missing)
+                name = optimizer.parameter_names.get(optimizer.buffers[buffer_index].parameters[parameter_index], "?")
                 raise NanoConfigError(f"parameter {name} got no gradient in this backward; set "
                                       "zero_optimization.ignore_unused_parameters to true or use it in the loss")
             self._launch(bucket)

@@ -14,8 +14,11 @@ The diff from stage 2:
              buffers are all-gathered as at stage 2, one call each (official's one per persistent
              parameter); no sharded unit stays gathered, so the next
              forward gathers the new values.
-Gradients reach their fp32 partitions exactly as at stage 2, bucket by bucket within each unit's
-buffer, reduce-scattered as the unit's backward produces them. After every backward nothing stays
+Gradients reach their fp32 partitions as at stage 2, bucket by bucket within each sharded unit's
+buffer, reduce-scattered as the unit's backward produces them; the persistent buffers' gradients
+share one bucket spanning them all (`spanning_layout`; split only past `reduce_bucket_size`),
+reduce-scattered in one call once the last of them has arrived, as official DeepSpeed's
+`reduce_scatter_coalesced` reduces its bucket of parameters in one call. After every backward nothing stays
 gathered, and between steps nothing gradient-sized lives.
 """
 
@@ -52,6 +55,11 @@ class Stage3Optimizer(Stage2Optimizer):
         partition = self.placement.empty(TensorKind.PARTITION, layout.partition_numel, self.dtype)
         return self.sharded_buffer(parameters, layout, self.collectives, group_index, full, partition,
                                    self.placement.stage_in)
+
+    def reduces_with_others(self, buffer: FlatParameterBuffer) -> bool:
+        """The persistent buffers (one small parameter each) reduce together, in one call per backward
+        as official's coalesced reduce-scatter does; each sharded unit's buffer has its own buckets."""
+        return not isinstance(buffer, ShardedFlatBuffer)
 
     def _entry_of(self, index: int) -> GatheredUnit | None:
         return next((entry for entry in self.gathering.entries if self.buffers[index] in entry.buffers), None)

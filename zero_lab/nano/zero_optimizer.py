@@ -166,6 +166,11 @@ class ZeroOptimizer:
         """Whether a bucket is reduce-scattered (each rank receives its share) or all-reduced."""
         raise NotImplementedError
 
+    def reduces_with_others(self, buffer: FlatParameterBuffer) -> bool:
+        """Whether `buffer`'s gradients share one bucket with other whole buffers (`spanning_layout`)
+        instead of buckets of their own: none do below stage 3 (one buffer per group)."""
+        return False
+
     def _sum_over_ranks(self, squares: torch.Tensor) -> None:
         """Complete the sum of squared gradients when ranks hold different partitions."""
         raise NotImplementedError

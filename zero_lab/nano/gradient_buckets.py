@@ -1,0 +1,93 @@
+"""The two kinds of gradient bucket stage 2 and 3 fill during backward (`stage2.ArrivalPacking`).
+
+    RangeBucket:    a flat range [start, end) of one buffer's gradients, held as it lies in the
+                    buffer; reduced with `BucketReducer.launch`, its share lands in a slice of the
+                    buffer's gradient partition.
+    SpanningBucket: several whole buffers (`spanning_layout`), held rank-major; reduced in one call
+                    with `BucketReducer.launch_shares`, its share lands in every member's whole
+                    gradient partition, member after member.
+Both answer the same questions for the packing: which flat ranges it holds (`flat_ranges`, whose
+parameter pieces it then expects, keyed (buffer index, parameter index)), where a piece's elements go in its values (`slots`), and how it
+is reduced (`launch`). Which buffers a spanning bucket takes is the stage's policy
+(`ZeroOptimizer.reduces_with_others`), not the bucket's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from zero_lab.nano.layout import ParameterPiece
+from zero_lab.nano.spanning_layout import SpanningLayout
+
+
+@dataclass
+class GradientBucket:
+    """What both kinds share: the pieces expected and arrived, the values being filled."""
+
+    expected: frozenset = field(default=frozenset(), init=False)  # (buffer index, parameter index) of its pieces
+    arrived: set = field(default_factory=set, init=False)
+    values: Optional[torch.Tensor] = field(default=None, init=False)
+    launched: bool = field(default=False, init=False)
+
+    @property
+    def numel(self) -> int:
+        raise NotImplementedError
+
+    def flat_ranges(self) -> list[tuple[int, int, int]]:
+        """What it holds: (buffer index, start, end) for each buffer it takes a flat range of."""
+        raise NotImplementedError
+
+    def slots(self, buffer_index: int, piece: ParameterPiece) -> list[tuple[int, int, int]]:
+        """Where `piece` of buffer `buffer_index` goes: (offset in the values, offset in the piece, elements)."""
+        raise NotImplementedError
+
+    def launch(self, optimizer, accumulate: bool) -> None:
+        """Hand the filled values to the optimizer's reducer (which frees them once reduced)."""
+        raise NotImplementedError
+
+
+@dataclass
+class RangeBucket(GradientBucket):
+    buffer_index: int = 0
+    start: int = 0
+    end: int = 0
+
+    @property
+    def numel(self) -> int:
+        return self.end - self.start
+
+    def flat_ranges(self) -> list[tuple[int, int, int]]:
+        return [(self.buffer_index, self.start, self.end)]
+
+    def slots(self, buffer_index: int, piece: ParameterPiece) -> list[tuple[int, int, int]]:
+        return [(piece.flat_start - self.start, 0, piece.numel)]
+
+    def launch(self, optimizer, accumulate: bool) -> None:
+        optimizer.reducer.launch(optimizer.buffers[self.buffer_index], self.values, self.start, self.end,
+                                 optimizer.gradient_partition(self.buffer_index), accumulate=accumulate)
+
+
+@dataclass
+class SpanningBucket(GradientBucket):
+    members: tuple[int, ...] = ()  # buffer indices, in the layout's order
+    layout: Optional[SpanningLayout] = None
+
+    @property
+    def numel(self) -> int:
+        return self.layout.numel
+
+    def flat_ranges(self) -> list[tuple[int, int, int]]:
+        return [(index, 0, layout.padded_numel) for index, layout in zip(self.members, self.layout.members)]
+
+    def slots(self, buffer_index: int, piece: ParameterPiece) -> list[tuple[int, int, int]]:
+        return self.layout.positions(self.members.index(buffer_index), piece.flat_start, piece.numel)
+
+    def launch(self, optimizer, accumulate: bool) -> None:
+        share = self.layout.share_numel
+        rank = optimizer.collectives.rank
+        optimizer.reducer.launch_shares(self.values, [share] * self.layout.partition_count, rank * share,
+                                        [optimizer.gradient_partition(index) for index in self.members],
+                                        accumulate=accumulate)
