@@ -46,6 +46,15 @@ def runs(collectives: list[dict]) -> list[list[dict]]:
                                                                            item["payload_bytes"]))]
 
 
+def tally(collectives: list[dict]) -> dict[tuple[str, int], int]:
+    """How many calls of each op and payload, in the order each first appears (a phase's summary:
+    stage 3's persistent parameters, one call each, interleave with the units' calls)."""
+    counts: dict[tuple[str, int], int] = {}
+    for item in collectives:
+        counts[item["op"], item["payload_bytes"]] = counts.get((item["op"], item["payload_bytes"]), 0) + 1
+    return counts
+
+
 def describe_run(run: list[dict]) -> str:
     first, last = run[0].get("what", ""), run[-1].get("what", "")
     return first if len(run) == 1 else f"{first} ... {last}"
@@ -56,7 +65,7 @@ def phases_table(walk: Walkthrough) -> tuple[list[str], list[list[str]]]:
     body = []
     for phase in payload["phases"]:
         moved = [item for item in payload["collectives"] if item["phase"] == phase["name"]]
-        moves = ", ".join(f"{len(run)} x {run[0]['op']} {mb(run[0]['payload_bytes'])} MB" for run in runs(moved))
+        moves = ", ".join(f"{count} x {op} {mb(payload)} MB" for (op, payload), count in tally(moved).items())
         holds = phase["holds"]
         body.append([phase["name"], phase["engine_call"], f"{holds.replace('_', ' ')}: {mb(sum(walk.moment_bytes(holds).values()))} MB",
                      moves or "nothing", mb(sum(item["payload_bytes"] for item in moved)),
