@@ -81,13 +81,14 @@ class BucketReducer:
         bucket is a temporary of its own, freed in Phase 2 (not a view of a lasting buffer)."""
         own_low, own_high = buffer.own_range(start, end)
         destination = gradient_partition[own_low - buffer.partition_start:own_high - buffer.partition_start]
-        share_sizes = [high - low for low, high in buffer.layout.owner_ranges(start, end)]
+        share_sizes = ([high - low for low, high in buffer.layout.owner_ranges(start, end)]
+                       if self.use_reduce_scatter else [])  # an all-reduce has no shares to size
         self.launch_shares(bucket, share_sizes, own_low - start, [destination], accumulate, owns_bucket)
 
     def launch_shares(self, bucket: torch.Tensor, share_sizes: list[int], own_start: int,
                       destinations: list[torch.Tensor], accumulate: bool = False, owns_bucket: bool = True) -> None:
         """Phase 1 for any bucket: rank r's share is the r-th consecutive slice of `share_sizes`
-        elements; this rank's share starts at `own_start` and lands in `destinations`, one after
+        elements (for a reduce-scatter); this rank's share starts at `own_start` and lands in `destinations`, one after
         another (one slice of a gradient partition, or, for a bucket spanning whole buffers,
         `spanning_layout`, every member's whole gradient partition)."""
         own_numel = sum(destination.numel() for destination in destinations)
