@@ -75,7 +75,7 @@ class FlatParameterBuffer:
         low = max(start, self.partition_start)
         return low, max(low, min(end, self.partition_end))
 
-    def gather_partitions(self, collectives: Collectives) -> None:
+    def gather_partitions(self, collectives: Collectives, asynchronous: bool = False):
         """Every rank's partition into every rank's `full`, in place: one `all_gather_into_tensor`
         from this rank's partition (a view of `full`) into `full` itself, so no temporary at all.
         (The buffer stays UNSHARDED: this refreshes `full` after the partitions changed.)
@@ -84,18 +84,20 @@ class FlatParameterBuffer:
         gloo do); its `allgather_bucket_size` pieces exist only for backends without it, and there
         the list form gathers through a flat temporary per piece, which no memory formula counts,
         so nano gathers whole buffers everywhere. A buffer with one partition is whole already
-        (stage 0), unless a world of one is asked to run its collectives anyway."""
+        (stage 0), unless a world of one is asked to run its collectives anyway. `asynchronous`:
+        returns the work handle (None when nothing was sent), for the caller to wait on."""
         if self.layout.partition_count < collectives.world_size or collectives.alone:
-            return
-        collectives.all_gather_into_tensor(self.full, self.partition)
+            return None
+        return collectives.all_gather_into_tensor(self.full, self.partition, async_op=asynchronous)
 
     def synchronize(self, collectives: Collectives) -> None:
         """Rank 0's values on every rank, so all ranks start equal."""
         collectives.broadcast(self.full, source_rank=0)
 
-    def after_step(self, collectives: Collectives) -> None:
-        """After Adam updated the partitions: every rank's parameters whole again."""
-        self.gather_partitions(collectives)
+    def after_step(self, collectives: Collectives):
+        """After Adam updated the partitions: every rank's parameters whole again, once the
+        returned work handle (None: nothing in flight) has been waited on."""
+        return self.gather_partitions(collectives, asynchronous=True)
 
     def parameter_bytes(self) -> int:
         """Bytes of parameter storage this rank keeps between uses."""
@@ -169,8 +171,9 @@ class ShardedFlatBuffer(FlatParameterBuffer):
             self.full.untyped_storage().resize_(0)
             self.state = BufferState.SHARDED
 
-    def after_step(self, collectives: Collectives) -> None:
+    def after_step(self, collectives: Collectives):
         """Nothing to gather: the partitions are the parameters, and each use gathers them anew."""
+        return None
 
     def parameter_bytes(self) -> int:
         return self.partition.untyped_storage().nbytes()

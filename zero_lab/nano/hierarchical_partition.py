@@ -95,8 +95,9 @@ class HierarchicalShardedBuffer(ShardedFlatBuffer):
             free_storage(self.secondary)
             self.secondary = None
 
-    def after_step(self, collectives: Collectives) -> None:
+    def after_step(self, collectives: Collectives):
         self.drop_secondary()
+        return None
 
     def parameter_bytes(self) -> int:
         secondary = self.secondary.untyped_storage().nbytes() if self.secondary is not None else 0

@@ -13,7 +13,8 @@ The diff from stage 0, each part a method below:
     norm:   each rank squares only its partition, so the sum is completed over ranks.
     publish: after Adam updates the partitions, every rank gathers everyone's into its full
             buffer (`after_step`), one in-place `all_gather_into_tensor` per buffer (as official
-            DeepSpeed).
+            DeepSpeed); every buffer's gather is started before any is waited on, as official's
+            `_allgather_params_coalesced` does with stage 3's persistent parameters.
 """
 
 from __future__ import annotations
@@ -35,5 +36,7 @@ class Stage1Optimizer(Stage0Optimizer):
 
     def _publish_parameters(self) -> None:
         super()._publish_parameters()
-        for buffer in self.buffers:
-            buffer.after_step(self.collectives)
+        in_flight = [buffer.after_step(self.collectives) for buffer in self.buffers]
+        for work in in_flight:
+            if work is not None:
+                work.wait()
