@@ -90,14 +90,15 @@ GRADIENT = 40000.0
 
 def fp16_order_worker(rank: int, world_size: int) -> list[str]:
     """Official DeepSpeed's stage 1/2 reduce-scatter divides each rank's gradients by the world size
-    before summing them (its `average_tensor`); its stage 0, its stage 3 and its all-reduce path
-    (`reduce_scatter: false`) sum first and divide after (`postscale_gradients`, DeepSpeed's
-    documented default). With two ranks whose fp16 gradients each fit but whose sum does not, the
+    before summing them (its `average_tensor`), and so does its stage 3 (`reduce_scatter_coalesced`,
+    `runtime/comm/coalesced_collectives.py`: `div_(world_sz)` before the call); its stage 0 and its
+    all-reduce path (`reduce_scatter: false`) sum first and divide after (`postscale_gradients`,
+    DeepSpeed's documented default). With two ranks whose fp16 gradients each fit but whose sum does not, the
     first order steps like the single-process reference on the mean gradient; the second overflows
     and skips the step, on every rank."""
     failures = []
     cases = [(1, True, True), (2, True, True), (0, True, False), (1, False, False), (2, False, False),
-             (3, True, False)]
+             (3, True, True)]
     for stage, reduce_scatter, steps in cases:
         label = f"stage {stage} reduce_scatter={reduce_scatter}"
         torch.manual_seed(0)

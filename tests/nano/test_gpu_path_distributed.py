@@ -17,7 +17,7 @@ def test_a_world_of_one_runs_every_collective_when_asked(run_them):
     assert run_distributed(workers.world_of_one_worker, 1, run_them) == []
 
 
-def test_fp16_gradients_are_divided_before_the_sum_as_official_stage_1_and_2_do():
+def test_fp16_gradients_are_divided_before_the_sum_as_official_stages_1_to_3_do():
     assert run_distributed(workers.fp16_order_worker, 2) == []
 
 

@@ -10,7 +10,7 @@ communication dtype. Reducing it runs in two phases:
              the whole bucket and all-reduces it.
     Phase 2 (finish): wait for the collective, divide the sum by the world size (SUM then divide;
              not with `gradient_allreduce_op: sum`, which keeps the sum; with `predivide`, as
-             official DeepSpeed's stage 1/2 reduce-scatter does, every rank divides its bucket by
+             official DeepSpeed's stage 1-3 reduce-scatter does, every rank divides its bucket by
              the world size before Phase 1 instead, so N half-precision gradients that each fit
              do not overflow when summed), and copy the share into
              the fp32 gradient partition (a window's first reduction) or add it (later ones); a

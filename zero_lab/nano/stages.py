@@ -54,7 +54,8 @@ class Stage:
     checkpoint: CheckpointLayout
     implemented: bool = True
     # A reduce-scattered bucket is divided by the world size before the sum (official's stage-1/2
-    # `average_tensor`), not the sum after it (its stages 0 and 3, and every all-reduce path).
+    # `average_tensor`, its stage-3 `reduce_scatter_coalesced`), not the sum after it (its stage 0
+    # and every all-reduce path).
     predivides: bool = False
     # bf16's `check_grad_overflow: false` lets a step with non-finite gradients through: official's
     # stage-1/2 optimizer honours it; its stage-0 bf16 and its stage-3 optimizers check every step.
@@ -114,7 +115,7 @@ STAGES = (
     Stage(0, (), FLAT_FILES),  # plain data parallelism: every rank holds everything
     Stage(1, (OPTIMIZER_STATES,), FLAT_FILES, predivides=True, applies_unchecked_bf16_steps=True),
     Stage(2, (OPTIMIZER_STATES, GRADIENTS), FLAT_FILES, predivides=True, applies_unchecked_bf16_steps=True),
-    Stage(3, (OPTIMIZER_STATES, GRADIENTS, PARAMETERS), PER_PARAMETER_FILES),  # gathered for each use
+    Stage(3, (OPTIMIZER_STATES, GRADIENTS, PARAMETERS), PER_PARAMETER_FILES, predivides=True),  # gathered for each use
     # Official's BF16_Optimizer: all-reduces whole buckets (no predivide) and skips every step
     # whose gradient norm is not finite, whatever bf16.check_grad_overflow says.
     Stage(1, (OPTIMIZER_STATES,), FLAT_FILES, variant=FP32_ACCUMULATION),
