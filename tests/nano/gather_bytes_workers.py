@@ -170,7 +170,8 @@ def differences(label: str, mine: list, theirs: list, persistent: dict[str, int]
     failures = []
     if mine[1:] != theirs[1:]:
         failures.append(f"{label}: all-gathers per step nano {mine}, official {theirs} (calls, bytes, calls in step)")
-    if persistent["nano"] != persistent["official"] or [in_step for _, _, in_step in theirs] != [persistent["official"]] * STEPS:
+    in_step_calls = [in_step for _, _, in_step in theirs]
+    if persistent["nano"] != persistent["official"] or in_step_calls != [persistent["official"]] * STEPS:
         failures.append(f"{label}: official's all-gather calls in each step {theirs} are not one per persistent "
                         f"parameter ({persistent}, nano's persistent buffers)")
     return failures

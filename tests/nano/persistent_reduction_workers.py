@@ -30,7 +30,7 @@ def packed_groups(numels: list[int], bucket: int) -> int:
     return groups
 
 
-def reference_partition(buffer, reference_of, world_size: int) -> torch.Tensor:
+def reference_partition(buffer, reference_of) -> torch.Tensor:
     """The reference's gradient of `buffer`'s parameters, laid out as the buffer and cut to this rank's partition."""
     flat = torch.zeros(buffer.layout.padded_numel)
     for parameter, offset, numel in zip(buffer.parameters, buffer.layout.offsets, buffer.layout.parameter_numels):
@@ -72,7 +72,7 @@ def persistent_reduction_worker(rank: int, world_size: int) -> list[str]:
             reference.step(step, world_size, accumulation, MICRO_SIZE)
             for index in persistent:
                 mine = optimizer.gradient_partitions[index]
-                theirs = reference_partition(optimizer.buffers[index], reference_of, world_size)
+                theirs = reference_partition(optimizer.buffers[index], reference_of)
                 difference = (mine - theirs).abs().max().item()
                 if not difference <= TOLERANCE:
                     failures.append(f"{label} step {step}: persistent buffer {index}'s gradient partition is "

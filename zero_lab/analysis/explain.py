@@ -275,7 +275,8 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
                         for number, (start, end) in enumerate(ranges, 1)]
         for group in groups:
             layout = SpanningLayout(tuple(chosen[index].layout for index in group))
-            buckets.append((f"{len(group)} persistent buffers ({chosen[group[0]].name} ...)", layout.numel,
+            named = chosen[group[0]].name if len(group) == 1 else f"{chosen[group[0]].name} ..."
+            buckets.append((f"{len(group)} persistent buffer{'' if len(group) == 1 else 's'} ({named})", layout.numel,
                             layout.share_numel))
         found = []
         for what, numel, largest in buckets:

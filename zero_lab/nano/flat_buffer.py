@@ -75,7 +75,8 @@ class FlatParameterBuffer:
         low = max(start, self.partition_start)
         return low, max(low, min(end, self.partition_end))
 
-    def gather_partitions(self, collectives: Collectives, asynchronous: bool = False):
+    def gather_partitions(self, collectives: Collectives,
+                          asynchronous: bool = False) -> torch.distributed.Work | None:
         """Every rank's partition into every rank's `full`, in place: one `all_gather_into_tensor`
         from this rank's partition (a view of `full`) into `full` itself, so no temporary at all.
         (The buffer stays UNSHARDED: this refreshes `full` after the partitions changed.)
@@ -94,7 +95,7 @@ class FlatParameterBuffer:
         """Rank 0's values on every rank, so all ranks start equal."""
         collectives.broadcast(self.full, source_rank=0)
 
-    def after_step(self, collectives: Collectives):
+    def after_step(self, collectives: Collectives) -> torch.distributed.Work | None:
         """After Adam updated the partitions: every rank's parameters whole again, once the
         returned work handle (None: nothing in flight) has been waited on."""
         return self.gather_partitions(collectives, asynchronous=True)
@@ -171,7 +172,7 @@ class ShardedFlatBuffer(FlatParameterBuffer):
             self.full.untyped_storage().resize_(0)
             self.state = BufferState.SHARDED
 
-    def after_step(self, collectives: Collectives):
+    def after_step(self, collectives: Collectives) -> torch.distributed.Work | None:
         """Nothing to gather: the partitions are the parameters, and each use gathers them anew."""
         return None
 

@@ -7,8 +7,8 @@
                     with `BucketReducer.launch_shares`, its share lands in every member's whole
                     gradient partition, member after member.
 Both answer the same questions for the packing: which flat ranges it holds (`flat_ranges`, whose
-parameter pieces it then expects, keyed (buffer index, parameter index)), where a piece's elements go in its values (`slots`), and how it
-is reduced (`launch`). Which buffers a spanning bucket takes is the stage's policy
+parameter pieces it then expects, keyed (buffer index, parameter index)), where a piece's elements
+go in its values (`slots`), and how it is reduced (`launch`). Which buffers a spanning bucket takes is the stage's policy
 (`ZeroOptimizer.reduces_with_others`), not the bucket's.
 """
 
@@ -27,7 +27,7 @@ from zero_lab.nano.spanning_layout import SpanningLayout
 class GradientBucket:
     """What both kinds share: the pieces expected and arrived, the values being filled."""
 
-    expected: frozenset = field(default=frozenset(), init=False)  # (buffer index, parameter index) of its pieces
+    expected: frozenset[tuple[int, int]] = field(default=frozenset(), init=False)  # (buffer index, parameter index) of its pieces
     arrived: set = field(default_factory=set, init=False)
     values: Optional[torch.Tensor] = field(default=None, init=False)
     launched: bool = field(default=False, init=False)
@@ -51,9 +51,11 @@ class GradientBucket:
 
 @dataclass
 class RangeBucket(GradientBucket):
-    buffer_index: int = 0
-    start: int = 0
-    end: int = 0
+    """Flat range [start, end) of buffer `buffer_index`, held as it lies in the buffer."""
+
+    buffer_index: int
+    start: int
+    end: int
 
     @property
     def numel(self) -> int:
@@ -72,8 +74,10 @@ class RangeBucket(GradientBucket):
 
 @dataclass
 class SpanningBucket(GradientBucket):
-    members: tuple[int, ...] = ()  # buffer indices, in the layout's order
-    layout: Optional[SpanningLayout] = None
+    """The whole buffers `members` (indices, in the layout's order), held rank-major (`layout`)."""
+
+    members: tuple[int, ...]
+    layout: SpanningLayout
 
     @property
     def numel(self) -> int:

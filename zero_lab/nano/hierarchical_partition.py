@@ -95,7 +95,7 @@ class HierarchicalShardedBuffer(ShardedFlatBuffer):
             free_storage(self.secondary)
             self.secondary = None
 
-    def after_step(self, collectives: Collectives):
+    def after_step(self, collectives: Collectives) -> torch.distributed.Work | None:
         self.drop_secondary()
         return None
 

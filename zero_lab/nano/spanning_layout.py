@@ -79,7 +79,8 @@ class SpanningLayout:
         while position < end:
             owner = position // layout.partition_numel
             high = min(end, (owner + 1) * layout.partition_numel)
-            bucket_offset = owner * self.share_numel + self.member_offsets[member] + position - owner * layout.partition_numel
+            inside_partition = position - owner * layout.partition_numel
+            bucket_offset = owner * self.share_numel + self.member_offsets[member] + inside_partition
             found.append((bucket_offset, position - flat_start, high - position))
             position = high
         return found

@@ -13,8 +13,10 @@ The diff from stage 0, each part a method below:
     norm:   each rank squares only its partition, so the sum is completed over ranks.
     publish: after Adam updates the partitions, every rank gathers everyone's into its full
             buffer (`after_step`), one in-place `all_gather_into_tensor` per buffer (as official
-            DeepSpeed); every buffer's gather is started before any is waited on, as official's
-            `_allgather_params_coalesced` does with stage 3's persistent parameters.
+            DeepSpeed); every buffer's gather is started before any is waited on. That is how
+            official's `_allgather_params_coalesced` gathers stage 3's persistent parameters (one
+            buffer each in nano); its stage 1/2 gathers each group in turn, which on one NCCL
+            stream comes to the same.
 """
 
 from __future__ import annotations
