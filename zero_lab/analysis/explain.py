@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from zero_lab.nano import stages
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.quantization import (block_count, gradient_chunk, gradient_exchange_temporary_bytes,
@@ -263,7 +264,8 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
         stage 3's persistent buffers (`nano.spanning_layout`), in the engine's order."""
         bucket_numel = zero.reduce_bucket_size
         groups = spanning_groups([buffer.layout.padded_numel for buffer in chosen],
-                                 [stage == 3 and not buffer.sharded for buffer in chosen], bucket_numel)
+                                 [stages.of(stage).reduces_whole_buffer_together(buffer.sharded)
+                                  for buffer in chosen], bucket_numel)
         spanned = {index for group in groups for index in group}
         buckets = []  # (what, payload elements, largest share)
         for index, buffer in enumerate(chosen):

@@ -56,11 +56,6 @@ class Stage3Optimizer(Stage2Optimizer):
         return self.sharded_buffer(parameters, layout, self.collectives, group_index, full, partition,
                                    self.placement.stage_in)
 
-    def reduces_with_others(self, buffer: FlatParameterBuffer) -> bool:
-        """The persistent buffers (one small parameter each) reduce together, in one call per backward
-        as official's coalesced reduce-scatter does; each sharded unit's buffer has its own buckets."""
-        return not isinstance(buffer, ShardedFlatBuffer)
-
     def _entry_of(self, index: int) -> GatheredUnit | None:
         return next((entry for entry in self.gathering.entries if self.buffers[index] in entry.buffers), None)
 

@@ -104,6 +104,14 @@ class Stage:
         else autograd's param.grad in the parameters' precision."""
         return "fp32" if self.reduces_during_backward or self.holds_fp32_gradients else precision
 
+    def reduces_whole_buffer_together(self, sharded: bool) -> bool:
+        """Whether a buffer's gradients join the buckets spanning whole buffers (`spanning_layout`)
+        rather than have range buckets of their own: at the stage that partitions parameters, the
+        always-whole buffers (one persistent parameter each) do, in one call per backward as
+        official's coalesced reduce-scatter takes them with the rest of its bucket; below it each
+        group is one buffer, and none does."""
+        return self.partitions_parameters and not sharded
+
     @property
     def gathers_in_allgather_buckets(self) -> bool:
         """After the step every rank all-gathers the updated partitions in `allgather_bucket_size`

@@ -76,7 +76,7 @@ from zero_lab.nano.adamw import PartitionedAdam
 from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.dtypes import torch_dtype
-from zero_lab.nano.flat_buffer import FlatParameterBuffer
+from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer
 from zero_lab.nano.gradient_collection import GradientCollection
 from zero_lab.nano.gradient_reduction import BucketReducer
 from zero_lab.nano.init_partitions import numel_of
@@ -168,8 +168,8 @@ class ZeroOptimizer:
 
     def reduces_with_others(self, buffer: FlatParameterBuffer) -> bool:
         """Whether `buffer`'s gradients share one bucket with other whole buffers (`spanning_layout`)
-        instead of buckets of their own: none do below stage 3 (one buffer per group)."""
-        return False
+        instead of buckets of their own: the stage says (`Stage.reduces_whole_buffer_together`)."""
+        return self.stage_facts.reduces_whole_buffer_together(isinstance(buffer, ShardedFlatBuffer))
 
     def _sum_over_ranks(self, squares: torch.Tensor) -> None:
         """Complete the sum of squared gradients when ranks hold different partitions."""
