@@ -166,3 +166,21 @@ def test_reduced_shares_land_on_the_host_only_once_their_copy_is_waited_for():
     assert partition.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0] and len(QueuedLandings.waited) == 1
     reducer.finish_all()
     assert partition.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0] and len(QueuedLandings.waited) == 5
+
+
+def test_a_share_for_several_partitions_lands_in_each_once_its_copy_is_waited_for():
+    """A bucket spanning whole buffers (stage 3's persistent ones) hands its share to several
+    gradient partitions: the queued host copy is the whole share, cut into the partitions in order
+    once it is waited for, copied in a window's first reduction and added in later ones."""
+    from zero_lab.nano.gradient_reduction import BucketReducer
+
+    QueuedLandings.waited = []
+    reducer = BucketReducer(Collectives(), use_reduce_scatter=False, max_in_flight=1,
+                            placement=QueuedLandings(torch.device("cpu")))
+    first, second = torch.zeros(2), torch.zeros(3)
+    for accumulate in (False, True):
+        reducer.launch_shares(torch.arange(1.0, 6.0), [], 0, [first, second], accumulate=accumulate)
+    assert first.tolist() == [0.0, 0.0] and second.tolist() == [0.0, 0.0, 0.0]  # nothing waited for yet
+    reducer.finish_all()
+    assert len(QueuedLandings.waited) == 2
+    assert first.tolist() == [2.0, 4.0] and second.tolist() == [6.0, 8.0, 10.0]

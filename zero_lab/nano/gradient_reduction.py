@@ -88,9 +88,9 @@ class BucketReducer:
     def launch_shares(self, bucket: torch.Tensor, share_sizes: list[int], own_start: int,
                       destinations: list[torch.Tensor], accumulate: bool = False, owns_bucket: bool = True) -> None:
         """Phase 1 for any bucket: rank r's share is the r-th consecutive slice of `share_sizes`
-        elements (for a reduce-scatter); this rank's share starts at `own_start` and lands in `destinations`, one after
-        another (one slice of a gradient partition, or, for a bucket spanning whole buffers,
-        `spanning_layout`, every member's whole gradient partition)."""
+        elements (for a reduce-scatter); this rank's share starts at `own_start` and lands in
+        `destinations`, one after another (one slice of a gradient partition, or, for a bucket
+        spanning whole buffers, `spanning_layout`, every member's whole gradient partition)."""
         own_numel = sum(destination.numel() for destination in destinations)
         asynchronous = self.max_in_flight > 0
         if self.divisor_before != 1:
