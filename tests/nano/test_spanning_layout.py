@@ -3,7 +3,7 @@
 import random
 
 from zero_lab.nano.layout import FlatLayout
-from zero_lab.nano.spanning_layout import SpanningLayout, spanning_groups
+from zero_lab.nano.spanning_layout import SpanningLayout, plan_buckets, spanning_groups
 
 
 def rank_major(members: list[FlatLayout]) -> list[tuple[int, int]]:
@@ -46,3 +46,11 @@ def test_groups_pack_joining_buffers_in_order_up_to_the_bucket_size():
     assert spanning_groups(sizes, joins, 100) == [(0, 1, 3, 4)]
     assert spanning_groups(sizes, joins, 0) == []  # nothing fits: every buffer keeps its own buckets
     assert spanning_groups(sizes, [False] * 5, 100) == []
+
+
+def test_the_plan_cuts_every_other_buffer_into_range_buckets_then_adds_the_groups():
+    layouts = [FlatLayout((10,), 2, 4), FlatLayout((2,), 2, 4), FlatLayout((7,), 2, 4), FlatLayout((3,), 2, 4)]
+    ranges, groups = plan_buckets(layouts, [False, True, False, True], 6)
+    # buffers 0 (12 padded) and 2 (8 padded) in buckets of 6, last range first; 1 and 3 (4 each) in two groups
+    assert ranges == [(0, 6, 12), (0, 0, 6), (2, 2, 8), (2, 0, 2)]
+    assert groups == [(1,), (3,)]

@@ -37,6 +37,7 @@ figures); the peak is the largest of each phase's moment plus the largest tempor
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from zero_lab.nano import stages
@@ -45,7 +46,7 @@ from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.quantization import (block_count, gradient_chunk, gradient_exchange_temporary_bytes,
                                         weight_gather_temporary_bytes)
 from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
-from zero_lab.nano.spanning_layout import SpanningLayout, spanning_groups
+from zero_lab.nano.spanning_layout import SpanningLayout, plan_buckets
 from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
 from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units, traced_calls
 from zero_lab.workload.model_shapes import PRESETS, decays, preset_module_calls
@@ -262,19 +263,15 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     def reductions(phase: str, chosen: list[Buffer]) -> list[Collective]:
         """Every gradient bucket's reduction: each buffer's range buckets, then the buckets spanning
         stage 3's persistent buffers (`nano.spanning_layout`), in the engine's order."""
-        bucket_numel = zero.reduce_bucket_size
-        groups = spanning_groups([buffer.layout.padded_numel for buffer in chosen],
-                                 [stages.of(stage).reduces_whole_buffer_together(buffer.sharded)
-                                  for buffer in chosen], bucket_numel)
-        spanned = {index for group in groups for index in group}
+        ranges, groups = plan_buckets([buffer.layout for buffer in chosen],
+                                      [stages.of(stage).reduces_whole_buffer_together(buffer.sharded)
+                                       for buffer in chosen], zero.reduce_bucket_size)
         buckets = []  # (what, payload elements, largest share)
-        for index, buffer in enumerate(chosen):
-            if index in spanned:
-                continue
-            ranges = buffer.layout.bucket_ranges(bucket_numel)
-            buckets += [(f"{buffer.name} bucket {number}/{len(ranges)}", end - start,
-                         max(high - low for low, high in buffer.layout.owner_ranges(start, end)))
-                        for number, (start, end) in enumerate(ranges, 1)]
+        per_buffer, numbered = Counter(index for index, _, _ in ranges), Counter()
+        for index, start, end in ranges:
+            numbered[index] += 1
+            buckets.append((f"{chosen[index].name} bucket {numbered[index]}/{per_buffer[index]}", end - start,
+                            max(high - low for low, high in chosen[index].layout.owner_ranges(start, end))))
         for group in groups:
             layout = SpanningLayout(tuple(chosen[index].layout for index in group))
             named = chosen[group[0]].name if len(group) == 1 else f"{chosen[group[0]].name} ..."

@@ -42,6 +42,19 @@ def spanning_groups(padded_numels: list[int], joins: list[bool], bucket_numel: i
     return groups
 
 
+def plan_buckets(layouts: list[FlatLayout], joins: list[bool],
+                 bucket_numel: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, ...]]]:
+    """Every gradient bucket of a list of buffers, in the order they are built: (buffer index,
+    start, end) of each range bucket of the buffers that join no group, buffer by buffer
+    (`FlatLayout.bucket_ranges`), then the groups of whole buffers (`spanning_groups`). The engine
+    (`stage2.ArrivalPacking`) and `zero-lab explain` both read this plan."""
+    groups = spanning_groups([layout.padded_numel for layout in layouts], joins, bucket_numel)
+    spanned = {index for group in groups for index in group}
+    ranges = [(index, start, end) for index, layout in enumerate(layouts) if index not in spanned
+              for start, end in layout.bucket_ranges(bucket_numel)]
+    return ranges, groups
+
+
 @dataclass(frozen=True)
 class SpanningLayout:
     """Phase 2: the rank-major layout of a bucket made of whole buffers (`members`, in order)."""

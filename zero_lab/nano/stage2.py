@@ -29,7 +29,7 @@ from zero_lab.nano.gradient_buckets import GradientBucket, RangeBucket, Spanning
 from zero_lab.nano.gradient_reduction import optional_bytes
 from zero_lab.nano.layout import ParameterPiece
 from zero_lab.nano.placement import TensorKind
-from zero_lab.nano.spanning_layout import SpanningLayout, spanning_groups
+from zero_lab.nano.spanning_layout import SpanningLayout, plan_buckets
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.zero_optimizer import GradientCollection
 
@@ -43,14 +43,9 @@ class ArrivalPacking(GradientCollection):
         buffers = optimizer.buffers
         # Phase 0 (construction): the buffers that reduce together (the stage's policy) share
         # spanning buckets; every other buffer is cut into range buckets.
-        groups = spanning_groups([buffer.layout.padded_numel for buffer in buffers],
-                                 [optimizer.reduces_with_others(buffer) for buffer in buffers], bucket_numel)
-        spanned = {index for group in groups for index in group}
-        self.buckets: list[GradientBucket] = []
-        for buffer_index, buffer in enumerate(buffers):
-            if buffer_index not in spanned:
-                self.buckets += [RangeBucket(buffer_index, start, end)
-                                 for start, end in buffer.layout.bucket_ranges(bucket_numel)]
+        ranges, groups = plan_buckets([buffer.layout for buffer in buffers],
+                                      [optimizer.reduces_with_others(buffer) for buffer in buffers], bucket_numel)
+        self.buckets: list[GradientBucket] = [RangeBucket(*bucket_range) for bucket_range in ranges]
         self.buckets += [SpanningBucket(group, SpanningLayout(tuple(buffers[index].layout for index in group)))
                          for group in groups]
         self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, int, ParameterPiece]]] = {}
@@ -94,7 +89,7 @@ class ArrivalPacking(GradientCollection):
         return bucket.values
 
     def _launch(self, bucket: GradientBucket) -> None:
-        self._values(bucket)
+        self._values(bucket)  # a bucket none of whose gradients arrived is reduced as zeros
         bucket.launched = True
         bucket.launch(self.optimizer, accumulate=self.window_reduced)
         bucket.values = None  # the reducer holds it until the reduction is finished

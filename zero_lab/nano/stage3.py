@@ -12,14 +12,14 @@ The diff from stage 2:
              its backward, and frees it after each use (see its module for the hooks).
     publish: after Adam, the masters become the partitions (mixed precision) and the persistent
              buffers are all-gathered as at stage 2, one call each (official's one per persistent
-             parameter); no sharded unit stays gathered, so the next
-             forward gathers the new values.
+             parameter); no sharded unit stays gathered, so the next forward gathers the new
+             values.
 Gradients reach their fp32 partitions as at stage 2, bucket by bucket within each sharded unit's
 buffer, reduce-scattered as the unit's backward produces them; the persistent buffers' gradients
 share one bucket spanning them all (`spanning_layout`; split only past `reduce_bucket_size`),
 reduce-scattered in one call once the last of them has arrived, as official DeepSpeed's
-`reduce_scatter_coalesced` reduces its bucket of parameters in one call. After every backward nothing stays
-gathered, and between steps nothing gradient-sized lives.
+`reduce_scatter_coalesced` reduces its bucket of parameters in one call. After every backward
+nothing stays gathered, and between steps nothing gradient-sized lives.
 """
 
 from __future__ import annotations
