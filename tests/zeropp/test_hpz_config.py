@@ -44,3 +44,16 @@ def test_qwz_is_read_at_stage_3_and_picks_its_optimizer_alone_and_with_hpz():
     settings["zero_optimization"].update(stage=2, zero_hpz_partition_size=1)
     with pytest.raises(NanoConfigError, match="zero_quantized_weights quantizes the gathers of partitioned parameters"):
         load_config(settings, world_size=4)
+
+
+@pytest.mark.parametrize("hpz, qwz, qgz", [(hpz, qwz, qgz) for hpz in (1, 2) for qwz in (False, True)
+                                           for qgz in (False, True)])
+def test_the_config_says_what_the_buffer_class_does_about_gathering_with_others(hpz, qwz, qgz):
+    """explain reads `gathers_each_buffer_alone` from the config; the engine asks the sharded buffer
+    class its optimizer builds. The two must agree for every ZeRO++ combination."""
+    settings = load_config({**config(3, hpz), "zero_optimization": {
+        "stage": 3, "zero_hpz_partition_size": hpz, "zero_quantized_weights": qwz,
+        "zero_quantized_gradients": qgz}}, world_size=4)
+    optimizer = stage_optimizer(settings, 4)
+    buffer_class = optimizer.hierarchical_buffer if hpz > 1 else optimizer.sharded_buffer
+    assert buffer_class.gathers_with_others is not settings.zero_optimization.gathers_each_buffer_alone

@@ -316,7 +316,7 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
         found = []
         for units in calls:
             chosen = [buffer for unit in units for buffer in buffers if buffer.unit == unit and buffer.sharded]
-            if not secondary_group and not zero.zero_quantized_weights:
+            if not zero.gathers_each_buffer_alone:
                 what = units[0] if len(units) == 1 else f"{units[0]} and {len(units) - 1} more units"
                 payload = sum(buffer.layout.padded_numel for buffer in chosen) * width
                 # several buffers in one call pass through a staging tensor of the call's size

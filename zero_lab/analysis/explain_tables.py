@@ -9,6 +9,7 @@ prediction) as (headers, rows) that the terminal and the markdown writer both pr
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import groupby
 
 from zero_lab.analysis.explain import MOMENTS, PHASES, Walkthrough
@@ -46,13 +47,10 @@ def runs(collectives: list[dict]) -> list[list[dict]]:
                                                                            item["payload_bytes"]))]
 
 
-def tally(collectives: list[dict]) -> dict[tuple[str, int], int]:
+def tally(collectives: list[dict]) -> Counter:
     """How many calls of each op and payload, in the order each first appears (a phase's summary:
     stage 3's persistent parameters, one call each, interleave with the units' calls)."""
-    counts: dict[tuple[str, int], int] = {}
-    for item in collectives:
-        counts[item["op"], item["payload_bytes"]] = counts.get((item["op"], item["payload_bytes"]), 0) + 1
-    return counts
+    return Counter((item["op"], item["payload_bytes"]) for item in collectives)
 
 
 def describe_run(run: list[dict]) -> str:
@@ -65,7 +63,8 @@ def phases_table(walk: Walkthrough) -> tuple[list[str], list[list[str]]]:
     body = []
     for phase in payload["phases"]:
         moved = [item for item in payload["collectives"] if item["phase"] == phase["name"]]
-        moves = ", ".join(f"{count} x {op} {mb(payload)} MB" for (op, payload), count in tally(moved).items())
+        moves = ", ".join(f"{count} x {op} {mb(payload_bytes)} MB"
+                          for (op, payload_bytes), count in tally(moved).items())
         holds = phase["holds"]
         body.append([phase["name"], phase["engine_call"], f"{holds.replace('_', ' ')}: {mb(sum(walk.moment_bytes(holds).values()))} MB",
                      moves or "nothing", mb(sum(item["payload_bytes"] for item in moved)),

@@ -28,6 +28,13 @@ class ZeroPlusPlusSettings(BaseModel):
     def hpz_enabled(self) -> bool:
         return self.zero_hpz_partition_size > 1
 
+    @property
+    def gathers_each_buffer_alone(self) -> bool:
+        """hpZ's and qwZ's gathers have a wire format per buffer (its secondary partition; int8 blocks
+        and their scales), so each sharded buffer is gathered in a call by itself, never with others
+        (`coalesced_gather`: their buffer classes say `gathers_with_others = False`)."""
+        return self.hpz_enabled or self.zero_quantized_weights
+
     @model_validator(mode="after")
     def _zeropp_at_stage_3(self) -> "ZeroPlusPlusSettings":
         if self.hpz_enabled and getattr(self, "stage", 3) != 3:
