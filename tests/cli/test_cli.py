@@ -1,6 +1,7 @@
 """CLI behaviour that needs no launch: bad input, parse, report, estimate, config official."""
 
 import io
+import re
 import json
 from pathlib import Path
 
@@ -364,3 +365,27 @@ def test_compares_console_runs_table_splits_the_wire_bytes_by_node_only_across_n
         assert row == [*values, "4.00", "3.00", "2.00", "1.00"], row  # comm, wire = intra + inter
     else:
         assert headers == expected and row == [*values, "4.00", "3.00"], (headers, row)
+
+
+def commands_of(group, path=()) -> list[tuple[tuple[str, ...], object]]:
+    """(argv path, click command) of every command under the app (Typer may carry its own Click, so a
+    group is told by its sub-commands)."""
+    if not hasattr(group, "commands"):
+        return [(path, group)]
+    return [found for name, command in group.commands.items() for found in commands_of(command, (*path, name))]
+
+
+def test_every_bracketed_word_of_an_options_help_is_printed_by_help():
+    """Rich reads `[zero]` in a help text as markup and prints nothing for it (`exec --help` once
+    printed "(, , , , ;"): a bracket meant to be read is escaped, `\\[zero]`."""
+    import typer
+
+    checked = 0
+    for path, command in commands_of(typer.main.get_command(app)):
+        shown = runner.invoke(app, [*path, "--help"], terminal_width=1000, env={"COLUMNS": "1000"}).output
+        shown = " ".join(shown.replace("│", " ").split())
+        for parameter in command.params:
+            for word in re.findall(r"\\?\[([^\]\[]+)\]", getattr(parameter, "help", None) or ""):
+                checked += 1
+                assert f"[{word}]" in shown, f"zero-lab {' '.join(path)} --help drops [{word}] of {parameter.name}'s help"
+    assert checked >= 5, "the help texts still hold bracketed words (exec's log contract, --stall-timeout's [opt_step])"

@@ -29,8 +29,8 @@ def exec_command(
     context: typer.Context,
     impl: Annotated[str, typer.Option(help="nano or official: which engine `import deepspeed` gives the command.")] = "nano",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda: the accelerator DeepSpeed is told (DS_ACCELERATOR).")] = "auto",
-    log_contract: Annotated[bool, typer.Option(help="The engine also prints the log contract ([zero], [model], "
-                                                    "[opt_step k], [phase], [comm]; docs/log-format.md) on rank 0.")] = False,
+    log_contract: Annotated[bool, typer.Option(help="The engine also prints the log contract (\\[zero], \\[model], "
+                                                    "\\[opt_step k], \\[phase], \\[comm]; docs/log-format.md) on rank 0.")] = False,
 ) -> None:
     """Run a command after `--` with `import deepspeed` resolving to nano or official DeepSpeed.
 

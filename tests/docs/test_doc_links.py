@@ -1,0 +1,32 @@
+"""Where a doc sends the reader to a section of another (`(docs/nano.md, "Config")`), that section is
+there: a heading, or a paragraph's bold lead, that begins with the quoted words."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.docs.doc_text import DOCS, REPO, read
+
+REFERENCE = re.compile(r'(docs/[\w-]+\.md|README\.md),? "([^"]+)"')
+
+
+def sections(text: str) -> list[str]:
+    """Every heading and every bold paragraph lead, backticks dropped."""
+    headings = [re.sub(r"^#+\s*", "", line) for line in re.findall(r"^#+ .*$", text, flags=re.M)]
+    leads = re.findall(r"^\*\*([^*]+)\*\*", text, flags=re.M)
+    return [name.replace("`", "") for name in headings + leads]
+
+
+REFERENCES = [(path.name, target, name) for path in DOCS for target, name in REFERENCE.findall(read(path))]
+
+
+def test_the_docs_still_refer_to_sections():
+    assert len(REFERENCES) >= 8, "the pattern finds the docs' section references (10 when written)"
+
+
+@pytest.mark.parametrize("where, target, name", REFERENCES)
+def test_every_section_a_doc_refers_to_exists(where, target, name):
+    names = sections(read(REPO / target))
+    assert any(section.startswith(name) for section in names), f"{where} refers to {target}, \"{name}\": not there"
