@@ -23,3 +23,12 @@ def test_compare_json_states_the_demos_stage_3_wire_ratio():
     assert (wire[0], wire[1], wire[3]) == (per_step, per_step, f"ratio {ratio}"), wire
     for stage in (1, 2):
         assert demo_cell(stage)["wire MB / step"][3] == "ratio 0.667", "about 2/3 at stages 1 and 2"
+
+
+def test_the_stages_nano_md_says_predivide_are_the_stage_tables():
+    from zero_lab.nano import stages
+
+    sentence = " ".join(read(REPO / "docs" / "nano.md").split())
+    named = re.search(r"A reduce-scattered bucket is divided by N before the sum at stages ([\d, and]+), as", sentence)[1]
+    assert {int(number) for number in re.findall(r"\d", named)} == {
+        number for number, row in stages.BY_NUMBER.items() if row.predivides}

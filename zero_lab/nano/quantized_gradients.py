@@ -4,6 +4,8 @@
 (`BucketReducer.scatter`). The W ranks form nodes of K consecutive ranks; rank (n, j) is the j-th
 rank of node n (global rank nK + j). One bucket, as official DeepSpeed's `all_to_all_quant_reduce`
 (runtime/comm/coalesced_collectives.py) sends it, in `nano.quantization`'s int4 format:
+    The bucket arrives divided by W (stage 3 predivides: `BucketReducer.launch_shares`), so what
+    the phases sum is already the average.
     Phase 1 (quantize, swizzled): one row per owner, its share of the bucket padded to a common
             length, ordered so that local peer j's rows come together: the shares of ranks (n', j)
             for every node n'. Quantize every row in int4 blocks.
@@ -13,8 +15,7 @@ rank of node n (global rank nK + j). One bucket, as official DeepSpeed's `all_to
             again: one row per node n', the node's sum of owner (n', j)'s share.
     Phase 4 (across nodes): all-to-all among the ranks with the same local index (one per node),
             values and scales: each rank receives every node's sum of its own share.
-    Phase 5: dequantize, sum over the nodes, into the share; `BucketReducer` then divides by W,
-            as for the plain reduce-scatter.
+    Phase 5: dequantize, sum over the nodes, into the share.
 So a rank sends its bucket at 4 bits within the node and only 1/K of it (the node's sums) across
 nodes, where the plain reduce-scatter sends (W-K)/W of it at full width across nodes.
 Node size K (official: `get_accelerator().device_count()`, the devices per node): the harness's
@@ -22,7 +23,8 @@ Node size K (official: `get_accelerator().device_count()`, the devices per node)
 With one node, or K not dividing W, the plain reduce-scatter runs (official: `num_nodes > 1`).
 Where nano differs from official: nano quantizes every bucket (official only 2-D parameters of a
 size divisible by 2W, reduce-scattering the rest), its blocks are a fixed size per share (official's
-follow each parameter's shape), and it divides the sum by W (official's code by the node count).
+follow each parameter's shape), and it divides by W before it quantizes (official's code divides the
+final sum by the node count).
 """
 
 from __future__ import annotations
