@@ -67,7 +67,7 @@ MOMENTS = {"between_steps": "between_steps", "end_of_forward": "forward", "end_o
 PHASES = {
     "forward": ("engine(batch)", "end_of_forward", "the model's forward; stage 3 gathers each unit for its use"),
     "backward": ("engine.backward(loss)", "end_of_backward",
-                 "gradients; stages 2-3 reduce each bucket as it fills, stage 3 gathers each freed block again"),
+                 "gradients; stages 2-3 reduce each bucket as it fills, stage 3 gathers each freed unit again"),
     "reduce_gradients": ("engine.step()", "optimizer_step",
                          "stages 0-1: the buckets are packed from param.grad and reduced at the boundary"),
     "unscale_clip": ("engine.step()", "optimizer_step",

@@ -11,7 +11,7 @@ follows from it, is the stage table in `stages.py`.
 
 | name                       | what it is                                                     | stage 0 | stage 1 | stage 2   | stage 3   |
 |----------------------------|----------------------------------------------------------------|---------|---------|-----------|-----------|
-| unit                       | parameters laid out together (stages 0-2: the whole model; stage 3: each block, the root, each persistent small parameter) | | | | |
+| unit                       | parameters laid out together (stages 0-2: the whole model; stage 3: each module's own parameters or a leaf module's subtree, the root, each persistent small parameter) | | | | |
 | flat parameter buffer      | one unit's parameters of one group end to end; param.data views | wP      | wP      | wP        | wP/N between uses (its partition); wP while gathered |
 | gathered parameters        | stage 3: a sharded unit's whole buffer, from before its use to after it | -  | -       | -         | wP per unit in use |
 | partition                  | this rank's slice [rank*P/N, (rank+1)*P/N) of a flat buffer     | all of it | P/N   | P/N       | P/N       |
