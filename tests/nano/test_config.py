@@ -186,3 +186,61 @@ def test_overlap_comm_default_is_officials():
     for stage in (0, 1, 2, 3):
         mine = load_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage}})
         assert mine.zero_optimization.overlap_comm is DeepSpeedZeroConfig(stage=stage).overlap_comm, stage
+
+
+def hugging_face_fill(config: dict, hidden_size: int) -> dict:
+    """The zero_optimization section the HF Trainer makes of `config` for a model of this hidden size
+    (transformers' own `HfTrainerDeepSpeedConfig.trainer_config_finalize`)."""
+    import copy
+    import types
+
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    filled = HfTrainerDeepSpeedConfig(copy.deepcopy(config))
+    model = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=hidden_size))
+    filled.trainer_config_finalize(types.SimpleNamespace(get_warmup_steps=lambda steps: 0), model, 10)
+    return filled.config["zero_optimization"]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("hidden_size", [16, 1024, 4097])
+def test_hidden_size_autos_are_what_the_hugging_face_trainer_fills_in(stage, hidden_size):
+    from tests.nano.hf_template_workers import HF_ZERO3_TEMPLATE, RESOLVED_KEYS
+
+    config = json.loads(json.dumps(HF_ZERO3_TEMPLATE))
+    config["zero_optimization"]["stage"] = stage
+    if stage < 3:  # the Trainer fills the stage-3 keys at stage 3 only; stage 2 has no offload_param
+        for key in (*RESOLVED_KEYS[1:], "offload_param"):
+            del config["zero_optimization"][key]
+    expected = hugging_face_fill(config, hidden_size)
+    zero = load_config(config, world_size=2, hidden_size=hidden_size).zero_optimization
+    assert {key: getattr(zero, key) for key in RESOLVED_KEYS if key in expected} == {
+        key: expected[key] for key in RESOLVED_KEYS if key in expected}
+    stated = {"reduce_bucket_size": hidden_size * hidden_size, "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+              "stage3_param_persistence_threshold": 10 * hidden_size}  # docs/nano.md, "Config"
+    assert {key: expected[key] for key in RESOLVED_KEYS if key in expected} == {
+        key: stated[key] for key in RESOLVED_KEYS if key in expected}
+
+
+def test_a_stage_3_auto_below_stage_3_is_refused_as_the_trainer_leaves_it():
+    with pytest.raises(NanoConfigError, match="stage3_prefetch_bucket_size' is \"auto\""):
+        load_config(with_(zero_optimization={"stage": 2, "stage3_prefetch_bucket_size": "auto"}), hidden_size=8)
+
+
+def test_hidden_size_autos_without_a_hidden_size_take_deepspeeds_defaults():
+    zero = load_config(with_(zero_optimization={"stage": 3, "reduce_bucket_size": "auto",
+                                                "stage3_prefetch_bucket_size": "auto",
+                                                "stage3_param_persistence_threshold": "auto"})).zero_optimization
+    assert (zero.reduce_bucket_size, zero.stage3_prefetch_bucket_size, zero.stage3_param_persistence_threshold) == (
+        500_000_000, 50_000_000, 100_000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_direct_initialize_takes_hugging_faces_zero3_template(world_size):
+    from tests.nano.hf_template_workers import HF_ZERO3_TEMPLATE, RESOLVED_KEYS, template_worker
+    from tests.nano.stage3_workers import tiny_qwen3
+    from tests.spawn import run_distributed
+
+    filled = hugging_face_fill(HF_ZERO3_TEMPLATE, tiny_qwen3(checkpointing=False).config.hidden_size)
+    assert run_distributed(template_worker, world_size, HF_ZERO3_TEMPLATE, {key: filled[key] for key in RESOLVED_KEYS}) == []

@@ -19,13 +19,19 @@ from pydantic import ValidationError
 
 from zero_lab.nano import stages
 from zero_lab.nano.config import keys as config_keys
-from zero_lab.nano.config.schema import (DEFAULT_BUCKET_SIZE, Bf16Config, DataTypesConfig, Fp16Config, NanoConfig,
+from zero_lab.nano.config.schema import (Bf16Config, DataTypesConfig, Fp16Config, NanoConfig,
                                          ZeroConfig)
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.config.zeropp import hpz_world_problem
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-BUCKET_KEYS = ("reduce_bucket_size", "allgather_bucket_size")
+# The zero_optimization keys whose "auto" the Hugging Face Trainer derives from the model's hidden size h
+# (transformers' integrations/deepspeed.py, `trainer_config_finalize`): key -> (stages it fills it at, rule).
+HIDDEN_SIZE_RULES = {
+    "reduce_bucket_size": (stages.IMPLEMENTED, lambda h: h * h),
+    "stage3_prefetch_bucket_size": ((3,), lambda h: int(0.9 * h * h)),
+    "stage3_param_persistence_threshold": ((3,), lambda h: 10 * h),
+}
 
 
 def read_config_source(config: Any = None, args: Any = None) -> dict:
@@ -102,14 +108,20 @@ def _reject_unknown_keys(raw: dict) -> None:
 
 
 def _resolve_auto(raw: dict, hidden_size: Optional[int]) -> None:
-    """Phase 3: "auto" batch sizes are inferred, "auto" buckets follow the HF Trainer's rule."""
+    """Phase 3: "auto" batch sizes are inferred; the "auto"s the HF Trainer derives from the hidden
+    size follow its rule (`HIDDEN_SIZE_RULES`), or take DeepSpeed's defaults for a model without
+    `config.hidden_size`."""
     for key in BATCH_KEYS:
         if raw.get(key) == "auto":
             del raw[key]
     zero = raw.get("zero_optimization", {})
-    for key in BUCKET_KEYS:
-        if isinstance(zero, dict) and zero.get(key) == "auto":
-            zero[key] = hidden_size * hidden_size if hidden_size else DEFAULT_BUCKET_SIZE
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    for key, (at_stages, rule) in HIDDEN_SIZE_RULES.items():
+        if isinstance(zero, dict) and zero.get(key) == "auto" and stage in at_stages:
+            if hidden_size:
+                zero[key] = rule(hidden_size)
+            else:
+                del zero[key]
 
     def find_auto(node: Any, path: str) -> Optional[str]:
         if node == "auto":
