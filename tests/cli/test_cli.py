@@ -389,3 +389,21 @@ def test_every_bracketed_word_of_an_options_help_is_printed_by_help():
                 checked += 1
                 assert f"[{word}]" in shown, f"zero-lab {' '.join(path)} --help drops [{word}] of {parameter.name}'s help"
     assert checked >= 5, "the help texts still hold bracketed words (exec's log contract, --stall-timeout's [opt_step])"
+
+
+def test_attention_and_checkpointing_flags_reach_the_launched_workload(tmp_path, monkeypatch):
+    from zero_lab.cli import jobs
+
+    launched = []
+    monkeypatch.setattr(jobs, "run_jobs", lambda prepared, environment: launched.extend(prepared) or ([], None))
+    for command in (["run", "--gpus", "2"], ["compare", "--gpus", "2", "--stages", "2"]):
+        launched.clear()
+        runner.invoke(app, [*command, "--device", "cpu", "--model", "tiny", "--steps", "1", "--attn-impl", "eager",
+                            "--gradient-checkpointing", "--out", str(tmp_path / command[0])])
+        assert launched and all((job.spec.workload.attn_impl, job.spec.workload.gradient_checkpointing) == ("eager", True)
+                                for job in launched), command
+    bad = runner.invoke(app, ["run", "--device", "cpu", "--model", "tiny", "--attn-impl", "flash", "--out", str(tmp_path)])
+    assert "--attn-impl flash is not one of sdpa, eager, flash_attention_2" in one_line_error(bad)
+    script = runner.invoke(app, ["compare", "--device", "cpu", "--script", str(REPO / "examples" / "hf_trainer.py"),
+                                 "--gradient-checkpointing"])
+    assert "--gradient-checkpointing does not apply with --script" in one_line_error(script)

@@ -117,3 +117,24 @@ def test_on_a_cuda_machine_each_rank_has_a_gpu_of_its_own_and_the_least_free_one
     monkeypatch.setattr(estimate_cmd, "cuda_devices", lambda: [])
     on_cpu = json.loads(invoke(*arguments, "--device-memory", str(50 / 1024)).stdout)
     assert [row["fit"] for row in on_cpu["rows"]] == ["fits", "will not fit"]
+
+
+def test_the_knobs_the_refusal_names_are_flags_and_checkpointing_lowers_the_prediction(tmp_path):
+    """The refusal suggests --gradient-checkpointing, a flag of run and compare; given, the
+    prediction counts it (one layer's input kept per layer, one layer recomputed: qwen3-0.6b at
+    2 ranks, stage 2, predicts less), as --attn-impl eager counts its softmax (more)."""
+    def predicted(*extra: str) -> float:
+        result = invoke("run", "--gpus", "2", "--device", "cpu", "--model", "qwen3-0.6b", "--steps", "1", "--stage", "2",
+                        "--device-memory", "0.001", "--out", str(tmp_path / "probe"), *extra)
+        assert result.exit_code == 2 and "--gradient-checkpointing" in result.stderr, result.output
+        return float(re.search(r"2 ranks x ([\d.]+) GB predicted peak", result.stderr).group(1))
+
+    import typer
+
+    from zero_lab.analysis.memory_fit import KNOBS
+
+    for command in ("run", "compare"):
+        options = {option for parameter in typer.main.get_command(app).commands[command].params for option in parameter.opts}
+        assert set(re.findall(r"--[\w-]+", KNOBS)) <= options, (command, KNOBS)
+    plain = predicted()
+    assert predicted("--gradient-checkpointing") < plain < predicted("--attn-impl", "eager")

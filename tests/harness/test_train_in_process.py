@@ -246,3 +246,20 @@ def test_an_allocation_refused_is_one_line_naming_rank_phase_and_figures_and_exi
     prefix = f"out of memory: rank 0 in {phase}: tried to allocate {asked}; allocated "
     assert lines[0].startswith(prefix) and ", resident " in lines[0] and "MB this step" in lines[0], lines[0]
     assert not [fields for tag, _, fields in contract_lines(captured.out) if tag == "opt_step"], "step 1 never ended"
+
+
+def test_the_clis_attention_and_checkpointing_flags_reach_the_model(train_module, one_process, monkeypatch, capsys):
+    """`run`/`compare --attn-impl eager --gradient-checkpointing` become the harness's flags
+    (`torchrun.workload_arguments`), which build the model with eager attention and Hugging Face's
+    gradient checkpointing on, and say so in the [model] line."""
+    from zero_lab.launch.torchrun import Workload, workload_arguments
+
+    built = []
+    build = train_module.build_model
+    monkeypatch.setattr(train_module, "build_model", lambda *args, **kwargs: built.append(build(*args, **kwargs)) or built[-1])
+    flags = workload_arguments(Workload(model="tiny", steps=1, batch_size=1, seq_len=16, attn_impl="eager",
+                                        gradient_checkpointing=True))
+    assert train_module.main(["--impl", "nano", "--device", "cpu", *flags]) == 0
+    model = next(fields for tag, _, fields in contract_lines(capsys.readouterr().out) if tag == "model")
+    assert (model["attn_impl"], model["gradient_checkpointing"]) == ("eager", True)
+    assert built[0].config._attn_implementation == "eager" and built[0].is_gradient_checkpointing

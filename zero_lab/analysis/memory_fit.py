@@ -19,7 +19,7 @@ from zero_lab.workload.log_lines import size_text
 TIGHT_FRACTION = 0.10
 # What lowers a rank's peak, in the CLI's own flags.
 KNOBS = ("a higher --stage, --offload optimizer (or param at stage 3), a smaller --batch-size or --seq-len, "
-         "or gradient checkpointing (harness/train.py --gradient-checkpointing)")
+         "or --gradient-checkpointing")
 
 
 class Fit(enum.Enum):

@@ -134,7 +134,7 @@ def check_workload(workload: torchrun.Workload, device: str, impls: list[str], m
 
 
 # The workload flags a user's script decides for itself (compare --script refuses them).
-SCRIPT_DECIDES = ("model", "steps", "seq_len", "dataset_path", "seed")
+SCRIPT_DECIDES = ("model", "steps", "seq_len", "dataset_path", "seed", "attn_impl", "gradient_checkpointing")
 
 
 def user_script(path: Path, arguments: list[str], given: set[str]) -> torchrun.UserScript:

@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from zero_lab.analysis.activation_memory import ATTENTION_IMPLEMENTATIONS
 from zero_lab.launch import torchrun
 from zero_lab.cli.environment import DEVICES, resolve_device_name
 from zero_lab.cli.errors import check_choice, check_not_negative, check_positive
@@ -33,6 +34,8 @@ SeqLen = Annotated[Optional[int], typer.Option(help="Tokens per sample (default:
 Dtype = Annotated[str, typer.Option(help="Model dtype: float32, bfloat16 or float16 (sets the config's precision).", rich_help_panel=WORKLOAD)]
 Seed = Annotated[int, typer.Option(help="Seed for weights and data.", rich_help_panel=WORKLOAD)]
 DatasetPath = Annotated[Optional[str], typer.Option(help="LIMA-style JSON or JSONL with a text field (default: built-in corpus).", rich_help_panel=WORKLOAD)]
+AttnImpl = Annotated[Optional[str], typer.Option(help="Attention implementation: sdpa, eager or flash_attention_2 (default: Hugging Face's choice, sdpa).", rich_help_panel=WORKLOAD)]
+GradientCheckpointing = Annotated[bool, typer.Option(help="Recompute each decoder layer's activations in backward (Hugging Face's gradient_checkpointing_enable): less memory, more compute.", rich_help_panel=WORKLOAD)]
 Offload = Annotated[str, typer.Option(help="CPU offload for both impls: optimizer (stages 1-3), param (optimizer and parameters; stage 3) or none.", rich_help_panel=WORKLOAD)]
 Out = Annotated[Path, typer.Option(help="Where run directories go.")]
 Name = Annotated[Optional[str], typer.Option(help="Run directory name (default: a timestamp and the run's cell).")]
@@ -87,6 +90,8 @@ COMMON_OPTIONS = [
     _option("seed", Seed, 42),
     _option("dataset_path", DatasetPath, None),
     _option("offload", Offload, "none"),
+    _option("attn_impl", AttnImpl, None),
+    _option("gradient_checkpointing", GradientCheckpointing, False),
     _option("ranks_per_node", RanksPerNode, None),
     _option("out", Out, Path("runs")),
     _option("name", Name, None),
@@ -103,13 +108,16 @@ CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, 
 
 
 def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
-           offload, ranks_per_node, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout, device_memory,
+           offload, attn_impl, gradient_checkpointing, ranks_per_node, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout, device_memory,
            force) -> Common:
-    """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, a
-    negative --stall-timeout, or a --device-memory that is not above 0."""
+    """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, an
+    --attn-impl Hugging Face does not name, a negative --stall-timeout, or a --device-memory that
+    is not above 0."""
     work = torchrun.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
                            dataset_path=dataset_path, offload=check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS)),
-                           ranks_per_node=ranks_per_node)
+                           ranks_per_node=ranks_per_node, gradient_checkpointing=gradient_checkpointing,
+                           attn_impl=None if attn_impl is None else check_choice(attn_impl, "--attn-impl",
+                                                                                   ATTENTION_IMPLEMENTATIONS))
     node = torchrun.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     device = resolve_device_name(check_choice(device, "--device", DEVICES))
     check_not_negative(stall_timeout, "--stall-timeout")

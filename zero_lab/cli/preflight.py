@@ -53,7 +53,8 @@ def predicted_peak(job) -> int | None:
     world_size = spec.multi_node.world_size(spec.nproc) or spec.nproc
     settings = load_config(without_official_only_keys(job.config), world_size=world_size)  # as nano reads it
     model = {"name": spec.workload.model, "seq_len": spec.workload.seq_len or DEFAULT_SEQ_LEN,
-             "micro_batch": int(job.config["train_micro_batch_size_per_gpu"])}
+             "micro_batch": int(job.config["train_micro_batch_size_per_gpu"]), "attn_impl": spec.workload.attn_impl,
+             "gradient_checkpointing": spec.workload.gradient_checkpointing}
     zero = {"impl": spec.impl, "reduce_bucket_size": settings.zero_optimization.reduce_bucket_size,
             "communication_data_type": settings.communication_data_type or "auto",
             "gradient_accumulation_steps": int(job.config.get("gradient_accumulation_steps") or 1)}

@@ -38,6 +38,8 @@ class Workload:
     save_every: int = 0
     resume: str | None = None  # the harness's --resume TAG ("latest": the tag `latest` names)
     ranks_per_node: int | None = None  # the harness's --ranks-per-node K (None: the launcher's)
+    attn_impl: str | None = None  # the harness's --attn-impl (None: Hugging Face's choice, sdpa where it runs)
+    gradient_checkpointing: bool = False  # the harness's --gradient-checkpointing
 
 
 @dataclass
@@ -163,11 +165,11 @@ def workload_arguments(work: Workload) -> list[str]:
     optional = (("--batch-size", work.batch_size), ("--seq-len", work.seq_len), ("--dataset-path", work.dataset_path),
                 ("--offload", None if work.offload == "none" else work.offload), ("--save-dir", work.save_dir),
                 ("--save-every", work.save_every or None), ("--resume", work.resume),
-                ("--ranks-per-node", work.ranks_per_node))
+                ("--ranks-per-node", work.ranks_per_node), ("--attn-impl", work.attn_impl))
     for flag, value in optional:
         if value is not None:
             arguments += [flag, str(value)]
-    return arguments
+    return arguments + (["--gradient-checkpointing"] if work.gradient_checkpointing else [])
 
 
 def launch_environment(base: dict[str, str], device: str, nproc: int, cores: int) -> dict[str, str]:
