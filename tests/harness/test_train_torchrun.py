@@ -204,6 +204,15 @@ def test_nano_stage2_saves_the_formulas_bytes(run, group_numels):
         assert formula > 0 and abs(measured - formula) <= 0.01 * formula, (field, measured, formula)
 
 
+def test_step_1s_pre_step_alloc_has_no_optimizer_states_yet(run, group_numels):
+    """Adam creates its states in the first engine.step(): step 1's pre_step_alloc (after the
+    backward, before that step) is smaller than later steps' by the states' bytes alone
+    (docs/log-format.md, `pre_step_alloc_max_mb`)."""
+    steps = [fields["pre_step_alloc_max_bytes"] for _, fields in run("nano", 2)["opt_step"]]
+    states = sum(model_state_bytes(2, "fp32", numel, WORLD_SIZE, "backward")["optimizer_states"] for numel in group_numels)
+    assert states > 0 and steps[1] - steps[0] == states and steps[1:] == [steps[1]] * (len(steps) - 1), (steps, states)
+
+
 def test_official_stage2_saves_the_formulas_bytes(run):
     stage0, stage2 = run("official", 0), run("official", 2)
     numel = stage2["model"]["params"]
