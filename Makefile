@@ -2,9 +2,24 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# A CPU build of torch by default; for CUDA install your torch into the venv first
-# (e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124").
-TORCH_SPEC ?= torch==2.13.0
+# torch 2.13.0, the CPU build by default (TORCH=cpu); `make setup TORCH=cuda` installs PyPI's build
+# of the same version, which on Linux x86_64 is the CUDA 13 one with its nvidia-* libraries. What each
+# downloads: bench/torch_download.json (`python bench/torch_download.py`; README, "Set-up").
+TORCH ?= cpu
+TORCH_VERSION := 2.13.0
+# PyTorch's own index of CPU-only wheels (torch==2.13.0+cpu); pip asks it only when none of the
+# indexes and wheel folders it is set up with already has that wheel.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+ifeq ($(TORCH),cuda)
+TORCH_INSTALL = $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
+else ifneq ($(TORCH),cpu)
+TORCH_INSTALL = echo "error: TORCH=$(TORCH) is not cpu or cuda; run make setup TORCH=cpu (the default) or TORCH=cuda" >&2; exit 2
+else ifeq ($(shell uname -s),Linux)
+TORCH_INSTALL = $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	|| $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
+else  # macOS, Windows: PyPI's torch is the CPU build
+TORCH_INSTALL = $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
+endif
 # Official DeepSpeed JIT-builds ops into this folder; one per checkout keeps builds out of $HOME.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
@@ -13,9 +28,11 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { echo "error: $(PYTHON) has no \
+	venv module (Debian and Ubuntu ship it apart); install it: apt-get install python3-venv" >&2; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(TORCH_INSTALL)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 

@@ -407,3 +407,19 @@ def test_attention_and_checkpointing_flags_reach_the_launched_workload(tmp_path,
     script = runner.invoke(app, ["compare", "--device", "cpu", "--script", str(REPO / "examples" / "hf_trainer.py"),
                                  "--gradient-checkpointing"])
     assert "--gradient-checkpointing does not apply with --script" in one_line_error(script)
+
+
+@pytest.mark.parametrize("cuda, noted", [([], True), (["NVIDIA H100"], False)])
+def test_device_auto_says_in_one_line_when_it_falls_back_to_the_cpu(tmp_path, monkeypatch, cuda, noted):
+    from zero_lab.cli import environment, jobs, preflight
+
+    monkeypatch.setattr(environment, "cuda_devices", lambda: cuda)
+    monkeypatch.setattr(jobs, "run_jobs", lambda prepared, env: ([], None))
+    monkeypatch.setattr(preflight, "check", lambda *args: None)  # no GPU here to ask for free memory
+    for command in (["run"], ["compare", "--stages", "2"]):
+        result = runner.invoke(app, [*command, "--gpus", "1", "--model", "tiny", "--steps", "1", "--out", str(tmp_path / command[0])])
+        notes = [line for line in result.stderr.splitlines() if line.startswith("note: --device auto")]
+        assert notes == ([environment.AUTO_ON_CPU_NOTE] if noted else []), result.stderr
+    explicit = runner.invoke(app, ["run", "--device", "cpu", "--gpus", "1", "--model", "tiny", "--steps", "1",
+                                   "--out", str(tmp_path / "explicit")])
+    assert "--device auto" not in explicit.stderr

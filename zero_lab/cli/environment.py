@@ -53,11 +53,20 @@ def cuda_devices() -> list[str]:
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def resolve_device_name(device: str) -> str:
-    """auto: cuda when a CUDA device is visible, else cpu (device already checked against DEVICES)."""
+AUTO_ON_CPU_NOTE = ("note: --device auto found no CUDA device, so this runs on the CPU (--gpus N: N processes); "
+                    "pass --device cpu to say so, or --device cuda to insist on GPUs")
+
+
+def resolve_device_name(device: str, announce: bool = False) -> str:
+    """auto: cuda when a CUDA device is visible, else cpu (device already checked against DEVICES);
+    with `announce`, the fall-back to the CPU is said in one line on stderr (`AUTO_ON_CPU_NOTE`)."""
     if device != "auto":
         return device
-    return "cuda" if cuda_devices() else "cpu"
+    if cuda_devices():
+        return "cuda"
+    if announce:
+        print(AUTO_ON_CPU_NOTE, file=sys.stderr)
+    return "cpu"
 
 
 def environment(device: str) -> dict[str, object]:

@@ -38,7 +38,7 @@ def exec_command(
     """
     # Phase 1
     check_choice(impl, "--impl", IMPLS)
-    device = resolve_device_name(check_choice(device, "--device", DEVICES))
+    device = resolve_device_name(check_choice(device, "--device", DEVICES), announce=True)
     command = list(context.args)
     if not command:
         raise BadInput("zero-lab exec needs a command after `--`",

@@ -119,7 +119,7 @@ def common(context: typer.Context, device, config, model, steps, batch_size, seq
                            attn_impl=None if attn_impl is None else check_choice(attn_impl, "--attn-impl",
                                                                                    ATTENTION_IMPLEMENTATIONS))
     node = torchrun.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
-    device = resolve_device_name(check_choice(device, "--device", DEVICES))
+    device = resolve_device_name(check_choice(device, "--device", DEVICES), announce=True)
     check_not_negative(stall_timeout, "--stall-timeout")
     check_positive(device_memory, "--device-memory")
     given = frozenset(parameter.name for parameter in COMMON_OPTIONS  # by name: Typer may carry its own Click
