@@ -2,6 +2,7 @@
 the documented contract, bad input is one line, and a preset needs no torch."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -188,3 +189,61 @@ def test_the_peak_adds_zeropps_temporaries_to_the_phase_that_holds_the_most():
     assert peak["bytes"] == expected == totals[peak["moment"]] + peak["temporary_bytes"] > plain["peak"]["bytes"]
     assert peak["temporary_bytes"] == max(item["temporary_bytes"] for item in quantized["collectives"]
                                           if item["what"] == peak["temporary_of"])
+
+
+def explained_json(*arguments: str) -> dict:
+    result = runner.invoke(app, ["explain", *arguments, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_what_moves_groups_rows_that_repeat_per_layer_and_the_json_keeps_every_call():
+    """qwen3-0.6b, stage 3, 4 ranks: the reduce-scatters of every layer and the persistent gathers
+    after the step print once per layer pattern; read in order, each row stands for the JSON's next
+    calls (per layer x layers), and docs/cli.md states the counts."""
+    from zero_lab.analysis.explain_tables import collectives_table, mb
+
+    collectives = explained_json("--model", "qwen3-0.6b", "--stage", "3", "--gpus", "4")["collectives"]
+    _, body = collectives_table(collectives)
+    rows, total = body[:-1], body[-1]
+    assert [row[2] for row in rows if " x " in row[2]] == ["1 x 28 layers", "2 x 28 layers", "1 x 28 layers",
+                                                           "3 x 28 layers", "2 x 27 layers", "2 x 27 layers"]
+    position, index = 0, 0
+    while index < len(rows):  # rows of one layer range together stand for those layers' calls, layer by layer
+        span = re.search(r"\.(\d+)-(\d+)\.", rows[index][5])
+        block = [rows[index]]
+        while span and index + len(block) < len(rows) and span[0] in rows[index + len(block)][5]:
+            block.append(rows[index + len(block)])
+        layers = range(int(span[1]), int(span[2]) + 1) if span else [None]
+        for layer in layers:
+            for phase, op, calls, payload, wire, what in block:
+                per_layer = int(calls.split(" x ")[0])
+                calls_here = collectives[position:position + per_layer]
+                first = what.split(" ... ")[0] if layer is None else what.split(" ... ")[0].replace(span[0], f".{layer}.")
+                assert len(calls_here) == per_layer and calls_here[0]["what"] == first, (what, layer)
+                assert all((item["phase"], item["op"], mb(item["payload_bytes"]), mb(item["wire_bytes"]))
+                           == (phase, op, payload, wire) for item in calls_here), (what, layer)
+                position += per_layer
+        index += len(block)
+    assert position == len(collectives) == int(total[2])
+    stated = re.search(r"qwen3-0\.6b at stage 3 on 4\s+ranks prints its (\d+) calls in (\d+) rows",
+                       (REPO / "docs" / "cli.md").read_text())
+    assert (int(stated[1]), int(stated[2])) == (len(collectives), len(rows))
+
+
+def test_layers_that_differ_are_not_grouped():
+    from zero_lab.analysis.explain_tables import collectives_table
+
+    def call(layer: int, payload: int) -> dict:
+        return {"phase": "backward", "op": "reduce_scatter", "payload_bytes": payload, "wire_bytes": payload // 2,
+                "what": f"model.layers.{layer}.mlp.down_proj/decay bucket 1/1"}
+
+    def layer(index: int, *payloads: int) -> list[dict]:
+        return [call(index, payload) for payload in payloads]
+
+    same = layer(0, 1000, 2000) + layer(1, 1000, 2000) + layer(2, 1000, 2000)
+    assert [row[2] for row in collectives_table(same)[1][:-1]] == ["1 x 3 layers", "1 x 3 layers"]
+    differ = layer(0, 1000, 2000) + layer(1, 1000, 3000) + layer(2, 1000, 2000)
+    assert [row[2] for row in collectives_table(differ)[1][:-1]] == ["1"] * 6
+    skipped = layer(0, 1000, 2000) + layer(2, 1000, 2000)  # not consecutive layers
+    assert [row[2] for row in collectives_table(skipped)[1][:-1]] == ["1"] * 4

@@ -3,12 +3,14 @@ prediction) as (headers, rows) that the terminal and the markdown writer both pr
 
     holdings_table     what one rank holds at each moment, by category (MB)
     phases_table       the step phase by phase: the engine call, what a rank holds after it, what moves
-    collectives_table  the collectives in order, a run of equal ones on one row
+    collectives_table  the collectives in order, a run of equal ones on one row, and rows that repeat
+                       layer after layer once, "x 28 layers" (the JSON keeps every call)
     peak_line          the peak of model states and ZeRO++'s temporaries, and where it is
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from itertools import groupby
 
@@ -72,9 +74,65 @@ def phases_table(walk: Walkthrough) -> tuple[list[str], list[list[str]]]:
     return ["phase", "engine call", "one rank holds after it", "what moves", "payload MB", "wire MB"], body
 
 
+# A layer's index in a name: the number between dots after a container (`model.layers.3.mlp`).
+LAYER_INDEX = re.compile(r"(?<=\.)(\d+)(?=\.)")
+
+
+def layer_of(run: list[dict]) -> int | None:
+    """The one layer every call of a run names (the first index in each name), else None."""
+    found = {match[1] if (match := LAYER_INDEX.search(item.get("what", ""))) else None for item in run}
+    return int(found.pop()) if len(found) == 1 and None not in found else None
+
+
+def run_shape(run: list[dict]) -> tuple:
+    """What a run is apart from its layer: phase, op, calls, bytes and names with the index taken out."""
+    return (run[0]["phase"], run[0]["op"], len(run), run[0]["payload_bytes"], run[0]["wire_bytes"],
+            tuple(LAYER_INDEX.sub("{}", item.get("what", ""), count=1) for item in run))
+
+
+def layer_block(found: list[list[dict]], start: int, layer: int) -> list[list[dict]]:
+    """The consecutive runs from `start` that name `layer`."""
+    end = start
+    while end < len(found) and layer_of(found[end]) == layer:
+        end += 1
+    return found[start:end]
+
+
+def layer_groups(found: list[list[dict]]) -> list[tuple[list[dict], list[int]]]:
+    """Each run in order with the layers it stands for: consecutive runs of one layer form a block,
+    and blocks of consecutive layers with the same shapes are told once, each of their runs with
+    every layer they cover; any other run stands for itself alone (no layers)."""
+    grouped, index = [], 0
+    while index < len(found):
+        layer = layer_of(found[index])
+        if layer is None:
+            grouped.append((found[index], []))
+            index += 1
+            continue
+        block, layers = layer_block(found, index, layer), [layer]
+        shapes, index = [run_shape(run) for run in block], index + len(block)
+        while (following := layer_block(found, index, layers[-1] + 1)) and [run_shape(run) for run in following] == shapes:
+            layers.append(layers[-1] + 1)
+            index += len(following)
+        grouped += [(run, layers if len(layers) > 1 else []) for run in block]
+    return grouped
+
+
+def describe_layers(run: list[dict], layers: list[int]) -> str:
+    """A repeated run named once, its layer index given as the range it covers."""
+    span = f"{layers[0]}-{layers[-1]}"
+    first, last = (LAYER_INDEX.sub(span, item.get("what", ""), count=1) for item in (run[0], run[-1]))
+    return first if len(run) == 1 else f"{first} ... {last}"
+
+
 def collectives_table(collectives: list[dict]) -> tuple[list[str], list[list[str]]]:
-    body = [[run[0]["phase"], run[0]["op"], str(len(run)), mb(run[0]["payload_bytes"]), mb(run[0]["wire_bytes"]),
-             describe_run(run)] for run in runs(collectives)]
+    """One row per run of equal calls, and one for a run that repeats layer after layer (its calls
+    "per layer x N layers"); the total counts every call."""
+    body = []
+    for run, layers in layer_groups(runs(collectives)):
+        calls = f"{len(run)} x {len(layers)} layers" if layers else str(len(run))
+        what = describe_layers(run, layers) if layers else describe_run(run)
+        body.append([run[0]["phase"], run[0]["op"], calls, mb(run[0]["payload_bytes"]), mb(run[0]["wire_bytes"]), what])
     body.append(["total", "", str(len(collectives)), mb(sum(item["payload_bytes"] for item in collectives)),
                  mb(sum(item["wire_bytes"] for item in collectives)), ""])
     return ["phase", "op", "calls", "payload MB each", "wire MB each", "buffers, buckets"], body
