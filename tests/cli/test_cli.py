@@ -420,6 +420,27 @@ def test_device_auto_says_in_one_line_when_it_falls_back_to_the_cpu(tmp_path, mo
         result = runner.invoke(app, [*command, "--gpus", "1", "--model", "tiny", "--steps", "1", "--out", str(tmp_path / command[0])])
         notes = [line for line in result.stderr.splitlines() if line.startswith("note: --device auto")]
         assert notes == ([environment.AUTO_ON_CPU_NOTE] if noted else []), result.stderr
+    bad = runner.invoke(app, ["compare", "--stages", "7"])  # bad input stays one line: the note waits for a launch
+    assert "note:" not in bad.stderr and bad.exit_code == 2
     explicit = runner.invoke(app, ["run", "--device", "cpu", "--gpus", "1", "--model", "tiny", "--steps", "1",
                                    "--out", str(tmp_path / "explicit")])
     assert "--device auto" not in explicit.stderr
+
+
+def test_docs_quote_the_device_auto_note_as_printed():
+    from zero_lab.cli.environment import AUTO_ON_CPU_NOTE
+
+    quoted = re.search(r"\(`(note: --device auto[^`]*?) \.\.\.`\)", " ".join((REPO / "docs" / "cli.md").read_text().split()))
+    assert quoted and AUTO_ON_CPU_NOTE.startswith(quoted[1]), quoted
+
+
+def test_exec_says_where_device_auto_runs_before_it_hands_over():
+    import subprocess
+    import sys
+
+    from zero_lab.cli.environment import AUTO_ON_CPU_NOTE, cuda_devices
+
+    entry = "import sys; sys.argv = ['zero-lab', 'exec', '--', 'true']; from zero_lab.cli.entry import main; main()"
+    done = subprocess.run([sys.executable, "-c", entry], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ([] if cuda_devices() else [AUTO_ON_CPU_NOTE])

@@ -3,17 +3,12 @@ nano resolves as the HF Trainer does (`zero_lab.nano.config.loading.HIDDEN_SIZE_
 
 from __future__ import annotations
 
-import copy
-
-import torch
-
 import zero_lab.nano as nano
-from tests.nano.reference import max_difference
 from tests.nano.stage3_reference import decay_groups
-from tests.nano.stage3_workers import tiny_qwen3
+from tests.nano.stage3_workers import MICRO_SIZE, qwen3_beside_reference, train_qwen3_beside_reference
 from tests.nano.workers import LR, WEIGHT_DECAY
 
-STEPS, MICRO_SIZE, TOLERANCE, CLIPPING = 2, 2, 1e-5, 1.0  # the Trainer's max_grad_norm
+CLIPPING = 1.0  # the Trainer's max_grad_norm, which it writes into gradient_clipping
 
 # The zero_optimization section of the ZeRO-3 template in Hugging Face's DeepSpeed guide
 # (docs/source/en/deepspeed.md, "ZeRO-3"), with the keys the Trainer would fill given explicitly.
@@ -41,34 +36,12 @@ RESOLVED_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_pa
 
 
 def template_worker(rank: int, world_size: int, config: dict, filled_by_hf: dict) -> list[str]:
-    """initialize takes `config` (the template) as it is; its resolved keys are what the HF Trainer fills in
-    (`filled_by_hf`), and two steps match torch's AdamW (clipped) on the global batch."""
-    failures = []
-    initial = tiny_qwen3(checkpointing=False)
-    reference_model = copy.deepcopy(initial)
-    reference = torch.optim.AdamW(decay_groups(reference_model, WEIGHT_DECAY), lr=LR)
-    model = copy.deepcopy(initial)
-    engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY),
-                                 config=config)
+    """initialize takes `config` (the template) as it is; its resolved keys are what the HF Trainer
+    fills in (`filled_by_hf`), and its steps match torch's AdamW (clipped) on the global batch."""
+    model, reference_model, reference = qwen3_beside_reference()
+    engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY), config=config)
     zero = engine.nano_config.zero_optimization
     resolved = {key: getattr(zero, key) for key in RESOLVED_KEYS}
-    if resolved != filled_by_hf:
-        failures.append(f"nano resolved {resolved}, the HF Trainer fills {filled_by_hf}")
-    for step in range(STEPS):
-        def batch(which):
-            generator = torch.Generator().manual_seed(1000 * step + which)
-            return torch.randint(0, 32, (MICRO_SIZE, 6), generator=generator)
-
-        ids = batch(rank)
-        engine.backward(engine(input_ids=ids, labels=ids).loss)
-        engine.step()
-        every = torch.cat([batch(other) for other in range(world_size)])
-        reference.zero_grad()
-        reference_model(input_ids=every, labels=every).loss.backward()
-        torch.nn.utils.clip_grad_norm_(reference_model.parameters(), CLIPPING)
-        reference.step()
-        with nano.zero.GatheredParameters(list(model.parameters())):
-            difference = max_difference(model, reference_model)
-        if not difference <= TOLERANCE:
-            failures.append(f"step {step}: max |nano - reference| = {difference:.3g}")
-    return failures
+    failures = [] if resolved == filled_by_hf else [f"nano resolved {resolved}, the HF Trainer fills {filled_by_hf}"]
+    return failures + train_qwen3_beside_reference(engine, model, reference_model, reference, rank, world_size,
+                                                   clipping=CLIPPING)

@@ -155,23 +155,18 @@ def tiny_qwen3(checkpointing: bool):
     return model
 
 
-def hf_checkpointing_worker(rank: int, world_size: int) -> list[str]:
-    """Hugging Face's gradient_checkpointing_enable(): the recompute runs inside backward, with the
-    layer's unit gathered by the hook on its outputs' gradients; tied embeddings and head."""
+def qwen3_beside_reference(checkpointing: bool = False):
+    """(model, its copy for the reference, torch's AdamW over that copy): tiny_qwen3 twice, the same weights."""
+    model = tiny_qwen3(checkpointing)
+    reference_model = copy.deepcopy(model)
+    return model, reference_model, torch.optim.AdamW(decay_groups(reference_model, WEIGHT_DECAY), lr=LR)
+
+
+def train_qwen3_beside_reference(engine, model, reference_model, reference, rank: int, world_size: int,
+                                 clipping: float = 0.0) -> list[str]:
+    """STEPS steps of `engine` on this rank's token batch and of the reference on every rank's
+    (clipped to `clipping` when above 0), the whole parameters compared after each step."""
     failures = []
-    initial = tiny_qwen3(checkpointing=True)
-    reference_model = copy.deepcopy(initial)
-    reference = torch.optim.AdamW(decay_groups(reference_model, WEIGHT_DECAY), lr=LR)
-    model = copy.deepcopy(initial)
-    engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY),
-                                 config=stage3_config(persistence=16))
-    names = [entry.unit.name for entry in engine.optimizer.gathering.entries]
-    linears = [name for name, module in model.named_modules()
-               if isinstance(module, torch.nn.Linear) and name != "lm_head"]  # the head is tied: the root's
-    if names != [*linears, "root"]:
-        failures.append(f"units {names}")
-    attention_calls = []
-    model.model.layers[0].self_attn.register_forward_hook(lambda *_: attention_calls.append(1))
 
     def batch(step, which):
         generator = torch.Generator().manual_seed(1000 * step + which)
@@ -184,11 +179,31 @@ def hf_checkpointing_worker(rank: int, world_size: int) -> list[str]:
         every = torch.cat([batch(step, other) for other in range(world_size)])
         reference.zero_grad()
         reference_model(input_ids=every, labels=every).loss.backward()
+        if clipping > 0:
+            torch.nn.utils.clip_grad_norm_(reference_model.parameters(), clipping)
         reference.step()
-        with nano.zero.GatheredParameters(model.parameters()):
+        with nano.zero.GatheredParameters(list(model.parameters())):
             difference = max_difference(model, reference_model)
         if not difference <= TOLERANCE:
             failures.append(f"step {step}: max |nano - reference| = {difference:.3g}")
+    return failures
+
+
+def hf_checkpointing_worker(rank: int, world_size: int) -> list[str]:
+    """Hugging Face's gradient_checkpointing_enable(): the recompute runs inside backward, with the
+    layer's unit gathered by the hook on its outputs' gradients; tied embeddings and head."""
+    failures = []
+    model, reference_model, reference = qwen3_beside_reference(checkpointing=True)
+    engine, *_ = nano.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY),
+                                 config=stage3_config(persistence=16))
+    names = [entry.unit.name for entry in engine.optimizer.gathering.entries]
+    linears = [name for name, module in model.named_modules()
+               if isinstance(module, torch.nn.Linear) and name != "lm_head"]  # the head is tied: the root's
+    if names != [*linears, "root"]:
+        failures.append(f"units {names}")
+    attention_calls = []
+    model.model.layers[0].self_attn.register_forward_hook(lambda *_: attention_calls.append(1))
+    failures += train_qwen3_beside_reference(engine, model, reference_model, reference, rank, world_size)
     if len(attention_calls) != 2 * STEPS:  # forward, then the recomputation in backward
         failures.append(f"layer 0's attention ran {len(attention_calls)} times in {STEPS} steps: no recomputation")
     return failures

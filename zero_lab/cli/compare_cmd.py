@@ -25,7 +25,7 @@ import typer
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import cell_tables, render_report, run_table, verdict_lines
 from zero_lab.cli import input_checks, jobs, options, output, preflight
-from zero_lab.cli.environment import environment
+from zero_lab.cli.environment import environment, say_where_auto_runs
 from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors, parse_int_list
 from zero_lab.cli.reporting import write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
@@ -100,6 +100,7 @@ def compare(
                                                / rundir.cell_name(impl, stage, world_size))]
         jobs.warn_passed_to_official(warmups + cells + resumes)
         preflight.check(cells, shared.device, shared.device_memory_gb, common.force)
+        say_where_auto_runs(common.requested_device, shared.device)
         # Phase 2
         env = environment(shared.device)
         _, interrupted_by = jobs.run_jobs(warmups, env) if warmups else ([], None)

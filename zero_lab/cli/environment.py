@@ -53,20 +53,22 @@ def cuda_devices() -> list[str]:
 DEVICES = ("auto", "cpu", "cuda")
 
 
-AUTO_ON_CPU_NOTE = ("note: --device auto found no CUDA device, so this runs on the CPU (--gpus N: N processes); "
+AUTO_ON_CPU_NOTE = ("note: --device auto found no CUDA device, so this runs on the CPU; "
                     "pass --device cpu to say so, or --device cuda to insist on GPUs")
 
 
-def resolve_device_name(device: str, announce: bool = False) -> str:
-    """auto: cuda when a CUDA device is visible, else cpu (device already checked against DEVICES);
-    with `announce`, the fall-back to the CPU is said in one line on stderr (`AUTO_ON_CPU_NOTE`)."""
+def resolve_device_name(device: str) -> str:
+    """auto: cuda when a CUDA device is visible, else cpu (device already checked against DEVICES)."""
     if device != "auto":
         return device
-    if cuda_devices():
-        return "cuda"
-    if announce:
+    return "cuda" if cuda_devices() else "cpu"
+
+
+def say_where_auto_runs(requested: str, resolved: str) -> None:
+    """Once the input is checked and something is about to start: one line on stderr when --device
+    auto fell back to the CPU (`AUTO_ON_CPU_NOTE`); nothing for a device the user named."""
+    if requested == "auto" and resolved == "cpu":
         print(AUTO_ON_CPU_NOTE, file=sys.stderr)
-    return "cpu"
 
 
 def environment(device: str) -> dict[str, object]:

@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from zero_lab.cli.environment import DEVICES, resolve_device_name
+from zero_lab.cli.environment import DEVICES, resolve_device_name, say_where_auto_runs
 from zero_lab.cli.errors import BadInput, check_choice, one_line_errors
 from zero_lab.launch.engine_switch import IMPLS, impl_environment
 
@@ -38,7 +38,8 @@ def exec_command(
     """
     # Phase 1
     check_choice(impl, "--impl", IMPLS)
-    device = resolve_device_name(check_choice(device, "--device", DEVICES), announce=True)
+    requested_device = check_choice(device, "--device", DEVICES)
+    device = resolve_device_name(requested_device)
     command = list(context.args)
     if not command:
         raise BadInput("zero-lab exec needs a command after `--`",
@@ -47,6 +48,7 @@ def exec_command(
         raise BadInput(f"command {command[0]!r} not found (not an executable file, nor on PATH)",
                        "check its spelling, or give its path")
     # Phase 2
+    say_where_auto_runs(requested_device, device)
     env = impl_environment(dict(os.environ), impl, device, log_contract)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -73,6 +73,7 @@ class Common:
     name: str | None
     force: bool = False  # run even where the preflight predicts no fit
     given: frozenset[str] = frozenset()  # the shared options given on the command line (not defaults)
+    requested_device: str = "auto"  # --device as given (shared.device is what it resolved to)
 
 
 def _option(name: str, annotation: object, default: object) -> inspect.Parameter:
@@ -119,13 +120,14 @@ def common(context: typer.Context, device, config, model, steps, batch_size, seq
                            attn_impl=None if attn_impl is None else check_choice(attn_impl, "--attn-impl",
                                                                                    ATTENTION_IMPLEMENTATIONS))
     node = torchrun.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
-    device = resolve_device_name(check_choice(device, "--device", DEVICES), announce=True)
+    requested_device = check_choice(device, "--device", DEVICES)
+    device = resolve_device_name(requested_device)
     check_not_negative(stall_timeout, "--stall-timeout")
     check_positive(device_memory, "--device-memory")
     given = frozenset(parameter.name for parameter in COMMON_OPTIONS  # by name: Typer may carry its own Click
                       if getattr(context.get_parameter_source(parameter.name), "name", None) == "COMMANDLINE")
     return Common(SharedSettings(config, device, work, node, list(context.args), stall_timeout, device_memory),
-                  out, name, force, given)
+                  out, name, force, given, requested_device)
 
 
 def common_options(command):

@@ -18,7 +18,7 @@ from zero_lab import signals
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import run_table
 from zero_lab.cli import input_checks, jobs, options, output, preflight
-from zero_lab.cli.environment import environment
+from zero_lab.cli.environment import environment, say_where_auto_runs
 from zero_lab.cli.errors import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, BadInput, check_choice, check_not_negative,
                                  one_line_errors)
 
@@ -105,6 +105,7 @@ def run(
         job = jobs.prepare(shared, impl, stage, gpus, run_dir)
         jobs.warn_passed_to_official([job])
         preflight.check([job], shared.device, shared.device_memory_gb, common.force)
+        say_where_auto_runs(common.requested_device, shared.device)
         summaries, interrupted_by = jobs.run_jobs([job], environment(shared.device))
         if not summaries:  # interrupted before torchrun started: the directory goes again
             raise typer.Exit(exit_code_of(summaries, interrupted_by))
