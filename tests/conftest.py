@@ -1,10 +1,20 @@
 """Suite-wide: a test that leaves a storage tracker's resize hook installed fails itself, instead
 of failing whichever memory test happens to run after it; tests marked `gpu` are skipped where
 torch sees no CUDA device (`pytest -m gpu` runs them on a GPU machine, as `make gpu-check` does);
-under pytest-xdist (`make test`: two workers, one file at a time each) the longest files start first.
+under pytest-xdist (`make test`: two workers, one file at a time each) the longest files start first;
+a run of the whole suite ends with its duration beside the README's figure for `make test`.
 """
+import os
+import re
+import time
+from pathlib import Path
+
 import pytest
 import torch
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+# How the README states make test's duration (tests/docs/test_install_truth.py holds both READMEs to it).
+STATED_DURATION = re.compile(r"`-n 2 --dist loadfile`\), (\d+) to (\d+) minutes on 2 cores")
 
 
 @pytest.fixture(autouse=True)
@@ -58,3 +68,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(no_gpu)
+
+
+def pytest_sessionstart(session):
+    session.config.suite_started = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After the whole suite ran (no -m, -k, --co or paths given), `make test`'s duration here beside the
+    README's figure: a CI log shows when the figure no longer holds."""
+    if hasattr(config, "workerinput") or config.option.markexpr or config.option.keyword or config.option.collectonly:
+        return
+    if [(config.invocation_params.dir / argument).resolve() for argument in config.args] != [README.parent / "tests"]:
+        return
+    minutes = (time.monotonic() - config.suite_started) / 60
+    stated = STATED_DURATION.search(" ".join(README.read_text(encoding="utf-8").split()))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    said = f"{stated[1]} to {stated[2]}" if stated else "?"
+    terminalreporter.write_line(f"the whole suite took {minutes:.1f} minutes on {cores} cores (load average "
+                                f"{os.getloadavg()[0]:.1f}); README.md says {said} minutes on 2 cores")

@@ -123,3 +123,12 @@ def test_the_first_command_of_the_use_block_runs_on_a_cpu_and_the_gpu_one_is_lab
     first = next(index for index, line in enumerate(block) if line.startswith("zero-lab "))
     assert "--device cpu" in block[first] and "CPU" in block[first - 1]
     assert "--gpus 2,8" in block[first + 2] and "GPUs" in block[first + 1]
+
+
+def test_both_readmes_give_make_tests_duration_as_the_suite_reports_it():
+    """The range the README gives is the one the suite's closing line sets its own duration beside
+    (tests/conftest.py's pytest_terminal_summary), and the Chinese README gives the same."""
+    from tests.conftest import STATED_DURATION
+
+    low, high = STATED_DURATION.search(" ".join(README.split())).groups()
+    assert int(low) < int(high) and f"需 {low} 到 {high} 分钟" in CHINESE
