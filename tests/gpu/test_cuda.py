@@ -2,10 +2,14 @@
 CUDA (tests/conftest.py); `pytest -m gpu` and `make gpu-check` run them on a GPU machine.
 
 The process group is NCCL with one rank and ZERO_LAB_COLLECTIVES_AT_WORLD_ONE=1, so every one of
-nano's collectives really goes through NCCL (a world of one would skip them otherwise).
+nano's collectives really goes through NCCL (a world of one would skip them otherwise). At stage 3
+every parameter is sharded (`stage3_param_persistence_threshold` 0: the test model's parameters are
+all below the default threshold, which would keep them whole) and released after each use
+(`stage3_max_reuse_distance` 0), so gathers, prefetch and release run on CUDA.
     parity:        stages 0-3 against the single-process AdamW reference (tests/nano/reference.py);
     exact bytes:   torch.cuda.memory_allocated at phase boundaries equals the bytes nano says it
-                   holds on the device (every tensor a multiple of the allocator's 512-byte blocks);
+                   holds on the device (every tensor a multiple of the allocator's 512-byte blocks),
+                   from a baseline taken after cuBLAS made its workspaces (whatever ran before);
     offload:       pinned host masters, nothing of the optimizer on the device, still the reference's
                    parameters;
     zero.Init:     partitions built on the GPU (finding 4), then trained like any model.
@@ -25,7 +29,7 @@ import torch.distributed
 import zero_lab.nano as nano
 from zero_lab.launch.ports import free_port
 from zero_lab.nano.collectives import COLLECTIVES_AT_WORLD_ONE
-from tests.nano.reference import ReferenceTrainer, build_model
+from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch
 from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, STEPS, WEIGHT_DECAY, nano_config, train_nano
 
 pytestmark = pytest.mark.gpu
@@ -46,9 +50,26 @@ def nccl_world_of_one():
         os.environ.update(saved)
 
 
-def cpu_gap(first: torch.nn.Module, second: torch.nn.Module) -> float:
-    return max((a.detach().float().cpu() - b.detach().float().cpu()).abs().max().item()
-               for a, b in zip(first.parameters(), second.parameters()))
+def sharded(config: dict) -> dict:
+    """At stage 3, every parameter sharded and released after each use (the module docstring)."""
+    if config["zero_optimization"]["stage"] == 3:
+        config["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0)
+    return config
+
+
+def assert_gathered_and_released(engine) -> None:
+    """Stage 3 gathered its shards through NCCL and holds none of them gathered between steps."""
+    if engine.zero_optimization_stage() == 3:
+        assert any(operation.startswith("all_gather") for operation in engine.comm_stats()), engine.comm_stats()
+        assert engine.optimizer.gathering.live_numel() == 0
+
+
+def cpu_gap(model: torch.nn.Module, reference: torch.nn.Module) -> float:
+    """The largest |model - reference| over the parameters, read whole: between steps a sharded
+    stage-3 parameter has no storage, and reading it without gathering reads freed memory."""
+    with nano.zero.GatheredParameters(list(model.parameters())):
+        return max((a.detach().float().cpu() - b.detach().float().cpu()).abs().max().item()
+                   for a, b in zip(model.parameters(), reference.parameters()))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -63,10 +84,11 @@ def test_every_stage_matches_the_reference_through_nccl(stage, overlap):
         reference.step(step, 1, 2, MICRO_SIZE)
         gaps.append(cpu_gap(model, reference.model))
 
-    engine = train_nano(model, nano_config(stage, accumulation=2, clipping=0.05, bucket=40, overlap=overlap),
+    engine = train_nano(model, sharded(nano_config(stage, accumulation=2, clipping=0.05, bucket=40, overlap=overlap)),
                         0, STEPS, compare)
     assert engine.device.type == "cuda" and next(model.parameters()).is_cuda
     assert engine.comm_stats(), "no collective went through NCCL"
+    assert_gathered_and_released(engine)
     assert max(gaps) <= FP32_TOLERANCE, gaps
     engine.destroy()
 
@@ -85,9 +107,20 @@ class Wide(torch.nn.Module):
         return self.second(torch.tanh(self.first(inputs)))
 
 
+def warm_up_cublas() -> None:
+    """cuBLAS makes its handle's workspace through torch's caching allocator, so it counts in
+    memory_allocated, at the first matrix product of a thread on a stream: forward on the test's
+    thread, backward on autograd's. Run both once, so the baseline holds them whether or not an
+    earlier test did."""
+    warm = Wide().cuda()
+    warm(torch.randn(4, 128, device="cuda")).pow(2).mean().backward()
+    del warm
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_allocated_bytes_at_phase_boundaries_are_nanos_own(stage):
-    torch.cuda.synchronize()
+    warm_up_cublas()
     inputs = torch.randn(4, 128, device="cuda")
     baseline = torch.cuda.memory_allocated()
     model = Wide()
@@ -114,9 +147,10 @@ def test_offload_with_pinned_memory_keeps_the_optimizer_on_the_host(stage):
     initial = build_model()
     reference = ReferenceTrainer(initial, LR, WEIGHT_DECAY, 0.0)
     model = copy.deepcopy(initial)
-    config = nano_config(stage, bucket=40, overlap=True)
+    config = sharded(nano_config(stage, bucket=40, overlap=True))
     config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     engine = train_nano(model, config, 0, STEPS, lambda step, engine: reference.step(step, 1, 1, MICRO_SIZE))
+    assert_gathered_and_released(engine)
     optimizer = engine.optimizer
     assert optimizer.placement.pins and all(master.is_pinned() for master in optimizer.master_partitions)
     places = engine.memory_breakdown(by_device=True)
@@ -133,8 +167,17 @@ def test_zero_init_partitions_on_the_gpu_then_trains():
         model = build_model()
     partitions = [parameter.zero_lab_init_partition for parameter in model.parameters()]
     assert all(partition.is_cuda for partition in partitions)
-    engine = train_nano(model, nano_config(3, bucket=40), 0, STEPS,
-                        lambda step, engine: reference.step(step, 1, 1, MICRO_SIZE))
+    # Decay on the reference's matrices: a parameter partitioned by Init holds an empty 1-D tensor,
+    # so `parameter_groups`' test `dim() >= 2` would leave every matrix undecayed.
+    decays = [parameter.dim() >= 2 for parameter in initial.parameters()]
+    groups = [{"params": [parameter for parameter, decay in zip(model.parameters(), decays) if decay == wanted],
+               "weight_decay": WEIGHT_DECAY if wanted else 0.0} for wanted in (True, False)]
+    engine, *_ = nano.initialize(model=model, model_parameters=groups, config=sharded(nano_config(3, bucket=40)))
+    for step in range(STEPS):
+        engine.backward(loss_of(engine, micro_batch(step, 0, 0, MICRO_SIZE).to(engine.device)))
+        engine.step()
+        reference.step(step, 1, 1, MICRO_SIZE)
+    assert_gathered_and_released(engine)
     assert cpu_gap(model, reference.model) <= FP32_TOLERANCE
     engine.destroy()
 
