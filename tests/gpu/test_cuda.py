@@ -201,3 +201,31 @@ def test_fsdp2_matches_the_reference_on_the_gpu_with_its_states_there(stage):
     assert max(gaps) <= FP32_TOLERANCE, gaps
     assert len(losses) == 2 * STEPS and all(loss == loss for loss in losses)
 
+
+
+def test_fsdp2s_fused_adam_keeps_its_states_on_the_gpu_and_holds_nothing_more_while_it_steps():
+    """zero_lab.fsdp2 asks torch.optim for its fused AdamW (docs/fsdp2.md): every state, the step
+    scalar included, beside its shard on the GPU, and the step's peak no higher than what was
+    alive before it (torch's CUDA default, foreach, would hold a copy of the exp_avg_sqs)."""
+    import zero_lab.fsdp2 as fsdp2
+    from tests.nano.reference import parameter_groups
+    from zero_lab.fsdp2.memory_formula import step_temporary_bytes
+
+    model = build_model()
+    engine, optimizer, _, _ = fsdp2.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
+                                               config=nano_config(3))
+    held = None
+    for step in range(2):  # the states exist from the first step on: measure the second
+        engine.backward(loss_of(engine, micro_batch(step, 0, 0, MICRO_SIZE)))
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        optimizer.step()
+        torch.cuda.synchronize()
+        held = torch.cuda.max_memory_allocated() - before
+        optimizer.zero_grad(set_to_none=True)
+    assert all(group["fused"] for group in optimizer.param_groups)
+    assert all(state[key].device.type == "cuda" for state in optimizer.state.values()
+               for key in ("step", "exp_avg", "exp_avg_sq"))
+    groups = [[tuple(parameter.shape) for parameter in group["params"]] for group in optimizer.param_groups]
+    assert held == step_temporary_bytes(groups, 1, "fused") == 0
