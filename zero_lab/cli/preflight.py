@@ -6,10 +6,11 @@ Phase 1: `offered_memory`: what the device offers - `--device-memory GB` when gi
          the machine and its container (zero_lab.launch.memory_watch).
 Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its report will carry
          (`peak_memory.predict_run_peak`, from the same `[model]` and `[zero]` fields the harness
-         will log); None where there is none (an unreadable architecture, a user's script).
+         will log, offload included): on CUDA the device's bytes alone (what offload moved to the
+         host is not the GPU's), on CPU every byte; None where there is none (an unreadable
+         architecture, a user's script).
 Phase 3: `check`: the verdict per job (analysis.memory_fit); a tight one is a warning, one that
          will not fit stops the command with exit 2 and the knobs that would help, unless --force.
-         On CUDA with offload there is no verdict: the prediction counts every model state on the device.
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ def predicted_peak(job) -> int | None:
     settings = load_config(without_official_only_keys(job.config), world_size=world_size)  # as nano reads it
     model = {"name": spec.workload.model, "seq_len": spec.workload.seq_len or DEFAULT_SEQ_LEN,
              "micro_batch": int(job.config["train_micro_batch_size_per_gpu"])}
-    zero = {"impl": spec.impl, "reduce_bucket_size": settings.zero_optimization.reduce_bucket_size,
+    sections = settings.zero_optimization
+    zero = {"impl": spec.impl, "reduce_bucket_size": sections.reduce_bucket_size,
             "communication_data_type": settings.communication_data_type or "auto",
-            "gradient_accumulation_steps": int(job.config.get("gradient_accumulation_steps") or 1)}
+            "gradient_accumulation_steps": int(job.config.get("gradient_accumulation_steps") or 1),
+            "offload_optimizer": sections.offload_optimizer.device, "offload_param": sections.offload_param.device}
     prediction = predict_run_peak(model, zero, spec.stage, PRECISION_OF_DTYPE_NAME[spec.workload.dtype], world_size)
-    return prediction.peak if prediction is not None else None
+    return prediction.peak_seen_on(spec.device) if prediction is not None else None
 
 
 def verdicts(jobs: list, device: str, device_memory_gb: float | None) -> list[tuple[object, Fit, str | None]]:
@@ -66,7 +69,7 @@ def verdicts(jobs: list, device: str, device_memory_gb: float | None) -> list[tu
     offered, offered_name = offered_memory(device, device_memory_gb)
     found = []
     for job in jobs:
-        peak = None if device == "cuda" and job.spec.workload.offload != "none" else predicted_peak(job)
+        peak = predicted_peak(job)
         ranks = 1 if device == "cuda" else job.spec.nproc  # a GPU each, or one host for the node's ranks
         verdict = fit(peak * ranks if peak is not None else None, offered)
         judged = verdict is not Fit.NO_VERDICT
