@@ -260,5 +260,11 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
     }
 
 
+def not_run_summary(world_size: int, stage: int, impl: str, reason: str) -> dict:
+    """The row of a cell that never started, and why (`compare --gpus` beyond the visible GPUs):
+    status `not_run`, no steps, the reason as its error."""
+    return {"world_size": world_size, "stage": stage, "impl": impl, "status": "not_run", "error": reason, "steps": 0}
+
+
 def write_summary(run_dir: Path, summary: dict) -> None:
     write_json(run_dir / SUMMARY, summary)
