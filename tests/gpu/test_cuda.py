@@ -20,7 +20,11 @@ all below the default threshold, which would keep them whole) and released after
 from __future__ import annotations
 
 import copy
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -229,3 +233,19 @@ def test_fsdp2s_fused_adam_keeps_its_states_on_the_gpu_and_holds_nothing_more_wh
                for key in ("step", "exp_avg", "exp_avg_sq"))
     groups = [[tuple(parameter.shape) for parameter in group["params"]] for group in optimizer.param_groups]
     assert held == step_temporary_bytes(groups, 1, "fused") == 0
+
+
+def test_the_clis_questions_to_the_gpus_leave_no_cuda_context_in_its_process():
+    """Issue 31: the preflight asked every GPU its free memory in the CLI's own process, which then
+    held a CUDA context (hundreds of MB) on each GPU for the whole comparison. Asked as `compare`
+    asks (the device names, then the preflight's figure), in a fresh process: no GPU has a primary
+    context afterwards."""
+    script = ("import json, torch; from zero_lab.cli.environment import cuda_devices; "
+              "from zero_lab.cli.preflight import offered_memory; names = cuda_devices(); "
+              "offered, _ = offered_memory('cuda', None); print(json.dumps([len(names), offered, "
+              "[torch._C._cuda_hasPrimaryContext(index) for index in range(len(names))]]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    count, offered, contexts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert count >= 1 and offered > 0 and contexts == [False] * count

@@ -2,8 +2,9 @@
 
 Phase 1: `offered_memory`: what the device offers - `--device-memory GB` when given (per GPU on
          CUDA, the host's on CPU), else the least free memory among the visible GPUs
-         (`torch.cuda.mem_get_info`), or on CPU the host's available memory under the tightest of
-         the machine and its container (zero_lab.launch.memory_watch).
+         (`free_gpu_bytes`: `torch.cuda.mem_get_info`, asked in a child process), or on CPU the
+         host's available memory under the tightest of the machine and its container
+         (zero_lab.launch.memory_watch).
 Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its report will carry
          (`peak_memory.predict_run_peak`, from the same `[model]` and `[zero]` fields the harness
          will log, offload included): on CUDA the device's bytes alone (what offload moved to the
@@ -15,6 +16,8 @@ Phase 3: `check`: the verdict per job (analysis.memory_fit); a tight one is a wa
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 
 from zero_lab.analysis.memory_fit import KNOBS, TIGHT_FRACTION, Fit, fit, fit_line
@@ -25,17 +28,30 @@ from zero_lab.workload.log_lines import MB as MIB, size_text
 GB = 2**30
 
 
+# Run by `free_gpu_bytes` in a child process: asking a GPU its free memory makes a CUDA context on
+# it (hundreds of MB of its memory), which would stay in the CLI's process on every GPU for the
+# whole comparison, beside the runs'. The child's contexts end with it.
+FREE_GPU_BYTES = ("import json, torch; print(json.dumps([torch.cuda.mem_get_info(index)[0] for index in "
+                  "range(torch.cuda.device_count())] if torch.cuda.is_available() else []))")
+
+
+def free_gpu_bytes(run=subprocess.run) -> list[int]:
+    """Free bytes of each GPU this process's torch would see, asked by a child process (empty when
+    it sees none, or the child fails)."""
+    try:
+        done = run([sys.executable, "-c", FREE_GPU_BYTES], capture_output=True, text=True, timeout=300)
+        return [int(free) for free in json.loads(done.stdout.strip().splitlines()[-1])] if done.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return []
+
+
 def offered_memory(device: str, device_memory_gb: float | None) -> tuple[int | None, str]:
     """Phase 1: (bytes one memory offers, where the figure comes from)."""
     if device_memory_gb is not None:
         return int(device_memory_gb * GB), "--device-memory"
     if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            return None, "no CUDA device"
-        return min(torch.cuda.mem_get_info(index)[0] for index in range(torch.cuda.device_count())), \
-            "free memory of a GPU"
+        free = free_gpu_bytes()
+        return (min(free), "free memory of a GPU") if free else (None, "no CUDA device")
     from zero_lab.launch.memory_watch import CGROUP_ROOT, tightest_ceiling
 
     ceiling = tightest_ceiling(0, None, CGROUP_ROOT)
