@@ -1,10 +1,32 @@
-"""Suite-wide: a test that leaves a storage tracker's resize hook installed fails itself, instead
-of failing whichever memory test happens to run after it; tests marked `gpu` are skipped where
-torch sees no CUDA device (`pytest -m gpu` runs them on a GPU machine, as `make gpu-check` does);
-under pytest-xdist (`make test`: two workers, one file at a time each) the longest files start first.
+"""Suite-wide: a Python without zero-lab's dependencies stops the run before collection with one
+line saying what to do (a bare GPU machine: `make gpu-check` installs them first), instead of an
+ImportError per test module; a test that leaves a storage tracker's resize hook installed fails
+itself, instead of failing whichever memory test happens to run after it; tests marked `gpu` are
+skipped where torch sees no CUDA device (`pytest -m gpu tests/gpu` runs them on a GPU machine, as
+`make gpu-check` does); under pytest-xdist (`make test`: two workers, one file at a time each) the
+longest files start first.
 """
+import importlib.util
+
 import pytest
 import torch
+
+# What the test modules import beside torch and pytest (pyproject's dependencies that a GPU
+# machine's image may lack: bench/gpu_check.py carries them).
+DEPENDENCIES = ("pydantic", "deepspeed", "hjson", "transformers")
+
+
+def missing_dependencies(find_spec=importlib.util.find_spec) -> list[str]:
+    return [name for name in DEPENDENCIES if find_spec(name) is None]
+
+
+def pytest_configure(config):
+    missing = missing_dependencies()
+    if missing:
+        raise pytest.UsageError(
+            f"this Python lacks {', '.join(missing)}, which zero-lab's tests import. Install zero-lab's dependencies "
+            "(make setup), or on a GPU machine run `make gpu-check` (only the GPU tests: python3 bench/gpu_check.py "
+            "--only gpu-tests), which installs them from the wheels in .whl/ first")
 
 
 @pytest.fixture(autouse=True)
