@@ -308,3 +308,11 @@ def test_the_compact_table_has_a_line_per_run_with_its_optimizer(gpu_check):
     assert lines[0].endswith("| predicted host MB |")
     assert len(lines) == 4 and "PartitionedAdam" in lines[2] and "torch.optim.AdamW" in lines[3]
     assert all("0.0125" in line and "3400.0" in line and "-2.9" in line for line in lines[2:])
+
+
+def test_docs_cli_shows_the_plan_as_the_dry_run_prints_it(gpu_check):
+    doc = (REPO / "docs" / "cli.md").read_text()
+    section = doc[doc.index("The plan, as `--dry-run` prints it"):]
+    start = section.index("```\n") + 4
+    block = section[start:section.index("\n```", start)]
+    assert block.splitlines() == gpu_check.budget_lines(gpu_check.plan("python3", "1"), True, True, gpu_check.BUDGET_S)
