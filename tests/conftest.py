@@ -3,13 +3,16 @@ line saying what to do (a bare GPU machine: `make gpu-check` installs them first
 ImportError per test module; a test that leaves a storage tracker's resize hook installed fails
 itself, instead of failing whichever memory test happens to run after it; tests marked `gpu` are
 skipped where torch sees no CUDA device (`pytest -m gpu tests/gpu` runs them on a GPU machine, as
-`make gpu-check` does); under pytest-xdist (`make test`: two workers, one file at a time each) the
+`make gpu-check` does), unless rehearsed on CPU (tests/gpu/__init__.py); under pytest-xdist (`make test`: two workers, one file at a time each) the
 longest files start first.
 """
 import importlib.util
+import os
 
 import pytest
 import torch
+
+from tests.gpu import REHEARSAL_ENVIRONMENT
 
 # What the test modules import beside torch and pytest (pyproject's dependencies that a GPU
 # machine's image may lack: bench/gpu_check.py carries them).
@@ -74,7 +77,7 @@ def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # a pytest-xdist worker; every worker sorts alike
         items[:] = longest_first(items)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or os.environ.get(REHEARSAL_ENVIRONMENT) == "1":  # tests/gpu/__init__.py
         return
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` or `make gpu-check` on one)")
     for item in items:

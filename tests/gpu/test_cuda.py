@@ -15,6 +15,9 @@ all below the default threshold, which would keep them whole) and released after
     zero.Init:     partitions built on the GPU (finding 4), then trained like any model.
     FSDP2:         `zero_lab.fsdp2` at stages 2 and 3 with accumulation and clipping against the same
                    reference, its shards on the GPU.
+Rehearsed on CPU (tests/gpu/__init__.py: gloo, the host for the GPU), every test runs but those
+marked `cuda_only` (the caching allocator's figures, CUDA contexts), and pinning is not asked of
+the offload test: what the rehearsal checks is what the bodies compute.
 """
 
 from __future__ import annotations
@@ -34,9 +37,13 @@ import zero_lab.nano as nano
 from zero_lab.launch.ports import free_port
 from zero_lab.nano.collectives import COLLECTIVES_AT_WORLD_ONE
 from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch
+from tests.gpu import REHEARSAL_ENVIRONMENT
 from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, STEPS, WEIGHT_DECAY, nano_config, train_nano
 
 pytestmark = pytest.mark.gpu
+REHEARSAL = os.environ.get(REHEARSAL_ENVIRONMENT) == "1"
+DEVICE = torch.device("cpu" if REHEARSAL else "cuda")  # where the engines compute
+cuda_only = pytest.mark.skipif(REHEARSAL, reason="CUDA's own figures: not rehearsed on CPU")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,8 +51,9 @@ def nccl_world_of_one():
     saved = dict(os.environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
                       WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", **{COLLECTIVES_AT_WORLD_ONE: "1"})
-    torch.cuda.set_device(0)
-    torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    if not REHEARSAL:
+        torch.cuda.set_device(0)
+    torch.distributed.init_process_group("gloo" if REHEARSAL else "nccl", rank=0, world_size=1)
     try:
         yield
     finally:
@@ -90,7 +98,7 @@ def test_every_stage_matches_the_reference_through_nccl(stage, overlap):
 
     engine = train_nano(model, sharded(nano_config(stage, accumulation=2, clipping=0.05, bucket=40, overlap=overlap)),
                         0, STEPS, compare)
-    assert engine.device.type == "cuda" and next(model.parameters()).is_cuda
+    assert engine.device.type == DEVICE.type and next(model.parameters()).device.type == DEVICE.type
     assert engine.comm_stats(), "no collective went through NCCL"
     assert_gathered_and_released(engine)
     assert max(gaps) <= FP32_TOLERANCE, gaps
@@ -122,6 +130,7 @@ def warm_up_cublas() -> None:
     torch.cuda.synchronize()
 
 
+@cuda_only
 @pytest.mark.parametrize("stage", [1, 2])
 def test_allocated_bytes_at_phase_boundaries_are_nanos_own(stage):
     warm_up_cublas()
@@ -156,7 +165,8 @@ def test_offload_with_pinned_memory_keeps_the_optimizer_on_the_host(stage):
     engine = train_nano(model, config, 0, STEPS, lambda step, engine: reference.step(step, 1, 1, MICRO_SIZE))
     assert_gathered_and_released(engine)
     optimizer = engine.optimizer
-    assert optimizer.placement.pins and all(master.is_pinned() for master in optimizer.master_partitions)
+    if not REHEARSAL:  # pinning is CUDA's
+        assert optimizer.placement.pins and all(master.is_pinned() for master in optimizer.master_partitions)
     places = engine.memory_breakdown(by_device=True)
     assert places["device"]["optimizer_states"] == 0 and places["host"]["optimizer_states"] > 0
     assert cpu_gap(model, reference.model) <= FP32_TOLERANCE
@@ -170,7 +180,7 @@ def test_zero_init_partitions_on_the_gpu_then_trains():
         torch.manual_seed(0)
         model = build_model()
     partitions = [parameter.zero_lab_init_partition for parameter in model.parameters()]
-    assert all(partition.is_cuda for partition in partitions)
+    assert all(partition.device.type == DEVICE.type for partition in partitions)
     # Decay on the reference's matrices: a parameter partitioned by Init holds an empty 1-D tensor,
     # so `parameter_groups`' test `dim() >= 2` would leave every matrix undecayed.
     decays = [parameter.dim() >= 2 for parameter in initial.parameters()]
@@ -201,12 +211,13 @@ def test_fsdp2_matches_the_reference_on_the_gpu_with_its_states_there(stage):
                         for ours, theirs in zip(model.parameters(), reference.model.parameters())))
 
     model, losses = train_either("fsdp2", nano_config(stage, accumulation=2, clipping=0.05), 0, STEPS, compare)
-    assert all(parameter.to_local().is_cuda for parameter in model.parameters())
+    assert all(parameter.to_local().device.type == DEVICE.type for parameter in model.parameters())
     assert max(gaps) <= FP32_TOLERANCE, gaps
     assert len(losses) == 2 * STEPS and all(loss == loss for loss in losses)
 
 
 
+@cuda_only
 def test_fsdp2s_fused_adam_keeps_its_states_on_the_gpu_and_holds_nothing_more_while_it_steps():
     """zero_lab.fsdp2 asks torch.optim for its fused AdamW (docs/fsdp2.md): every state, the step
     scalar included, beside its shard on the GPU, and the step's peak no higher than what was
@@ -235,6 +246,7 @@ def test_fsdp2s_fused_adam_keeps_its_states_on_the_gpu_and_holds_nothing_more_wh
     assert held == step_temporary_bytes(groups, 1, "fused") == 0
 
 
+@cuda_only
 def test_the_clis_questions_to_the_gpus_leave_no_cuda_context_in_its_process():
     """Issue 31: the preflight asked every GPU its free memory in the CLI's own process, which then
     held a CUDA context (hundreds of MB) on each GPU for the whole comparison. Asked as `compare`
