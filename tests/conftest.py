@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
         items[:] = longest_first(items)
     if torch.cuda.is_available() or os.environ.get(REHEARSAL_ENVIRONMENT) == "1":  # tests/gpu/__init__.py
         return
-    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` or `make gpu-check` on one)")
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu tests/gpu` or `make gpu-check` on one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(no_gpu)
