@@ -1,9 +1,13 @@
-"""Suite-wide: a test that leaves a storage tracker's resize hook installed fails itself, instead
-of failing whichever memory test happens to run after it; tests marked `gpu` are skipped where
-torch sees no CUDA device (`pytest -m gpu` runs them on a GPU machine, as `make gpu-check` does);
-under pytest-xdist (`make test`: two workers, one file at a time each) the longest files start first;
-a run of the whole suite ends with its duration beside the README's figure for `make test`.
+"""Suite-wide: a Python without zero-lab's dependencies stops the run before collection with one
+line saying what to do (a bare GPU machine: `make gpu-check` installs them first), instead of an
+ImportError per test module; a test that leaves a storage tracker's resize hook installed fails
+itself, instead of failing whichever memory test happens to run after it; tests marked `gpu` are
+skipped where torch sees no CUDA device (`pytest -m gpu tests/gpu` runs them on a GPU machine, as
+`make gpu-check` does), unless rehearsed on CPU (tests/gpu/__init__.py); under pytest-xdist (`make
+test`: two workers, one file at a time each) the longest files start first; a run of the whole suite
+ends with its duration beside the README's figure for `make test`.
 """
+import importlib.util
 import os
 import re
 import time
@@ -11,6 +15,25 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.gpu import REHEARSAL_ENVIRONMENT
+
+# What the test modules import beside torch and pytest (pyproject's dependencies that a GPU
+# machine's image may lack: bench/gpu_check.py carries them).
+DEPENDENCIES = ("pydantic", "deepspeed", "hjson", "transformers")
+
+
+def missing_dependencies(find_spec=importlib.util.find_spec) -> list[str]:
+    return [name for name in DEPENDENCIES if find_spec(name) is None]
+
+
+def pytest_configure(config):
+    missing = missing_dependencies()
+    if missing:
+        raise pytest.UsageError(
+            f"this Python lacks {', '.join(missing)}, which zero-lab's tests import. Install zero-lab's dependencies "
+            "(make setup), or on a GPU machine run `make gpu-check` (only the GPU tests: python3 bench/gpu_check.py "
+            "--only gpu-tests), which installs them from the wheels in .whl/ first")
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # How the README states make test's duration (tests/docs/test_install_truth.py holds both READMEs to it).
@@ -62,9 +85,9 @@ def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # a pytest-xdist worker; every worker sorts alike
         items[:] = longest_first(items)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or os.environ.get(REHEARSAL_ENVIRONMENT) == "1":  # tests/gpu/__init__.py
         return
-    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` or `make gpu-check` on one)")
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu tests/gpu` or `make gpu-check` on one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(no_gpu)

@@ -46,6 +46,35 @@ def test_official_stage_3_adds_its_preallocated_buffers():
     assert official.moments["optimizer_step"] - nano.moments["optimizer_step"] == bucket + gradient_buffer
 
 
+def test_a_cuda_offload_rows_prediction_is_the_devices_beside_a_device_measurement(tmp_path):
+    """Issue 31: on CUDA the allocator measures the device alone, so an offload row's predicted peak
+    is the device's, and the host's is given beside it; on CPU the tracker measures both places,
+    and the prediction is their sum. The recorded tiny stage-2 run, its lines said to be CUDA's
+    with the optimizer offloaded."""
+    from zero_lab.analysis import rundir
+    from zero_lab.analysis.peak_memory import Offload
+
+    recorded = (Path(__file__).resolve().parents[1] / "fixtures" / "compare-tiny" / "cells" / "w2-s2-nano" / "logs"
+                / "rank0.stdout.log").read_text()
+    offloaded = recorded.replace("offload_optimizer=none", "offload_optimizer=cpu")
+    summaries = {}
+    for device in ("cpu", "cuda"):
+        run_dir = tmp_path / device
+        (run_dir / "logs").mkdir(parents=True)
+        (run_dir / "logs" / "rank0.stdout.log").write_text(offloaded.replace(" device=cpu ", f" device={device} "))
+        (run_dir / "console.log").write_text("")
+        summaries[device] = rundir.summarize(run_dir, [], impl="nano", stage=2, dtype="float32", offload="optimizer",
+                                             launched_world_size=2, exit_code=0, interrupted_by=None, duration_s=1.0)
+    prediction = predict_peak(decoder_shape("tiny"), 2, "fp32", 2, 128, 4, reduce_bucket_size=20_000_000,
+                              offload=Offload(optimizer=True))
+    host, device = prediction.peak_in("host") / MB, prediction.peak_in("device") / MB
+    assert host > 0 and summaries["cpu"]["predicted_peak_mb"] == prediction.peak / MB
+    assert summaries["cuda"]["predicted_peak_mb"] == device < prediction.peak / MB
+    assert summaries["cuda"]["predicted_host_peak_mb"] == summaries["cpu"]["predicted_host_peak_mb"] == host
+    measured = summaries["cuda"]["peak_alloc_max_mb"]
+    assert summaries["cuda"]["peak_error_pct"] == error_percent(device, measured)
+
+
 def nano_first_bucket(shape) -> int:
     _, root = unit_parameters(shape)
     return min(20_000_000, root) * 4

@@ -1,13 +1,16 @@
 """`make gpu-check`'s script, on a machine without a GPU: what it finds missing, what it installs
-from the carried wheels and how, the comparison it runs (its flags accepted by the CLI), and the
-one-line refusals when the machine is not ready."""
+from the carried wheels and how (the missing distributions alone), the comparisons it runs (their
+flags and configs accepted by the CLI), the plan's budget, FusedAdam's background build and its
+lock, and the one-line refusals when the machine is not ready."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,22 @@ def test_a_missing_module_needs_its_wheel(gpu_check):
     assert "pydantic-core" in problem and "deepspeed" not in problem.split(" and ")[0] and "make gpu-wheels" in problem
     core = Path("pydantic_core-2.50.5-cp312-cp312-manylinux_2_17_x86_64.whl")
     assert gpu_check.check_wheels(["pydantic_core"], [core]) is None
+
+
+def test_only_the_missing_distributions_are_installed(gpu_check):
+    """Issue 31: every carried wheel went in, pytest too, which then shadowed the machine's own
+    pytest while the machine's plugins still loaded. Now: the missing modules' distributions, and
+    typing-extensions only where the machine's is absent or older than the carried one."""
+    wheels = [Path(name) for name in ("deepspeed-0.19.8-py3-none-any.whl", "hjson-3.1.0-py3-none-any.whl",
+                                      "pytest-8.4.2-py3-none-any.whl", "pluggy-1.6.0-py3-none-any.whl",
+                                      "pydantic-2.12.4-py3-none-any.whl", "typing_extensions-4.15.0-py3-none-any.whl")]
+    older = {"typing-extensions": "4.12.2"}.get
+    names = [wheel.name.split("-")[0] for wheel in gpu_check.wheels_to_install(["deepspeed", "hjson"], wheels, older)]
+    assert names == ["deepspeed", "hjson", "typing_extensions"]
+    newer = {"typing-extensions": "4.15.0"}.get
+    names = [wheel.name.split("-")[0] for wheel in gpu_check.wheels_to_install(["pydantic"], wheels, newer)]
+    assert names == ["pydantic"]
+    assert gpu_check.wheels_to_install([], wheels, lambda name: None) == []
 
 
 def test_install_is_offline_without_dependencies_into_the_checkout(gpu_check, tmp_path):
@@ -64,6 +83,36 @@ def test_the_comparison_is_the_issues_three_way_workload(gpu_check, tmp_path):
     assert flags["--impls"].split(",") == ["nano", "official", "fsdp2"] and "--baseline" not in flags
 
 
+def test_the_cli_takes_both_comparisons_as_planned_offload_pinned_and_overlapped(gpu_check, tmp_path, monkeypatch):
+    """Both comparisons' flags, in process on a pretended one-GPU machine, each prepared run handed
+    back unlaunched: the three-way's six runs, and the offload step's four with the optimizer
+    offloaded, pinned and overlapped (issue 31: its configs had overlap_comm false, so nano's queued
+    host copies never ran) in the config each impl receives."""
+    from typer.testing import CliRunner
+
+    from zero_lab.cli import environment, input_checks, jobs, preflight
+    from zero_lab.cli.app import app
+
+    monkeypatch.setattr(environment, "cuda_devices", lambda: ["NVIDIA H200"])
+    monkeypatch.setattr(input_checks, "cuda_devices", lambda: ["NVIDIA H200"])
+    monkeypatch.setattr(preflight, "free_gpu_bytes", lambda: [140 * 2**30])
+    prepared = []
+    monkeypatch.setattr(jobs, "run_jobs", lambda runs, env: (prepared.extend(runs), ([], "SIGINT"))[1])
+    for step in gpu_check.plan("python3", "1")[1:]:
+        command = gpu_check.compare_command("python3", tmp_path / step.label, tmp_path / "r.md",
+                                            dict(zip(step.command[4::2], step.command[5::2])))
+        CliRunner().invoke(app, command[3:])
+    assert [(job.spec.impl, job.spec.stage, job.spec.workload.offload) for job in prepared] == [
+        *[(impl, stage, "none") for stage in (2, 3) for impl in ("nano", "official", "fsdp2")],
+        *[(impl, stage, "optimizer") for stage in (2, 3) for impl in ("nano", "official")]]
+    for job in prepared[6:]:
+        assert (job.official_config is not None) == (job.spec.impl == "official")
+        for config in filter(None, (job.config, job.official_config)):
+            zero = config["zero_optimization"]
+            assert zero["overlap_comm"] is True and zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert all(not job.config["zero_optimization"].get("overlap_comm") for job in prepared[:6])
+
+
 @pytest.mark.slow  # starts the CLI in a process of its own (about 10 s of imports)
 def test_the_cli_accepts_the_comparison_and_refuses_cuda_here(gpu_check, tmp_path):
     """Its flags parse (a wrong one would be 'No such option'); without a GPU, one error line, exit 2."""
@@ -74,18 +123,21 @@ def test_the_cli_accepts_the_comparison_and_refuses_cuda_here(gpu_check, tmp_pat
     assert done.stderr.startswith("error: ") and "cuda" in done.stderr.lower() and "Traceback" not in done.stderr
 
 
-def test_dry_run_prints_the_plan_and_runs_nothing(gpu_check, capsys):
+def test_dry_run_prints_the_plan_and_its_budget_and_runs_nothing(gpu_check, capsys):
     assert gpu_check.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "gpu tests (" in out and "three-way (" in out and "qwen3-0.6b" in out and "ready:" in out
-    assert "--impls nano,official,fsdp2" in out
+    assert "gpu-tests: " in out and "three-way: " in out and "qwen3-0.6b" in out and "ready:" in out
+    assert "--impls nano,official,fsdp2" in out and "fused-adam (in the background from the start)" in out
+    assert re.search(r"total +\d+ s +of the 540 s budget; with FusedAdam's build overlapping nothing \d+ s, within "
+                     r"the 600 s command: fits", out), out
 
 
 def test_the_plan_tests_the_gpu_then_compares_three_ways_then_offloads(gpu_check):
     steps = gpu_check.plan("python3", "1")
-    assert [step.label for step in steps] == ["gpu tests", "three-way", "compare offload"]
+    assert [step.label for step in steps] == ["gpu-tests", "three-way", "offload"]
     tests, compare, offload = steps
     assert tests.command[1:4] == ["-m", "pytest", "-q"] and tests.command[tests.command.index("-m", 3) + 1] == "gpu"
+    assert tests.command[-1] == "tests/gpu" and tests.env == {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     for step in (compare, offload):  # nano's collectives run through NCCL on the one GPU
         assert step.env == {"ZERO_LAB_COLLECTIVES_AT_WORLD_ONE": "1"} and step.compare_dir is not None
     three_way = dict(zip(compare.command[4::2], compare.command[5::2]))
@@ -93,8 +145,11 @@ def test_the_plan_tests_the_gpu_then_compares_three_ways_then_offloads(gpu_check
     flags = dict(zip(offload.command[4::2], offload.command[5::2]))
     assert flags["--offload"] == "optimizer" and flags["--stages"] == "2,3" and flags["--model"] == "qwen3-0.6b"
     assert flags["--impls"] == "nano,official"  # FSDP2's CPUOffloadPolicy would offload its parameters too
+    assert Path(flags["--config"]).name == "offload_overlap.json"
     assert compare.compare_dir != offload.compare_dir
-    assert sum(step.share_s for step in steps if step.share_s) < gpu_check.BUDGET_S < 8 * 60
+    assert [step.share_s for step in steps] == [1.5 * tests.estimate_s, 1.5 * compare.estimate_s, None]
+    assert [step.label for step in gpu_check.plan("python3", "1", ("offload",))] == ["offload"]
+    assert gpu_check.plan("python3", "1", ("offload",))[0].share_s is None  # the last step: what is left
 
 
 def test_the_budget_holds_as_many_runs_as_before_fsdp2_joined(gpu_check):
@@ -105,6 +160,36 @@ def test_the_budget_holds_as_many_runs_as_before_fsdp2_joined(gpu_check):
         flags = dict(zip(step.command[4::2], step.command[5::2]))
         runs += len(flags["--impls"].split(",")) * len(flags["--stages"].split(","))
     assert runs == 10
+
+
+def test_the_plan_fits_the_budget_and_the_command_with_fused_adams_build(gpu_check):
+    """Issue 31: the three-way step (six launches and official's FusedAdam build) was likely to
+    overrun its share. Each step's estimate is its runs' starts and steps (ESTIMATE_S); the build
+    runs beside the GPU tests and is done before the first official run; all of it fits the
+    budget, and the device tool's 10-minute command even if the build overlapped nothing."""
+    steps = gpu_check.plan("python3", "1")
+    estimate = gpu_check.ESTIMATE_S
+    assert steps[1].estimate_s == estimate["comparison"] + 6 * (estimate["run-start"] + 10 * estimate["step"])
+    assert steps[2].estimate_s == estimate["comparison"] + 4 * (estimate["run-start"] + 3 * estimate["offload-step"])
+    assert gpu_check.builds_fused_adam(steps) and not gpu_check.builds_fused_adam(steps[2:])
+    total = estimate["install"] + sum(step.estimate_s for step in steps)
+    assert total <= gpu_check.BUDGET_S and total + estimate["fused-adam"] <= gpu_check.COMMAND_LIMIT_S
+    lines = gpu_check.budget_lines(steps, True, True, gpu_check.BUDGET_S)
+    assert lines[-1].endswith(": fits") and any("the build done" in line for line in lines)
+    assert gpu_check.budget_lines(steps, True, True, 300.0)[-1].endswith(": DOES NOT FIT")
+
+
+def test_without_fused_adam_the_three_way_runs_without_official(gpu_check):
+    step = gpu_check.without_official(gpu_check.plan("python3", "1")[1])
+    assert dict(zip(step.command[4::2], step.command[5::2]))["--impls"] == "nano,fsdp2"
+
+
+def test_only_names_steps(gpu_check, capsys):
+    assert gpu_check.main(["--dry-run", "--only", "three-way,offload"]) == 0
+    out = capsys.readouterr().out
+    assert "three-way: " in out and "offload: " in out and "gpu-tests: " not in out
+    assert gpu_check.main(["--only", "tests"]) == 2
+    assert capsys.readouterr().err == "error: --only tests is not a step. Pick from gpu-tests,three-way,offload\n"
 
 
 def test_no_step_may_run_so_long_that_it_could_not_be_stopped_in_budget(gpu_check):
@@ -131,6 +216,73 @@ def test_a_step_that_ignores_sigterm_is_killed_after_the_grace(gpu_check):
     assert late and code == -signal.SIGKILL
 
 
+# A builder as torch's: it takes its lock, then builds (here: sleeps); it says whether a lock was there.
+LOCKING_BUILDER = ("import pathlib, sys, time; lock = pathlib.Path(sys.argv[1]); "
+                   "print('stale' if lock.exists() else 'fresh', flush=True); lock.parent.mkdir(parents=True, "
+                   "exist_ok=True); lock.write_text(''); print('building', flush=True); time.sleep(600)")
+
+
+def test_a_background_build_clears_a_stale_lock_first_and_its_own_when_stopped(gpu_check, tmp_path):
+    """torch's extension builder holds a lock file while it builds; one left by a builder stopped
+    early makes every later build wait forever. A stale one goes before the build starts, and one
+    left by a build gpu-check stops goes once the builder is gone."""
+    extensions = tmp_path / "extensions"
+    stale = extensions / "py312_cu130" / "fused_adam" / "lock"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("")
+    log = tmp_path / "build.log"
+    build = gpu_check.BackgroundBuild([sys.executable, "-c", LOCKING_BUILDER, str(stale)], dict(os.environ), log,
+                                      extensions)
+    while "building" not in log.read_text():  # the moment the builder has taken its lock
+        assert build.state() == "running", log.read_text()
+        time.sleep(0.05)
+    assert log.read_text().startswith("fresh") and stale.exists() and build.state() == "running"
+    build.stop()
+    assert not stale.exists() and build.state() == "failed"
+
+
+def test_a_finished_build_says_so_with_deepspeeds_own_seconds(gpu_check, tmp_path):
+    script = "print('Time to load fused_adam op: 61.5 seconds')"
+    build = gpu_check.BackgroundBuild([sys.executable, "-c", script], dict(os.environ), tmp_path / "log",
+                                      tmp_path / "extensions")
+    build.process.wait()
+    assert build.state() == "built" and build.seconds_taken() == 61.5
+    failing = gpu_check.BackgroundBuild([sys.executable, "-c", "raise SystemExit('nvcc failed')"], dict(os.environ),
+                                        tmp_path / "failed.log", tmp_path / "extensions")
+    failing.process.wait()
+    assert failing.state() == "failed" and failing.tail() == "nvcc failed"
+
+
+def test_a_rerun_can_use_the_seconds_each_step_and_run_took(gpu_check):
+    comparison = {"rows": [{"impl": "nano", "stage": 2, "duration_s": 27.5}, {"impl": "official", "stage": 2,
+                                                                               "duration_s": 41.0}]}
+    report = gpu_check.timings({"gpu-tests": 38.24, "three-way": 212.0}, {"three-way": comparison})
+    assert report["steps"]["gpu-tests"] == {"measured_s": 38.2, "estimate_s": gpu_check.ESTIMATE_S["gpu-tests"]}
+    assert report["runs"] == {"three-way": {"nano s2": 27.5, "official s2": 41.0}}
+
+
+def test_the_gpu_tests_stop_at_once_where_zero_labs_dependencies_are_missing(tmp_path):
+    """Issue 31: `pytest -m gpu` on a machine without pydantic failed at collection, an ImportError
+    per test module. The suite's conftest stops first with one line naming what is missing and
+    gpu-check, which installs it (here pydantic is made unimportable, as on the bare machine)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from conftest import missing_dependencies
+
+    assert missing_dependencies(lambda name: None if name in ("pydantic", "hjson") else object()) == ["pydantic", "hjson"]
+    assert missing_dependencies() == []
+
+
+@pytest.mark.slow  # a pytest of its own (torch's import)
+def test_pytest_without_pydantic_says_what_to_run_in_one_line(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text('import sys\nsys.modules["pydantic"] = None  # as if not installed\n')
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/gpu"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])})
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "ERROR: this Python lacks pydantic" in done.stderr and "make gpu-check" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+
+
 def test_each_line_of_a_three_way_table_gets_its_own_impls_largest_loss_delta(gpu_check):
     """Three impls make three deltas per cell: a line shows the largest it takes part in."""
     rows = [{"world_size": 1, "stage": 3, "impl": impl, "status": "ok"} for impl in ("nano", "official", "fsdp2")]
@@ -153,5 +305,14 @@ def test_the_compact_table_has_a_line_per_run_with_its_optimizer(gpu_check):
                                                                    "max_step_loss_delta": 0.0125}]}])
     lines = table.splitlines()
     assert "optimizer" in lines[0] and "max loss delta" in lines[0] and "predicted peak MB" in lines[0]
+    assert lines[0].endswith("| predicted host MB |")
     assert len(lines) == 4 and "PartitionedAdam" in lines[2] and "torch.optim.AdamW" in lines[3]
     assert all("0.0125" in line and "3400.0" in line and "-2.9" in line for line in lines[2:])
+
+
+def test_docs_cli_shows_the_plan_as_the_dry_run_prints_it(gpu_check):
+    doc = (REPO / "docs" / "cli.md").read_text()
+    section = doc[doc.index("The plan, as `--dry-run` prints it"):]
+    start = section.index("```\n") + 4
+    block = section[start:section.index("\n```", start)]
+    assert block.splitlines() == gpu_check.budget_lines(gpu_check.plan("python3", "1"), True, True, gpu_check.BUDGET_S)

@@ -99,15 +99,13 @@ def test_under_the_limit_runs_within_ten_percent_warns_and_force_goes_on(tmp_pat
 def test_on_a_cuda_machine_each_rank_has_a_gpu_of_its_own_and_the_least_free_one_counts(monkeypatch):
     """estimate on a (pretend) two-GPU machine: per rank against the fuller GPU's free memory, so
     world size 2 fits where on CPU its two ranks would share one memory and not."""
-    import torch
-
     from zero_lab.cli import estimate_cmd
 
-    free = {0: 80 * 2**20, 1: 50 * 2**20}
+    from zero_lab.cli import preflight
+
+    free = [80 * 2**20, 50 * 2**20]
     monkeypatch.setattr(estimate_cmd, "cuda_devices", lambda: ["GPU 0", "GPU 1"])
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (free[index], 96 * 2**30))
+    monkeypatch.setattr(preflight, "free_gpu_bytes", lambda: free)
     arguments = ["estimate", "--model", "tiny", "--gpus", "1,2", "--stages", "2", "--dtype", "float32", "--format", "json"]
     payload = json.loads(invoke(*arguments).stdout)
     assert payload["memory_offered"] == "50 MB (free memory of a GPU)"
@@ -139,3 +137,25 @@ def test_the_knobs_the_refusal_names_are_flags_and_checkpointing_lowers_the_pred
         assert not missing, (command, missing)  # compare's --stages for --stage
     plain = predicted()
     assert predicted("--gradient-checkpointing") < plain < predicted("--attn-impl", "eager")
+
+
+def test_the_gpus_free_memory_is_asked_in_a_child_process_that_takes_its_contexts_along():
+    """Issue 31: asking each GPU its free memory in the CLI's own process made a CUDA context on
+    every GPU for the whole comparison. A child asks instead; here its real answer (no GPU: empty)
+    and what its printed answer becomes; a child that fails offers no figure."""
+    import subprocess
+    import sys
+
+    from zero_lab.cli import preflight
+
+    assert preflight.free_gpu_bytes() == []  # the real child, on this machine without a GPU
+    asked = []
+
+    def child(command, **kwargs):
+        asked.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout="[85899345920, 42949672960]\n", stderr="")
+
+    assert preflight.free_gpu_bytes(child) == [80 * 2**30, 40 * 2**30]
+    assert asked[0][:2] == [sys.executable, "-c"] and "mem_get_info" in asked[0][2]
+    failed = lambda command, **kwargs: subprocess.CompletedProcess(command, 1, stdout="", stderr="CUDA error")
+    assert preflight.free_gpu_bytes(failed) == []

@@ -53,7 +53,7 @@ def test_offload_accumulation_clipping_optimizer_and_schedule_are_mapped():
     assert plan.cpu_offload and not plan.pin_memory
     assert (plan.gradient_accumulation_steps, plan.gradient_clipping) == (3, 0.5)
     assert plan.optimizer == "AdamW"
-    assert plan.optimizer_params == {"lr": 0.1, "betas": (0.8, 0.9), "eps": 1e-6, "weight_decay": 0.2}
+    assert plan.optimizer_params == {"lr": 0.1, "betas": (0.8, 0.9), "eps": 1e-6, "weight_decay": 0.2, "fused": True}
     assert plan.scheduler == ("WarmupLR", {"warmup_num_steps": 4})
     assert map_config(config(optimizer={"type": "Adam", "params": {"adam_w_mode": False}})).optimizer == "Adam"
 

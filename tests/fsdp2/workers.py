@@ -14,7 +14,7 @@ import torch
 
 import zero_lab.fsdp2 as fsdp2
 import zero_lab.nano as nano
-from zero_lab.fsdp2.memory_formula import layout_bytes, moment_bytes
+from zero_lab.fsdp2.memory_formula import layout_bytes, moment_bytes, step_temporary_bytes
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.memory_meter import LiveStorageTracker
 from tests.backend_holding import backend_holding_collective_tensors
@@ -85,9 +85,25 @@ def live_bytes(tracker: LiveStorageTracker) -> int:
     return tracker.live_bytes
 
 
+def hold_optimizer_step(engine, tracker: LiveStorageTracker, measured: dict) -> None:
+    """Make the engine's optimizer step record, as measured["optimizer_step"], the most bytes it
+    held beyond what was alive when it began."""
+    inner_step = engine.optimizer.step
+
+    def step(*args, **kwargs):
+        before = live_bytes(tracker)
+        tracker.reset_peak()
+        result = inner_step(*args, **kwargs)
+        measured["optimizer_step"] = tracker.peak_bytes - before
+        return result
+
+    engine.optimizer.step = step
+
+
 def memory_worker(rank: int, world_size: int) -> list[str]:
     """Bytes alive after the backward and between steps equal FSDP2's formula exactly, on every
-    rank, fp32 and bf16, stages 2 and 3 (the tracker counts a DTensor as its local shard)."""
+    rank, fp32 and bf16, stages 2 and 3 (the tracker counts a DTensor as its local shard); its
+    fused torch.optim step holds nothing beyond them (`step_temporary_bytes`)."""
     failures = []
     for precision, stage in itertools.product(("fp32", "bf16"), (2, 3)):
         tracker = LiveStorageTracker("cpu")
@@ -100,12 +116,18 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             shapes = [tuple(parameter.shape) for parameter in model.parameters()]
             engine, _, _, _ = fsdp2.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
                                                config=nano_config(stage, precision=precision))
-            measured = {}
+            measured, temporaries = {}, {}
+            hold_optimizer_step(engine, tracker, temporaries)
             for step in range(2):  # Adam's states exist from the first step on: measure the second
                 engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE)))
                 measured["backward"] = live_bytes(tracker)
                 engine.step()
             measured["between_steps"] = live_bytes(tracker)
+        groups = [[tuple(parameter.shape) for parameter in group["params"]] for group in engine.optimizer.param_groups]
+        expected_temporaries = step_temporary_bytes(groups, world_size, "fused", rank)
+        if temporaries["optimizer_step"] != expected_temporaries:
+            failures.append(f"rank {rank} ws {world_size} {precision} stage {stage}: the optimizer step held "
+                            f"{temporaries['optimizer_step']} bytes beyond the states, formula {expected_temporaries}")
         for moment, live in measured.items():
             expected = moment_bytes(shapes, world_size, moment, rank)
             # Right after the backward gloo's finished reduce-scatter work may still hold its input,

@@ -203,6 +203,27 @@ def test_memory_through_a_step_nano(train_module, one_process, capsys, stage):
     assert abs(error_percent(prediction.peak / MB, steps[-1]["peak_alloc_max_mb"])) < 15
 
 
+def test_an_offloaded_runs_peak_is_predicted_per_place(train_module, one_process, capsys):
+    """nano, stage 2, optimizer offloaded, fp32, one rank on CPU. The prediction splits each moment
+    into the device's bytes and the host's (issue 31: on CUDA the offload rows set a prediction of
+    both beside a measurement of the device alone). The CPU tracker sees every tensor, so the two
+    places together are what it measures; after the step, nano's own count of what it holds in
+    each place is the formula's for that place."""
+    from zero_lab.analysis.activation_memory import decoder_shape
+    from zero_lab.analysis.peak_memory import Offload, error_percent, model_states_by_place_at, predict_run_peak
+    from zero_lab.workload.log_lines import MB
+
+    assert train_module.main(["--impl", "nano", *PHASE_RUN, "--zero-stage", "2", "--offload", "optimizer"]) == 0
+    steps, _, model, zero = phase_lines(capsys.readouterr().out)
+    prediction = predict_run_peak(model, zero, 2, "fp32", 1)
+    assert prediction.peak_seen_on("cpu") == prediction.peak > prediction.peak_seen_on("cuda") == prediction.peak_in("device")
+    assert abs(error_percent(prediction.peak_seen_on("cpu") / MB, steps[-1]["peak_alloc_max_mb"])) < 15
+    placed = model_states_by_place_at("between_steps", 2, "fp32", 1, decoder_shape("tiny"), offload=Offload(optimizer=True))
+    assert steps[-1]["states_device_mb"] == pytest.approx(placed["device"] / MB, abs=1e-4)
+    assert steps[-1]["states_host_mb"] == pytest.approx(placed["host"] / MB, abs=1e-4)
+    assert prediction.places["optimizer_step"]["host"] == placed["host"] + 4 * model["params"]  # + the gradient partition
+
+
 @pytest.mark.official
 def test_memory_through_a_step_official(train_module, one_process, capsys):
     """Official DeepSpeed's samples: live and peak bytes, no categories (its memory_breakdown is a flag)."""

@@ -30,11 +30,37 @@ def test_the_size_asked_is_read_from_cuda_and_cpu_messages():
     assert requested_bytes("something else") is None
 
 
+# CUDA's own refusal outside the caching allocator (a pinned host allocation), as torch raises it
+CUDA_ERROR_TEXT = ("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other "
+                   "API call, so the stacktrace below might be incorrect.\nFor debugging consider passing "
+                   "CUDA_LAUNCH_BLOCKING=1")
+# NCCL failing to allocate its buffers, as ProcessGroupNCCL raises it
+NCCL_TEXT = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error "
+             "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5\nncclUnhandledCudaError: Call to CUDA "
+             "function failed.\nLast error:\nCuda failure 2 'out of memory'")
+NCCL_OTHER_TEXT = ("NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited or there was a network error, "
+                   "NCCL version 2.27.5\nncclRemoteError: A call failed possibly due to a network error")
+
+
 def test_which_errors_are_out_of_memory():
     assert is_out_of_memory(torch.OutOfMemoryError(CUDA_TEXT))
     assert is_out_of_memory(the_cpu_allocators_refusal())
     assert is_out_of_memory(MemoryError())
     assert not is_out_of_memory(RuntimeError("shape mismatch")) and not is_out_of_memory(ValueError("x"))
+
+
+def test_cuda_and_nccl_refusals_outside_the_caching_allocator_are_out_of_memory():
+    """Issue 31: "CUDA error: out of memory" (torch 2.8+ raises it as AcceleratorError, earlier as a
+    plain RuntimeError), NCCL's DistBackendError, cuBLAS failing to allocate its handle; an NCCL
+    error that is not about memory stays a failure of another kind."""
+    assert is_out_of_memory(RuntimeError(CUDA_ERROR_TEXT))
+    if hasattr(torch, "AcceleratorError"):
+        assert is_out_of_memory(torch.AcceleratorError(CUDA_ERROR_TEXT))
+    assert is_out_of_memory(torch.distributed.DistBackendError(NCCL_TEXT))
+    assert is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert not is_out_of_memory(torch.distributed.DistBackendError(NCCL_OTHER_TEXT))
+    line = out_of_memory_line(0, Phase.FORWARD, NCCL_TEXT, AllocatorFigures(GB, 2 * GB, 4 * GB, None))
+    assert line == f"{MESSAGE_PREFIX} rank 0 in forward: tried to allocate ?; allocated 1.0 GB, reserved 2.0 GB of 4.0 GB"
 
 
 def test_the_line_on_cuda_names_rank_phase_and_allocator_figures():

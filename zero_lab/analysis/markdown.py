@@ -126,7 +126,7 @@ def verdict_lines(verdict: dict) -> list[str]:
     if verdict.get("resume_exact") is not None:
         lines[0] += f"; exact resume: {'yes' if verdict['resume_exact'] else 'NO'}"
     problems = (verdict["failed_runs"] + verdict["loss_parity_failures"] + verdict["memory_regressions"]
-                + verdict.get("resume_failures", []))
+                + verdict.get("resume_failures", []) + verdict.get("not_run", []))
     return lines + [f"- {problem}" for problem in problems]
 
 
@@ -207,7 +207,7 @@ def impls_table(rows: list[dict], against: list[dict], pairs: list[dict]) -> tup
 def failure_section(rows: list[dict]) -> str:
     parts = []
     for row in rows:
-        if row["status"] == "ok":
+        if row["status"] in ("ok", "not_run"):  # a cell that never started has no logs; the verdict says why
             continue
         parts.append(
             f"#### world size {row['world_size']}, stage {row['stage']}, {row['impl']}: {row['status']}"
@@ -249,13 +249,18 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
     return "\n".join(out)
 
 
+def status_text(row: dict) -> str:
+    """A run's status in a table; a cell that never started says why ("needs 2 GPUs (1 visible)")."""
+    return row["error"] if row["status"] == "not_run" else row["status"]
+
+
 def run_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """A line per run, for the console and the report; with runs split into nodes, the intra- and
     inter-node wire bytes after the wire bytes they split."""
     nodes = NODE_COLUMNS if split_into_nodes(rows) else ()
     headers = ["world size", "stage", "impl", "optimizer", "status", "steps", "last loss", "alloc MB", "peak alloc MB",
                "step ms", "comm MB / step", "wire MB / step", *(label for label, _ in nodes)]
-    body = [[str(r["world_size"]), str(r["stage"]), r["impl"], r.get("optimizer") or "-", r["status"], fmt(r.get("steps")),
+    body = [[str(r["world_size"]), str(r["stage"]), r["impl"], r.get("optimizer") or "-", status_text(r), fmt(r.get("steps")),
              fmt(r.get("loss_last"), 6), fmt(r.get("alloc_max_mb")), fmt(r.get("peak_alloc_max_mb")),
              fmt(r.get("step_ms")), fmt(r.get("comm_mb"), 2), fmt(r.get("comm_wire_mb"), 2),
              *(fmt(r.get(name), 2) for _, name in nodes)] for r in rows]

@@ -6,7 +6,9 @@ The numbers they judge (per-run summaries, deltas, per-step loss gaps) are compu
     `loss_parity`: a cell's losses agree when its largest per-step gap is within the tolerance;
     `memory_regressions`: the memory figures whose increase over the baseline exceeds the gate;
     `verdict`: the gates together: 3 a run failed, 1 a gate failed, 0 fine; an interruption (with
-               the exit code the command ends with: `signals.interrupted_exit_code`) overrides them all.
+               the exit code the command ends with: `signals.interrupted_exit_code`) overrides them all;
+               a cell that never started (`not_run`: its world size needs more GPUs than are
+               visible) fails nothing and is listed.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ def verdict(
         f"world_size={row['world_size']} stage={row['stage']} impl={row['impl']}: {row['status']}"
         + (" (out of memory)" if row.get("failure") == "out_of_memory" else "")
         for row in rows
-        if row["status"] not in ("ok", "interrupted")
+        if row["status"] not in ("ok", "interrupted", "not_run")
     ]
+    # cells that never started (more GPUs than visible): said, not failed
+    not_run = [f"world_size={row['world_size']} stage={row['stage']} impl={row['impl']}: not run, {row['error']}"
+               for row in rows if row["status"] == "not_run"]
     parity_failures = [
         f"world_size={d['world_size']} stage={d['stage']} ({d['impl']} vs {d['baseline']}): max step loss delta "
         f"{d['max_step_loss_delta']} > {loss_tol}"
@@ -89,6 +94,7 @@ def verdict(
         "memory_regressions": regressions,
         "resume_exact": None if resumes is None else not resume_failures,
         "resume_failures": resume_failures,
+        **({"not_run": not_run} if not_run else {}),
     }
 
 

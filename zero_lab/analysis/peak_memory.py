@@ -35,6 +35,13 @@ beside their partitions (`official_stage3_bytes`).
 At stage 3 both impls gather by official's fetch rules (`zero_lab/nano/fetch_policy.py`): the turn
 holds the root and the layers those rules keep whole after the forward (`layers_whole_after_forward`,
 from the run's `stage3_*` keys; the harness's small models with the default prefetch: every layer).
+
+Each moment's bytes are split by place: the device's and the host's. Offload (`Offload`) moves the
+optimizer's tensors (fp32 master and gradient partitions, Adam's states; official's fp32 partition
+copies too) and, with `offload_param` at stage 3, the parameter partitions to the host; activations,
+buckets and gathered parameters stay on the device. A meter on CPU sees both places (every tensor is
+a CPU tensor), the caching allocator on CUDA only the device: `PeakPrediction.peak_seen_on` gives
+the figure to set beside each, so an offload run on a GPU is not judged against the host's bytes.
 """
 
 from __future__ import annotations
@@ -45,17 +52,53 @@ from zero_lab.analysis.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32
                                                 activation_bytes, decoder_shape)
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.fetch_policy import FetchRules, MicroStep, TracedUse, simulate_micro_step
-from zero_lab.nano.memory_formula import model_state_bytes
+from zero_lab.nano.memory_formula import model_state_bytes, model_state_bytes_by_place
 
 DEEPSPEED_FETCH_RULES = FetchRules(50_000_000, 1_000_000_000, 1_000_000_000)  # its stage3_* defaults
 
 
+PLACES = ("device", "host")
+
+
+@dataclass(frozen=True)
+class Offload:
+    """What a run's config moves to the host: `offload_optimizer` (stages 1-3), `offload_param` (stage 3)."""
+
+    optimizer: bool = False
+    parameters: bool = False
+
+    @property
+    def optimizer_place(self) -> str:
+        return "host" if self.optimizer else "device"
+
+    def flags(self) -> dict[str, bool]:
+        """As `memory_formula.model_state_bytes_by_place` takes them."""
+        return {"offload_optimizer": self.optimizer, "offload_parameters": self.parameters}
+
+
+NO_OFFLOAD = Offload()
+
+
+def placed(device: int = 0, host: int = 0) -> dict[str, int]:
+    return {"device": device, "host": host}
+
+
+def added(*figures: dict[str, int]) -> dict[str, int]:
+    """Place by place, the sum of several {"device": bytes, "host": bytes}."""
+    return {place: sum(figure[place] for figure in figures) for place in PLACES}
+
+
 @dataclass(frozen=True)
 class PeakPrediction:
-    """Predicted bytes per rank at each moment of a step, and the peak among them."""
+    """Predicted bytes per rank at each moment of a step, per place, and the peaks among them."""
 
-    moments: dict[str, int]
+    places: dict[str, dict[str, int]]  # moment -> {"device": bytes, "host": bytes}
     activations: int  # saved for the backward (what `turn` adds to the model states, with the loss's temporaries)
+
+    @property
+    def moments(self) -> dict[str, int]:
+        """Each moment's bytes in one memory, device and host together, as a CPU run holds them."""
+        return {moment: sum(figures.values()) for moment, figures in self.places.items()}
 
     @property
     def moment(self) -> str:
@@ -64,6 +107,15 @@ class PeakPrediction:
     @property
     def peak(self) -> int:
         return self.moments[self.moment]
+
+    def peak_in(self, place: str) -> int:
+        """The most one place holds at any moment (the two places may peak at different moments)."""
+        return max(figures[place] for figures in self.places.values())
+
+    def peak_seen_on(self, device_type: str) -> int:
+        """The peak a run's memory meter on `device_type` measures: CUDA's allocator counts the device
+        alone, the CPU storage tracker every tensor of both places."""
+        return self.peak_in("device") if device_type == "cuda" else self.peak
 
 
 def unit_parameters(shape: DecoderShape) -> tuple[int, int]:
@@ -92,20 +144,29 @@ def layers_whole_after_forward(shape: DecoderShape, rules: FetchRules) -> int:
     return len(decoder_micro_step(shape, rules).whole_after_forward - {"root"})
 
 
-def model_states_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape,
-                    rules: FetchRules = DEEPSPEED_FETCH_RULES) -> int:
-    """Model-state bytes per rank at one of nano's moments (at stage 3 the root, and the layers the
-    fetch rules keep, gathered in the forward)."""
+def model_states_by_place_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape,
+                             rules: FetchRules = DEEPSPEED_FETCH_RULES, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """Model-state bytes per rank and place at one of nano's moments (at stage 3 the root, and the
+    layers the fetch rules keep, gathered in the forward)."""
     layer, root = unit_parameters(shape)
     if stage != 3:
-        figures = model_state_bytes(stage, precision, shape.layers * layer + root, world_size, moment)
-        return sum(figures.values())
-    in_forward = moment == "forward"
-    whole = layers_whole_after_forward(shape, rules) if in_forward else 0
-    figures = [model_state_bytes(3, precision, layer, world_size, moment, sharded=True, gathered=index < whole)
-               for index in range(shape.layers)]
-    figures.append(model_state_bytes(3, precision, root, world_size, moment, sharded=True, gathered=in_forward))
-    return sum(sum(figure.values()) for figure in figures)
+        figures = [model_state_bytes_by_place(stage, precision, shape.layers * layer + root, world_size, moment,
+                                              **offload.flags())]
+    else:
+        in_forward = moment == "forward"
+        whole = layers_whole_after_forward(shape, rules) if in_forward else 0
+        figures = [model_state_bytes_by_place(3, precision, layer, world_size, moment, sharded=True,
+                                              gathered=index < whole, **offload.flags())
+                   for index in range(shape.layers)]
+        figures.append(model_state_bytes_by_place(3, precision, root, world_size, moment, sharded=True,
+                                                  gathered=in_forward, **offload.flags()))
+    return {place: sum(sum(figure[place].values()) for figure in figures) for place in PLACES}
+
+
+def model_states_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape,
+                    rules: FetchRules = DEEPSPEED_FETCH_RULES, offload: Offload = NO_OFFLOAD) -> int:
+    """`model_states_by_place_at`, both places together."""
+    return sum(model_states_by_place_at(moment, stage, precision, world_size, shape, rules, offload).values())
 
 
 def first_bucket_bytes(shape: DecoderShape, stage: int, reduce_bucket_size: int | None, precision: str) -> int:
@@ -118,26 +179,30 @@ def first_bucket_bytes(shape: DecoderShape, stage: int, reduce_bucket_size: int 
 
 
 def boundary_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int, reduce_bucket_size: int | None,
-                   communication_precision: str) -> int:
-    """nano's stages 0/1 at the optimizer step's first bucket: full gradients, the gradient partition, a bucket."""
+                   communication_precision: str, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """nano's stages 0/1 at the optimizer step's first bucket, per place: full gradients, the
+    gradient partition (with the optimizer's tensors), a bucket (on the device)."""
     layer, root = unit_parameters(shape)
     numel = shape.layers * layer + root
     partition = model_state_bytes(stage, precision, numel, world_size, "step")["gradient_partition"]
-    in_place = (stage == 0 or world_size == 1) and communication_precision == "fp32"  # one partition
+    # one partition on the device: the bucket is packed in place
+    in_place = (stage == 0 or world_size == 1) and communication_precision == "fp32" and not offload.optimizer
     bucket = 0 if in_place else min(reduce_bucket_size or numel, numel) * BYTES_OF_PRECISION[communication_precision]
-    return model_states_at("backward", stage, precision, world_size, shape) + partition + bucket
+    return added(model_states_by_place_at("backward", stage, precision, world_size, shape, offload=offload),
+                 placed(**{offload.optimizer_place: partition}), placed(device=bucket))
 
 
 def official_turn_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int,
-                        reduce_bucket_size: int | None) -> int:
-    """What official DeepSpeed holds at the turn beyond nano's model states, stages 1-2 (module docstring)."""
+                        reduce_bucket_size: int | None, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """What official DeepSpeed holds at the turn beyond nano's model states, stages 1-2 (module
+    docstring), per place: its fp32 partition copy with the optimizer, the staging buffer on the device."""
     if stage not in (1, 2):
-        return 0
+        return placed()
     layer, root = unit_parameters(shape)
     numel = shape.layers * layer + root
     master_copy = model_state_bytes(stage, "bf16", numel, world_size)["fp32_master_partition"] if precision == "fp32" else 0
     staging_width = FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision]
-    return master_copy + (reduce_bucket_size or 0) * staging_width
+    return added(placed(**{offload.optimizer_place: master_copy}), placed(device=(reduce_bucket_size or 0) * staging_width))
 
 
 def layer_parameter_sizes(shape: DecoderShape) -> list[int]:
@@ -149,7 +214,8 @@ def layer_parameter_sizes(shape: DecoderShape) -> list[int]:
 
 def official_stage3_bytes(shape: DecoderShape, precision: str, world_size: int, moment: str,
                           reduce_bucket_size: int | None, persistence_threshold: int,
-                          communication_precision: str, rules: FetchRules) -> int:
+                          communication_precision: str, rules: FetchRules,
+                          offload: Offload = NO_OFFLOAD) -> dict[str, int]:
     """What official DeepSpeed's stage 3 (0.19) holds beyond nano's model states at a moment:
     - from initialization on (`stage3.py`): the fp32 gradient partitions (nano's exist from the
       first gradient on); the reduce bucket, `reduce_bucket_size` elements in the communication
@@ -160,7 +226,9 @@ def official_stage3_bytes(shape: DecoderShape, precision: str, world_size: int, 
     - in the forward (`partition_parameters.py`, `AllGatherCoalescedHandle`): a prefetch lands in
       one flat buffer that every parameter is then copied out of; the buffer lives until the last
       of those parameters is used, near the end of the forward, so the turn holds the largest
-      prefetch twice."""
+      prefetch twice.
+    Per place: the gradient partitions and the fp32 `.grad` buffer are the optimizer's (on the host
+    with `offload_optimizer`), the rest on the device."""
     layer, root = unit_parameters(shape)
     numel = shape.layers * layer + root
     width = BYTES_OF_PRECISION[precision]
@@ -171,10 +239,10 @@ def official_stage3_bytes(shape: DecoderShape, precision: str, world_size: int, 
     persistent = (shape.layers * sum(size for size in sizes if size <= persistence_threshold)
                   + (shape.hidden_size if shape.hidden_size <= persistence_threshold else 0))
     prefetched = decoder_micro_step(shape, rules).largest_prefetch if moment == "forward" else 0
-    return ((gradient_partition if moment == "forward" else 0)
-            + (reduce_bucket_size or 0) * BYTES_OF_PRECISION[communication_precision]
-            + -(-matrices // world_size) * FP32_BYTES
-            + persistent * width + prefetched * width)
+    optimizers = (gradient_partition if moment == "forward" else 0) + -(-matrices // world_size) * FP32_BYTES
+    on_device = ((reduce_bucket_size or 0) * BYTES_OF_PRECISION[communication_precision]
+                 + persistent * width + prefetched * width)
+    return added(placed(**{offload.optimizer_place: optimizers}), placed(device=on_device))
 
 
 def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: int, seq_len: int, micro_batch: int,
@@ -182,42 +250,44 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
                  accumulation: int = 1, reduce_bucket_size: int | None = None,
                  communication_precision: str | None = None, impl: str = "nano",
                  fetch_rules: FetchRules = DEEPSPEED_FETCH_RULES,
-                 persistence_threshold: int = 100_000) -> PeakPrediction | None:
-    """Phases 1-2 for one rank of a run. With gradient accumulation the last micro-step's forward
-    runs beside the gradients the earlier ones left (nano's "backward" moment). At stage 3
-    `fetch_rules` decide which layers are gathered at the turn (both impls follow official's
-    rules). None for an impl other than nano and official."""
+                 persistence_threshold: int = 100_000, offload: Offload = NO_OFFLOAD) -> PeakPrediction | None:
+    """Phases 1-2 for one rank of a run, per place. With gradient accumulation the last
+    micro-step's forward runs beside the gradients the earlier ones left (nano's "backward"
+    moment). At stage 3 `fetch_rules` decide which layers are gathered at the turn (both impls
+    follow official's rules). Activations and buckets are on the device. None for an impl other
+    than nano and official."""
     if impl not in ("nano", "official"):
         return None
     activations = activation_bytes(shape, seq_len, micro_batch, precision, attention, gradient_checkpointing)
     communication = communication_precision or precision
 
-    def states(moment: str) -> int:
-        held = model_states_at(moment, stage, precision, world_size, shape, fetch_rules)
+    def states(moment: str) -> dict[str, int]:
+        held = model_states_by_place_at(moment, stage, precision, world_size, shape, fetch_rules, offload)
         if impl == "official" and stage == 3:
-            held += official_stage3_bytes(shape, precision, world_size, moment, reduce_bucket_size,
-                                          persistence_threshold, communication, fetch_rules)
+            held = added(held, official_stage3_bytes(shape, precision, world_size, moment, reduce_bucket_size,
+                                                     persistence_threshold, communication, fetch_rules, offload))
         return held
 
-    turn = states("forward" if accumulation == 1 else "backward") + activations.saved
+    turn = added(states("forward" if accumulation == 1 else "backward"), placed(device=activations.saved))
     if impl == "nano":
-        turn += first_bucket_bytes(shape, stage, reduce_bucket_size, communication)
+        turn = added(turn, placed(device=first_bucket_bytes(shape, stage, reduce_bucket_size, communication)))
     else:
-        turn += official_turn_bytes(shape, stage, precision, world_size, reduce_bucket_size)
-    moments = {"turn": turn + activations.loss_transient,
-               "end_of_backward": states("backward"),
-               "optimizer_step": states("step")}
+        turn = added(turn, official_turn_bytes(shape, stage, precision, world_size, reduce_bucket_size, offload))
+    places = {"turn": added(turn, placed(device=activations.loss_transient)),
+              "end_of_backward": states("backward"),
+              "optimizer_step": states("step")}
     if gradient_checkpointing:
-        moments["recompute"] = turn + activations.recompute
+        places["recompute"] = added(turn, placed(device=activations.recompute))
     if impl == "nano" and stage in (0, 1):
-        moments["boundary"] = boundary_bytes(shape, stage, precision, world_size, reduce_bucket_size, communication)
-    return PeakPrediction(moments=moments, activations=activations.saved)
+        places["boundary"] = boundary_bytes(shape, stage, precision, world_size, reduce_bucket_size, communication,
+                                            offload)
+    return PeakPrediction(places=places, activations=activations.saved)
 
 
 def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_size: int) -> PeakPrediction | None:
     """The prediction for a run of the impl its `[zero]` line names, from its `[model]` and `[zero]`
-    lines (docs/log-format.md); None when the model's architecture cannot be read here, the lines
-    lack a figure, or the impl is neither nano nor official."""
+    lines (docs/log-format.md), its offload too; None when the model's architecture cannot be read
+    here, the lines lack a figure, or the impl is neither nano nor official."""
     try:
         shape = decoder_shape(str(model.get("name")))
     except ValueError:
@@ -240,7 +310,8 @@ def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_
                         model.get("gradient_checkpointing") is True, int(zero.get("gradient_accumulation_steps") or 1),
                         bucket if isinstance(bucket, int) else None,
                         communication if communication in BYTES_OF_PRECISION else None, str(zero.get("impl", "nano")),
-                        rules, stage3_key("param_persistence_threshold", 100_000))
+                        rules, stage3_key("param_persistence_threshold", 100_000),
+                        Offload(zero.get("offload_optimizer") == "cpu", zero.get("offload_param") == "cpu"))
 
 
 def error_percent(predicted: float | None, measured: float | None) -> float | None:

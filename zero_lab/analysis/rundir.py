@@ -215,7 +215,9 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
     precision = PRECISION_OF_DTYPE_NAME.get(dtype, dtype)
     prediction = predict_run_peak(parsed.model, parsed.zero, stage, precision, int(world_size))
     measured = summarize_run(parsed)
-    predicted_peak_mb = prediction.peak / MB if prediction else None
+    # like with like: on CUDA the allocator measures the device alone, on CPU every tensor
+    device_type = str(parsed.model.get("device") or "cpu")
+    predicted_peak_mb = prediction.peak_seen_on(device_type) / MB if prediction else None
     elsewhere = parsed.rank.get("global_rank") not in (None, 0, 0.0)
     return {
         "world_size": int(world_size),
@@ -228,6 +230,8 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
         **measured,
         "predicted_peak_mb": predicted_peak_mb,
         "peak_error_pct": error_percent(predicted_peak_mb, measured["peak_alloc_max_mb"]),
+        # the host's share of the prediction (offload): inside predicted_peak_mb on CPU, beside it on CUDA
+        "predicted_host_peak_mb": prediction.peak_in("host") / MB if prediction else None,
         "exit_code": exit_code,
         **(failure if status in ("failed", "bad_input") else {"failed_rank": None, "rank_exit_code": None}),
         "interrupted_by": interrupted_by,
@@ -254,6 +258,12 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
         "phases": last_step_phases(parsed.phases),
         "losses": {str(step): loss for step, loss in parsed.losses().items()},
     }
+
+
+def not_run_summary(world_size: int, stage: int, impl: str, reason: str) -> dict:
+    """The row of a cell that never started, and why (`compare --gpus` beyond the visible GPUs):
+    status `not_run`, no steps, the reason as its error."""
+    return {"world_size": world_size, "stage": stage, "impl": impl, "status": "not_run", "error": reason, "steps": 0}
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:

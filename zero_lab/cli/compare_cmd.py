@@ -6,7 +6,9 @@
     zero-lab compare --script examples/hf_trainer.py --gpus 2 --device cpu --stages 2,3 -- --max-steps 8
 
 Phase 1: check every input and prepare every run before the first launch; the preflight refuses
-         cells predicted not to fit in memory (zero_lab.cli.preflight).
+         cells predicted not to fit in memory (zero_lab.cli.preflight). On CUDA a world size
+         beyond the visible GPUs is not run: one `note:` line says so, and its cells are rows
+         marked "needs N GPUs" (status not_run) beside the cells that ran.
 Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed one not stopping
          the others; with --resume-check, per cell a run that saves halfway and one that resumes.
          With --script each cell runs the user's script instead of the harness, given the cell's
@@ -83,6 +85,10 @@ def compare(
     if resume_check and "fsdp2" in impl_list:
         raise BadInput("--resume-check saves DeepSpeed checkpoints, which are not part of --impl fsdp2",
                        "drop --resume-check, or drop fsdp2 from --impls")
+    world_sizes, lacking_gpus = jobs.split_by_visible_gpus(shared, world_sizes)
+    for size, reason in lacking_gpus.items():
+        output.stderr.print(f"note: --gpus {size} {reason}: its cells are not run, and marked so", markup=False,
+                            highlight=False)
     jobs.check(shared, impl_list, world_sizes)
     impl_list = jobs.impls_that_can_run(shared, impl_list)
     with input_checks.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
@@ -108,6 +114,7 @@ def compare(
         resumed, interrupted_by = ([], interrupted_by) if interrupted_by or not resumes else jobs.run_jobs(resumes, env)
         if interrupted_by and not rundir.holds_a_run(compare_dir):  # stopped before the first launch
             raise typer.Exit(exit_code_of(summaries, interrupted_by))
+        summaries += jobs.not_run(shared, lacking_gpus, stage_list, impl_list)
     # Phase 3
     from zero_lab.analysis.comparison import build_comparison  # pandas: once the runs have ended
 

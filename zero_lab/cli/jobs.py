@@ -64,6 +64,27 @@ def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> N
     input_checks.check_workload(shared.workload, shared.device, impls, model_and_data=shared.script is None)
 
 
+def split_by_visible_gpus(shared: SharedSettings, world_sizes: list[int]) -> tuple[list[int], dict[int, str]]:
+    """On CUDA, the world sizes each of whose ranks on this node has a visible GPU, and for the
+    others why not ("needs 2 GPUs (1 visible)"); on CPU every one. When no world size has its
+    GPUs, all come back, for `check` to refuse them in one line."""
+    if shared.device != "cuda":
+        return world_sizes, {}
+    from zero_lab.cli.environment import cuda_devices
+
+    visible = len(cuda_devices())
+    lacking = {size: f"needs {size} GPUs ({visible} visible)" for size in world_sizes if size > visible}
+    if len(lacking) == len(world_sizes):
+        return world_sizes, {}
+    return [size for size in world_sizes if size not in lacking], lacking
+
+
+def not_run(shared: SharedSettings, lacking: dict[int, str], stages: list[int], impls: list[str]) -> list[dict]:
+    """A row for every cell of the world sizes `split_by_visible_gpus` left out, saying why."""
+    return [rundir.not_run_summary(shared.multi_node.world_size(size) or size, stage, impl, reason)
+            for size, reason in lacking.items() for stage in stages for impl in impls]
+
+
 def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: Path, steps: int | None = None,
             note: str | None = None) -> Job:
     """Phase 1 for one run: the config as the harness will build it, validated, and its launch

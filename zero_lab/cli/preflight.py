@@ -2,18 +2,22 @@
 
 Phase 1: `offered_memory`: what the device offers - `--device-memory GB` when given (per GPU on
          CUDA, the host's on CPU), else the least free memory among the visible GPUs
-         (`torch.cuda.mem_get_info`), or on CPU the host's available memory under the tightest of
-         the machine and its container (zero_lab.launch.memory_watch).
+         (`free_gpu_bytes`: `torch.cuda.mem_get_info`, asked in a child process), or on CPU the
+         host's available memory under the tightest of the machine and its container
+         (zero_lab.launch.memory_watch).
 Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its report will carry
          (`peak_memory.predict_run_peak`, from the same `[model]` and `[zero]` fields the harness
-         will log); None where there is none (an unreadable architecture, a user's script).
+         will log, offload included): on CUDA the device's bytes alone (what offload moved to the
+         host is not the GPU's), on CPU every byte; None where there is none (an unreadable
+         architecture, a user's script).
 Phase 3: `check`: the verdict per job (analysis.memory_fit); a tight one is a warning, one that
          will not fit stops the command with exit 2 and the knobs that would help, unless --force.
-         On CUDA with offload there is no verdict: the prediction counts every model state on the device.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 
 from zero_lab.analysis.memory_fit import KNOBS, TIGHT_FRACTION, Fit, fit, fit_line
@@ -24,17 +28,30 @@ from zero_lab.workload.log_lines import MB as MIB, size_text
 GB = 2**30
 
 
+# Run by `free_gpu_bytes` in a child process: asking a GPU its free memory makes a CUDA context on
+# it (hundreds of MB of its memory), which would stay in the CLI's process on every GPU for the
+# whole comparison, beside the runs'. The child's contexts end with it.
+FREE_GPU_BYTES = ("import json, torch; print(json.dumps([torch.cuda.mem_get_info(index)[0] for index in "
+                  "range(torch.cuda.device_count())] if torch.cuda.is_available() else []))")
+
+
+def free_gpu_bytes(run=subprocess.run) -> list[int]:
+    """Free bytes of each GPU this process's torch would see, asked by a child process (empty when
+    it sees none, or the child fails)."""
+    try:
+        done = run([sys.executable, "-c", FREE_GPU_BYTES], capture_output=True, text=True, timeout=300)
+        return [int(free) for free in json.loads(done.stdout.strip().splitlines()[-1])] if done.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return []
+
+
 def offered_memory(device: str, device_memory_gb: float | None) -> tuple[int | None, str]:
     """Phase 1: (bytes one memory offers, where the figure comes from)."""
     if device_memory_gb is not None:
         return int(device_memory_gb * GB), "--device-memory"
     if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            return None, "no CUDA device"
-        return min(torch.cuda.mem_get_info(index)[0] for index in range(torch.cuda.device_count())), \
-            "free memory of a GPU"
+        free = free_gpu_bytes()
+        return (min(free), "free memory of a GPU") if free else (None, "no CUDA device")
     from zero_lab.launch.memory_watch import CGROUP_ROOT, tightest_ceiling
 
     ceiling = tightest_ceiling(0, None, CGROUP_ROOT)
@@ -55,11 +72,13 @@ def predicted_peak(job) -> int | None:
     model = {"name": spec.workload.model, "seq_len": spec.workload.seq_len or DEFAULT_SEQ_LEN,
              "micro_batch": int(job.config["train_micro_batch_size_per_gpu"]), "attn_impl": spec.workload.attn_impl,
              "gradient_checkpointing": spec.workload.gradient_checkpointing}
-    zero = {"impl": spec.impl, "reduce_bucket_size": settings.zero_optimization.reduce_bucket_size,
+    sections = settings.zero_optimization
+    zero = {"impl": spec.impl, "reduce_bucket_size": sections.reduce_bucket_size,
             "communication_data_type": settings.communication_data_type or "auto",
-            "gradient_accumulation_steps": int(job.config.get("gradient_accumulation_steps") or 1)}
+            "gradient_accumulation_steps": int(job.config.get("gradient_accumulation_steps") or 1),
+            "offload_optimizer": sections.offload_optimizer.device, "offload_param": sections.offload_param.device}
     prediction = predict_run_peak(model, zero, spec.stage, PRECISION_OF_DTYPE_NAME[spec.workload.dtype], world_size)
-    return prediction.peak if prediction is not None else None
+    return prediction.peak_seen_on(spec.device) if prediction is not None else None
 
 
 def verdicts(jobs: list, device: str, device_memory_gb: float | None) -> list[tuple[object, Fit, str | None]]:
@@ -67,7 +86,7 @@ def verdicts(jobs: list, device: str, device_memory_gb: float | None) -> list[tu
     offered, offered_name = offered_memory(device, device_memory_gb)
     found = []
     for job in jobs:
-        peak = None if device == "cuda" and job.spec.workload.offload != "none" else predicted_peak(job)
+        peak = predicted_peak(job)
         ranks = 1 if device == "cuda" else job.spec.nproc  # a GPU each, or one host for the node's ranks
         verdict = fit(peak * ranks if peak is not None else None, offered)
         judged = verdict is not Fit.NO_VERDICT

@@ -37,15 +37,18 @@ def exit_code_of(summaries: list[dict], interrupted_by: str | None) -> int | Non
     statuses = {summary["status"] for summary in summaries}
     if "bad_input" in statuses:
         return EXIT_BAD_INPUT
-    if statuses - {"ok"}:
+    if statuses - {"ok", "not_run"}:  # a cell that never started (compare --gpus beyond the GPUs) failed nothing
         return EXIT_RUN_FAILED
     return None
 
 
 def report_problems(summaries: list[dict]) -> None:
-    """One line per run that did not finish, on stderr: the harness's error or the log tail."""
+    """One line per run that did not finish, on stderr: the harness's error or the log tail (a
+    cell that never started was said before anything ran)."""
     for summary in summaries:
         where = f"world_size={summary['world_size']} stage={summary['stage']} impl={summary['impl']}"
+        if summary["status"] == "not_run":
+            continue
         if summary["status"] == "bad_input":
             output.stderr.print(f"error: {summary['error']}", markup=False, highlight=False)
         elif summary["status"] == "interrupted":

@@ -17,7 +17,9 @@ Phase 3: the rest becomes an `Fsdp2Plan`:
                    a window but the last (the loss divided by the steps, as DeepSpeed's backward);
            gradient_clipping -> the global norm of the sharded gradients, clipped as clip_grad_norm_;
            optimizer -> torch.optim.AdamW (Adam with adam_w_mode false) with the same lr, betas,
-                   eps, weight_decay; scheduler -> DeepSpeed's schedule (nano's lr_schedules),
+                   eps, weight_decay, its fused implementation chosen (not left to torch, whose
+                   default differs between CPU and CUDA tensors: memory_formula);
+                   scheduler -> DeepSpeed's schedule (nano's lr_schedules),
                    the same value step by step.
 Phase 4: every key the file sets is one `MappingRow`: its FSDP2 equivalent, or "not applicable"
          with the reason; the harness logs the not-applicable ones as one `[warn]` line.
@@ -87,7 +89,7 @@ class Fsdp2Plan:
     gradient_accumulation_steps: int  # micro-steps per optimizer step
     gradient_clipping: float  # max global gradient norm; 0: no clipping
     optimizer: str  # "AdamW" or "Adam" (torch.optim's class)
-    optimizer_params: dict  # lr, betas, eps, weight_decay
+    optimizer_params: dict  # lr, betas, eps, weight_decay; fused=True (memory_formula.step_temporary_bytes)
     scheduler: Optional[tuple[str, dict]]  # DeepSpeed schedule name and its params
     precision: str  # "fp32" or "bf16", the run's DeepSpeed precision
     rows: tuple[MappingRow, ...] = field(default=())  # every key the file set (Phase 4)
@@ -172,7 +174,7 @@ def map_config(config: dict, world_size: int = 1) -> Fsdp2Plan:
         gradient_clipping=settings.gradient_clipping,
         optimizer="AdamW" if adam.adam_w_mode else "Adam",
         optimizer_params={"lr": adam.lr, "betas": tuple(adam.betas), "eps": adam.eps,
-                          "weight_decay": adam.weight_decay},
+                          "weight_decay": adam.weight_decay, "fused": True},
         scheduler=(settings.scheduler.type, dict(settings.scheduler.params)) if settings.scheduler else None,
         precision=precision)
     rows = tuple(MappingRow(key, value, _equivalent(key, plan)) for key, value in _leaves(config))  # Phase 4

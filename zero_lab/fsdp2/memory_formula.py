@@ -7,11 +7,13 @@ rows or none). Per rank and parameter:
     sharded parameter: the chunk padded to the first chunk's size, always fp32 (4 bytes per
         element; MixedPrecisionPolicy casts the all-gather input, never the stored shard);
     exp_avg, exp_avg_sq: shaped like the rank's unpadded chunk, fp32 (8 bytes per element);
-    step: one fp32 scalar per parameter, on the host whatever the device (torch.optim's
-        state["step"] is a CPU tensor unless the optimizer is capturable or fused);
+    step: one fp32 scalar per parameter, beside the parameter (torch.optim's state["step"] is on
+        the parameter's device when the optimizer is fused, as zero_lab.fsdp2 asks for);
     sharded gradient (after the backward, freed by zero_grad): one fp32 element per padded element.
-Per rank, once: the device mesh's rank map, one int32 per rank (`DeviceMesh._rank_map`), also
-on the host. So on CUDA the device holds all but the step scalars and the rank map.
+Per rank, once: the device mesh's rank map, one int32 per rank (`DeviceMesh._rank_map`), on the
+host. So on CUDA the device holds all but the rank map.
+While it steps, torch.optim's Adam holds temporaries that depend on its implementation
+(`step_temporary_bytes`): the fused one, which zero_lab.fsdp2 chooses, holds none.
 Moments (as nano's formula names them): "between_steps" = parameters + optimizer states;
 "backward" = that plus the gradients, the largest model-state moment of a step. Rank 0 always
 holds a full chunk, so its bytes are the maximum over ranks, the figure the harness logs.
@@ -53,15 +55,43 @@ def moment_bytes(shapes: Iterable[tuple[int, ...]], world_size: int, moment: str
     return between if moment == "between_steps" else between + roles["gradients"]
 
 
+# torch.optim's Adam implementations (torch 2.x, `optim/adam.py`), and what each holds beyond the
+# states while it steps. zero_lab.fsdp2 asks for "fused" (`fused=True`); left to itself torch picks
+# "foreach" for CUDA tensors and "for-loop" for CPU ones, so a CPU run would never show what a GPU
+# run holds.
+#   fused:    `torch._fused_adamw_`, one kernel per parameter group: nothing;
+#   foreach:  `_multi_tensor_adam`: `torch._foreach_sqrt(exp_avg_sqs)`, one fp32 copy of every
+#             exp_avg_sq of a parameter group at once (4 bytes per local element);
+#   for-loop: `_single_tensor_adam`, a parameter at a time: `exp_avg_sq.sqrt()` and its quotient by
+#             the bias correction, two fp32 copies of one parameter's states at once.
+ADAM_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+
+
+def step_temporary_bytes(groups: Iterable[Iterable[tuple[int, ...]]], world_size: int, implementation: str,
+                         rank: int = 0) -> int:
+    """The most bytes torch.optim's Adam holds beyond its states during a step on one rank, for
+    parameter groups of these shapes (the comment above ADAM_IMPLEMENTATIONS says why)."""
+    if implementation not in ADAM_IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {ADAM_IMPLEMENTATIONS}, not {implementation!r}")
+    if implementation == "fused":
+        return 0
+    held = [[chunk_rows(shape[0] if shape else 1, world_size, rank)[0] * math.prod(shape[1:]) for shape in group]
+            for group in groups]
+    if implementation == "foreach":
+        return max((FP32 * sum(group) for group in held), default=0)
+    return max((2 * FP32 * numel for group in held for numel in group), default=0)
+
+
 def peak_bytes(model, settings, world_size: int, device_type: str = "cpu") -> dict[str, int]:
-    """{"device": bytes, "host": bytes} of rank 0 at its peak moment (the backward), as the
-    harness's `[model]` line reports every impl's formula; CPU offload puts it all on the host, and
-    on an accelerator the step scalars and the mesh's rank map are on the host too."""
+    """{"device": bytes, "host": bytes} of rank 0 at its peak moment (the backward; the fused
+    optimizer's step adds nothing to it), as the harness's `[model]` line reports every impl's
+    formula; CPU offload puts it all on the host, and on an accelerator the mesh's rank map is on
+    the host too."""
     shapes = [tuple(parameter.shape) for parameter in model.parameters() if parameter.requires_grad]
     total = moment_bytes(shapes, world_size, "backward")
     zero = settings.zero_optimization
     offloaded = zero.offload_optimizer.device == "cpu" or zero.offload_param.device == "cpu"
     if offloaded or device_type == "cpu":
         return {"device": 0, "host": total} if offloaded else {"device": total, "host": 0}
-    host = FP32 * len(shapes) + INT32 * world_size
+    host = INT32 * world_size
     return {"device": total - host, "host": host}

@@ -1,8 +1,12 @@
 """An allocation the device refused, told in one line: which rank, in which phase, with what figures.
 
 A `torch.OutOfMemoryError` (CUDA's caching allocator), a CPU allocator's refusal (`RuntimeError:
-... DefaultCPUAllocator: can't allocate memory`) or Python's `MemoryError` would otherwise end a
-rank with a traceback wall. The harness instead:
+... DefaultCPUAllocator: can't allocate memory`), Python's `MemoryError`, or CUDA's own refusal
+outside the caching allocator would otherwise end a rank with a traceback wall. CUDA's own refusal
+comes as a `RuntimeError` (`torch.AcceleratorError` in torch 2.8 and later) that reads "CUDA error:
+out of memory" (a pinned host allocation, cuBLAS creating its handle: `CUBLAS_STATUS_ALLOC_FAILED`),
+or as NCCL's `DistBackendError` ("... Last error: Cuda failure 2 'out of memory'") when NCCL could
+not allocate its buffers. The harness instead:
 
 Phase 1: marks the phase of the step each rank is in (`StepPhase`: start-up, then forward,
          backward and step for every micro-step);
@@ -52,11 +56,17 @@ class StepPhase:
         self.current = phase
 
 
+# What a RuntimeError (or its subclasses AcceleratorError and NCCL's DistBackendError) says when an
+# allocation was refused: the CPU allocator; CUDA and NCCL ("Cuda failure 2 'out of memory'"); cuBLAS.
+REFUSED_ALLOCATION = re.compile(r"can't allocate memory|out of memory|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
+
+
 def is_out_of_memory(error: BaseException) -> bool:
-    """An allocation the device refused: torch's OutOfMemoryError, the CPU allocator's RuntimeError, MemoryError."""
+    """An allocation the device refused: torch's OutOfMemoryError, MemoryError, or a RuntimeError
+    whose text says so (the CPU allocator, CUDA itself, NCCL, cuBLAS; the module docstring)."""
     if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
         return True
-    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    return isinstance(error, RuntimeError) and REFUSED_ALLOCATION.search(str(error)) is not None
 
 
 def requested_bytes(text: str) -> int | None:
@@ -93,14 +103,16 @@ class OutOfMemory(Exception):
 
 
 def allocator_figures(device, meter) -> AllocatorFigures:
-    """The allocator's figures now on device (a torch.device), with the meter's peak (meter may be None)."""
+    """The allocator's figures now on device (a torch.device), with the meter's peak (meter may be None).
+    On CUDA every figure is the caching allocator's own count or the device's fixed size: nothing
+    here asks the device, which may be in an error state after a refusal inside CUDA or NCCL."""
     import torch
 
     from zero_lab.workload.memory_meter import resident_bytes
 
     peak = meter.peak_bytes() if meter is not None else None
     if device.type == "cuda":
-        _, total = torch.cuda.mem_get_info(device)
+        total = torch.cuda.get_device_properties(device).total_memory
         return AllocatorFigures(torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device), total, peak)
     live = meter.live_bytes() if meter is not None else 0
     return AllocatorFigures(live, resident_bytes(), None, peak)

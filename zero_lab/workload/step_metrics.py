@@ -11,6 +11,12 @@ Phase 3: `end()` samples this rank's memory, then (with the comm meter paused, s
          own collectives never count) averages the loss over micro-steps and ranks (SUM, then
          divide: gloo's AVG has had silent bugs) and takes the max over ranks of memory, step
          time and communication bytes.
+
+The step time is wall time from `begin()` to `end()` less the time the phase samples take. On CUDA
+the host runs ahead of the device: when a sample starts, kernels of the phase before it may still
+be queued, and they run while the host samples. So each sample, like `end()`, first waits for the
+device (`wait_for_device`); only then is the sampling's own time taken away, and no device work is
+taken away with it.
 """
 
 from __future__ import annotations
@@ -49,10 +55,21 @@ class StepMetrics:
     def sample_phase(self, phase: str, memory_breakdown=None) -> None:
         """This rank's live bytes and the peak so far at a phase boundary, with nano's categories
         when `memory_breakdown` (nano's engine method) is given; the time this takes is not the step's."""
+        self.wait_for_device()  # the phase's queued kernels are the step's time, not the sample's
         started = time.perf_counter_ns()
         categories = visible_categories(memory_breakdown(by_device=True), self.device.type) if memory_breakdown else {}
         self.phases.append(PhaseSample(phase, self.memory.live_bytes(), self.memory.peak_bytes(), categories))
         self._started += time.perf_counter_ns() - started
+
+    def wait_for_device(self) -> None:
+        """Wait until the device has run every kernel queued so far (nothing to wait for on CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def elapsed_ns(self) -> int:
+        """The step's time so far: since `begin()`, the device's queued work included, less the samples'."""
+        self.wait_for_device()
+        return time.perf_counter_ns() - self._started
 
     def pre_step_alloc(self) -> int:
         """Live bytes after the last backward, before `engine.step()`."""
@@ -60,9 +77,7 @@ class StepMetrics:
 
     def end(self, tokens: int) -> dict:
         """Fields of the step's line (before loss_scale, lr and grad_norm, which the engine knows)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        step_ns = time.perf_counter_ns() - self._started
+        step_ns = self.elapsed_ns()
         memory = self.memory.sample()
         moved = difference(self.comm.snapshot(), self._comm_before).values()
         comm_bytes = sum(count.bytes for count in moved)
