@@ -31,6 +31,10 @@
              released, and `Init`'s parameters are empty again.
 Whole parameters no nano engine owns and `Init` did not partition are ignored, as DeepSpeed
 ignores parameters it did not partition.
+
+`register_external_parameter(module, parameter)`, `unregister_external_parameter(module, parameter)`:
+    at stage 3, gather `parameter` for every use of `module` as if `module` owned it (a parameter
+    read inside the model's forward is registered so on its first read; `external_parameters.py`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from zero_lab.nano import init_partitions
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.external_parameters import register_external_parameter, unregister_external_parameter
+
+__all__ = ["Init", "GatheredParameters", "register_external_parameter", "unregister_external_parameter"]
 
 
 class GatheredParameters:
