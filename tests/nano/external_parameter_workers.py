@@ -367,3 +367,27 @@ def leaf_module_worker(rank: int, world_size: int) -> list[str]:
         if not str(error).startswith(expected):
             failures.append(f"the error reads {error}")
     return failures
+
+
+def official_outside_forward_worker(rank: int, world_size: int) -> list[str]:
+    """Official DeepSpeed gathers nothing for a read outside the model's forward: after a step, the
+    module inside a leaf module that `leaf_module_worker` calls by itself fails there too (its
+    weight holds no elements), while inside the forward it trains."""
+    from tests.nano.official_workers import import_official_deepspeed
+
+    deepspeed = import_official_deepspeed(world_size)
+    torch.manual_seed(0)
+    model = CallsIntoALeaf()
+    config = stage3_config(persistence=WIDTH)
+    config["zero_optimization"]["leaf_module"] = {"classes": ["Block"]}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY),
+                                      config=to_official_config(config, device="cpu"))
+    engine.backward(token_loss(engine, token_batch(0, 0, rank, MICRO_SIZE)))
+    engine.step()
+    if model.block.linear.weight.numel() != 0:
+        return [f"official's weight is whole outside the forward: {tuple(model.block.linear.weight.shape)}"]
+    try:
+        model.block.linear(torch.zeros(1, WIDTH))
+    except RuntimeError:  # official's reads "mat2 must be a matrix, got 1-D tensor"
+        return []
+    return ["official ran a module of a leaf module outside the forward"]

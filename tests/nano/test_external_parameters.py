@@ -31,6 +31,12 @@ def test_a_leaf_modules_inner_module_gathers_inside_the_forward_and_raises_outsi
     assert run_distributed(external_parameter_workers.leaf_module_worker, 2) == []
 
 
+@pytest.mark.slow
+@pytest.mark.official
+def test_official_gathers_nothing_for_a_call_outside_the_forward():
+    assert run_distributed(external_parameter_workers.official_outside_forward_worker, 1) == []
+
+
 def test_a_read_by_name_is_seen_and_a_copy_of_the_module_is_not_watched():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     expected = [model[0].weight, model[1].bias]

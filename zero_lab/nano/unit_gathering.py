@@ -8,13 +8,13 @@ fetches it, with the units of its external parameters (`external_parameters`: a 
 but does not own, registered when its first read finds it not whole). For each use of a traced
 module, one micro-step runs in phases, each in the hook named for its moment:
     1. pre_forward: note the use in the trace being recorded; gather the module's units (one
-       all-gather into full buffers allocated for this use; the parameters are views of them); a
-       parameter its forward reads whose unit is not whole is gathered then, and held by this use
-       (official's `ZeROOrderedDict`); start gathering
-       the units the prefetch rule reaches, all of them in one call (`coalesced_gather`: one call
-       per fetch and per prefetch, as official). The model's own pre_forward gathers the root unit
-       (a parameter two modules own, as a tied embedding and head, or the model's own) and holds
-       it to the end of the backward.
+       all-gather into full buffers allocated for this use; the parameters are views of them);
+       start gathering the units the prefetch rule reaches, all of them in one call
+       (`coalesced_gather`: one call per fetch and per prefetch, as official). Until its
+       post_forward, a parameter the forward reads whose unit is not whole is gathered then and
+       held by this use (`_on_read`, official's `ZeROOrderedDict`). The model's own pre_forward
+       gathers the root unit (a parameter two modules own, as a tied embedding and head, or the
+       model's own) and holds it to the end of the backward.
     2. post_forward: free each unit the use holds unless another use still holds it or the release
        rule keeps it (reached by the prefetch, or reused within `stage3_max_reuse_distance`).
     3. pre_backward (a hook on the gradients of the use's outputs): note the use in the trace (the
