@@ -31,7 +31,8 @@ from zero_lab.nano.external_parameters import external_parameters
 from zero_lab.nano.official_config import to_official_config
 from zero_lab.workload.comm_meter import CommMeter
 from tests.nano.gather_bytes_workers import all_gathers
-from tests.nano.stage3_reference import VOCAB, TokenReference, decay_groups, token_batch, token_loss
+from tests.nano.stage3_reference import VOCAB, Block, TokenReference, decay_groups, token_batch, token_loss
+from tests.nano.stage3_reference import WIDTH as BLOCK_WIDTH
 from tests.nano.stage3_workers import MICRO_SIZE, TOLERANCE, stage3_config
 from tests.nano.workers import LR, WEIGHT_DECAY
 
@@ -94,13 +95,9 @@ class RootParameterInChild(torch.nn.Module):
         return self.head(self.child(self.embed(ids))).log_softmax(-1)
 
 
-class HeldByReference(torch.nn.Module):
+class HeldByReference(ParentReadsChild):
     def __init__(self):
         super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, WIDTH)
-        self.linear1 = torch.nn.Linear(WIDTH, WIDTH)
-        self.linear2 = torch.nn.Linear(WIDTH, WIDTH)
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
         self.shared = [self.linear1.weight]  # used below without a read by name
 
     def forward(self, ids):
@@ -319,28 +316,25 @@ def api_worker(rank: int, world_size: int) -> list[str]:
     return failures
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(WIDTH, WIDTH)
-        self.norm = torch.nn.LayerNorm(WIDTH)
-
-    def forward(self, hidden):
-        return hidden + torch.tanh(self.norm(self.linear(hidden)))
-
-
 class CallsIntoALeaf(torch.nn.Module):
-    """The model calls a module inside a leaf module (`leaf_module: Block`) by itself."""
+    """The model calls a module inside a leaf module (`leaf_module: Block`, TrapNet's block) by itself."""
 
     def __init__(self):
         super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, WIDTH)
+        self.embed = torch.nn.Embedding(VOCAB, BLOCK_WIDTH)
         self.block = Block()
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
+        self.head = torch.nn.Linear(BLOCK_WIDTH, VOCAB)
 
     def forward(self, ids):
         hidden = self.block(self.embed(ids))
         return self.head(torch.tanh(self.block.linear(hidden))).log_softmax(-1)
+
+
+def leaf_config() -> dict:
+    """Stage 3 with TrapNet's block a leaf module: one unit, gathered whole for the block's forward."""
+    config = stage3_config()
+    config["zero_optimization"]["leaf_module"] = {"classes": ["Block"]}
+    return config
 
 
 def leaf_module_worker(rank: int, world_size: int) -> list[str]:
@@ -351,15 +345,14 @@ def leaf_module_worker(rank: int, world_size: int) -> list[str]:
     failures = []
     torch.manual_seed(0)
     initial = CallsIntoALeaf()
-    config = stage3_config(persistence=WIDTH)
-    config["zero_optimization"]["leaf_module"] = {"classes": ["Block"]}
+    config = leaf_config()
     reference = TokenReference(initial, LR, WEIGHT_DECAY, 0.0)
     model = copy.deepcopy(initial)
     train(nano, model, config, rank, CommMeter(), nano_checks(model, reference, world_size, 1, failures, "leaf"))
     if registered(model, official=False) != {"model": ["block.linear.weight"]}:
         failures.append(f"registered {registered(model, official=False)}")
     try:
-        model.block.linear(torch.zeros(1, WIDTH))
+        model.block.linear(torch.zeros(1, BLOCK_WIDTH))
         failures.append("a module of a leaf module called outside the forward did not raise")
     except RuntimeError as error:
         expected = ("stage 3: block.linear.weight is used while its unit 'block' is not gathered (a parameter "
@@ -378,8 +371,7 @@ def official_outside_forward_worker(rank: int, world_size: int) -> list[str]:
     deepspeed = import_official_deepspeed(world_size)
     torch.manual_seed(0)
     model = CallsIntoALeaf()
-    config = stage3_config(persistence=WIDTH)
-    config["zero_optimization"]["leaf_module"] = {"classes": ["Block"]}
+    config = leaf_config()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=decay_groups(model, WEIGHT_DECAY),
                                       config=to_official_config(config, device="cpu"))
     engine.backward(token_loss(engine, token_batch(0, 0, rank, MICRO_SIZE)))
@@ -387,7 +379,7 @@ def official_outside_forward_worker(rank: int, world_size: int) -> list[str]:
     if model.block.linear.weight.numel() != 0:
         return [f"official's weight is whole outside the forward: {tuple(model.block.linear.weight.shape)}"]
     try:
-        model.block.linear(torch.zeros(1, WIDTH))
+        model.block.linear(torch.zeros(1, BLOCK_WIDTH))
     except RuntimeError:  # official's reads "mat2 must be a matrix, got 1-D tensor"
         return []
     return ["official ran a module of a leaf module outside the forward"]
