@@ -20,6 +20,7 @@ the release rule's count, whatever the parameters are.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 
@@ -105,8 +106,22 @@ class HeldByReference(ParentReadsChild):
         return self.head(torch.tanh(self.linear2(hidden) + F.linear(hidden, self.shared[0]))).log_softmax(-1)
 
 
+class GathersForItsForward(HeldByReference):
+    gathered_parameters = staticmethod(lambda *parameters, **options: contextlib.nullcontext())  # the reference's
+
+    def forward(self, ids):
+        hidden = self.linear1(self.embed(ids))
+        with self.gathered_parameters(self.shared[0], fwd_module=self):  # DeepSpeed's docstring example
+            mixed = F.linear(hidden, self.shared[0])
+        return self.head(torch.tanh(self.linear2(hidden) + mixed)).log_softmax(-1)
+
+
 def register_shared(zero, model: torch.nn.Module) -> None:
     zero.register_external_parameter(model, model.linear1.weight)
+
+
+def gather_with_fwd_module(zero, model: torch.nn.Module) -> None:
+    model.gathered_parameters = zero.GatheredParameters
 
 
 MODELS = {"parent reads a child's weight": (ParentReadsChild, None),
@@ -383,3 +398,33 @@ def official_outside_forward_worker(rank: int, world_size: int) -> list[str]:
     except RuntimeError:  # official's reads "mat2 must be a matrix, got 1-D tensor"
         return []
     return ["official ran a module of a leaf module outside the forward"]
+
+
+def fwd_module_worker(rank: int, world_size: int) -> list[str]:
+    """DeepSpeed's docstring example of `GatheredParameters(weight, fwd_module=self)` inside a forward,
+    which registers the weight as the module's external parameter: nano trains as the reference
+    (the context's hold and the module's compose), where official 0.19.8 refuses from the second
+    micro-step on, its context's exit freeing a parameter the module's use still holds."""
+    from tests.nano.official_workers import import_official_deepspeed
+
+    deepspeed = import_official_deepspeed(world_size)
+    failures = []
+    torch.manual_seed(0)
+    initial = GathersForItsForward()
+    config = configs()["prefetch 0, reuse 0"]
+    reference = TokenReference(initial, LR, WEIGHT_DECAY, 0.0)
+    meter = CommMeter()
+    model = copy.deepcopy(initial)
+    gather_with_fwd_module(nano.zero, model)
+    run = train(nano, model, config, rank, meter, nano_checks(model, reference, world_size, 1, failures, "fwd_module"))
+    if run.registered != {"model": ["linear1.weight"]}:
+        failures.append(f"nano registered {run.registered}")
+    model = copy.deepcopy(initial)
+    gather_with_fwd_module(deepspeed.zero, model)
+    try:
+        train(deepspeed, model, to_official_config(config, device="cpu"), rank, meter)
+        failures.append("official trained the fwd_module example")
+    except RuntimeError as error:
+        if "Cannot free a ZeRO-3 parameter while it is still active in submodules" not in str(error):
+            failures.append(f"official failed otherwise: {error}")
+    return failures

@@ -27,6 +27,12 @@ def test_register_and_unregister_do_what_officials_do():
 
 
 @pytest.mark.slow
+@pytest.mark.official
+def test_gathered_parameters_fwd_module_registers_and_trains_where_official_refuses():
+    assert run_distributed(external_parameter_workers.fwd_module_worker, 2) == []
+
+
+@pytest.mark.slow
 def test_a_leaf_modules_inner_module_gathers_inside_the_forward_and_raises_outside():
     assert run_distributed(external_parameter_workers.leaf_module_worker, 2) == []
 
