@@ -67,6 +67,7 @@ LONGEST_FIRST = [
     "tests/clients/test_exec.py",
     "tests/nano/test_checkpoints.py",
     "tests/nano/test_official_parity.py",
+    "tests/nano/test_external_parameters.py",
 ]
 
 

@@ -39,7 +39,9 @@ print("RESULT " + json.dumps({
     "api_version": deepspeed.API_VERSION,
     "engine_is_nano": deepspeed.DeepSpeedEngine is NanoEngine and deepspeed.runtime.engine.DeepSpeedEngine is NanoEngine,
     "zero_is_nano": deepspeed.zero.Init is zero.Init and deepspeed.zero.GatheredParameters is zero.GatheredParameters
-                    and partition_parameters.GatheredParameters is zero.GatheredParameters,
+                    and partition_parameters.GatheredParameters is zero.GatheredParameters
+                    and deepspeed.zero.register_external_parameter is zero.register_external_parameter
+                    and partition_parameters.unregister_external_parameter is zero.unregister_external_parameter,
     "schedules": VALID_LR_SCHEDULES, "nano_schedules": list(lr_schedules.SCHEDULES),
     "comm": [deepspeed.comm.is_initialized(), deepspeed.comm.get_rank(), deepspeed.comm.get_world_size()],
     "cloned": [[t.untyped_storage().nbytes() for t in cloned["a"]], cloned["a"][0].tolist(),

@@ -11,15 +11,17 @@ until then (and whenever a use leaves the recorded order) nothing is prefetched 
 freed after each use.
 
 The rules, with official's names for the keys (`runtime/zero/partitioned_param_coordinator.py`):
-    1. Fetch: a use gathers its unit if it is not whole.
+    1. Fetch: a use gathers its unit if it is not whole, and in the same call the units of the
+       parameters it uses without owning them (its external parameters: `TracedUse.units`).
     2. Prefetch (`stage3_prefetch_bucket_size` > 0; `overlap_comm` plays no part): the trace's uses
        are a queue, consumed up to the current use. Then, while the units started here add up to
        less than min(bucket size, `stage3_max_live_parameters` minus the elements already
        gathered), the next use is taken off the queue; its unit is gathered if it is not whole
-       yet, and noted as fetched for that later use either way. A bucket smaller than one unit
-       still starts one.
-    3. Release: after a use, its unit is freed unless (official counts from its step counter: the
-       uses begun so far, which in the backward may already be past the use that is released)
+       yet, and noted as fetched for that later use either way (each of its units). A bucket
+       smaller than one unit still starts one.
+    3. Release: after a use, each of its units is freed unless (official counts from its step
+       counter: the uses begun so far, which in the backward may already be past the use that is
+       released)
        a. the prefetch already noted it as fetched for a later use (official keeps what its
           prefetch reached: at a reuse distance of 0 this is all that is kept), or
        b. it comes back before the uses after this one add up to `stage3_max_reuse_distance`
@@ -45,11 +47,19 @@ from typing import Callable, Hashable, Mapping, Sequence
 @dataclass(frozen=True)
 class TracedUse:
     """One use of a traced module: which module, which sharded unit it needs whole (None: only
-    persistent parameters, or none) and the elements of every parameter it touches."""
+    persistent parameters, or none), the elements of every parameter it touches, and the units of
+    the parameters it uses but does not own (`external_parameters`), which it needs whole too."""
 
     module: Hashable
     unit: str | None
     numel: int
+    external: tuple[str, ...] = ()
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """Every unit the use needs whole, its own first."""
+        own = (self.unit,) if self.unit is not None else ()
+        return own + tuple(unit for unit in self.external if unit != self.unit)
 
 
 def full_order(forward: Sequence[TracedUse], backward: Sequence[TracedUse] | None = None) -> list[TracedUse]:
@@ -86,8 +96,7 @@ class FetchSchedule:
         return position < len(self.order) and self.order[position] == use
 
     def _note(self, position: int) -> None:
-        unit = self.order[position].unit
-        if unit is not None:
+        for unit in self.order[position].units:
             self.fetched_for[unit] = max(self.fetched_for.get(unit, -1), position)
 
     def prefetch(self, position: int, is_gathered: Callable[[str], bool], live_numel: int) -> list[str]:
@@ -101,10 +110,10 @@ class FetchSchedule:
         while self.queue and numel < budget:
             later = self.queue.popleft()
             self._note(later)
-            unit = self.order[later].unit
-            if unit is not None and unit not in started and not is_gathered(unit):
-                started.append(unit)
-                numel += self.unit_numel[unit]
+            for unit in self.order[later].units:
+                if unit not in started and not is_gathered(unit):
+                    started.append(unit)
+                    numel += self.unit_numel[unit]
         return started
 
     def keep(self, unit: str, step: int) -> bool:
@@ -116,7 +125,7 @@ class FetchSchedule:
         for later in self.order[step:]:  # 3b
             if walked >= self.rules.max_reuse_distance:
                 return False
-            if later.unit == unit:
+            if later.unit == unit or unit in later.external:
                 return True
             walked += later.numel
         return False
@@ -160,9 +169,9 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
 
     largest_prefetch = 0
 
-    def use(position: int, unit: str | None) -> None:
+    def use(position: int, units: tuple[str, ...]) -> None:
         nonlocal largest_prefetch
-        gather([unit])
+        gather(list(units))
         if schedule is not None:
             live = sum(unit_numel[name] for name in whole)
             started = schedule.prefetch(position, whole.__contains__, live)
@@ -170,19 +179,20 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
             if position < len(forward):
                 largest_prefetch = max(largest_prefetch, sum(unit_numel[name] for name in started))
 
-    def release(position: int, unit: str | None) -> None:
-        if unit is not None and unit != held and not (schedule is not None and schedule.keep(unit, position + 1)):
-            whole.discard(unit)
+    def release(position: int, units: tuple[str, ...]) -> None:
+        for unit in units:
+            if unit != held and not (schedule is not None and schedule.keep(unit, position + 1)):
+                whole.discard(unit)
 
     gather([held])
     for position, traced in enumerate(forward):
-        use(position, traced.unit)
-        release(position, traced.unit)
+        use(position, traced.units)
+        release(position, traced.units)
     forward_calls, calls = calls, []
     whole_after_forward = set(whole)
     order = full_order(forward, backward)
     for position in range(len(forward), len(order)):
         traced = order[position]
-        use(position, traced.unit)
-        release(position, traced.unit)
+        use(position, traced.units)
+        release(position, traced.units)
     return MicroStep(forward_calls, calls, whole_after_forward, largest_prefetch)

@@ -62,7 +62,7 @@ class Stage3Optimizer(Stage2Optimizer):
     def hold_whole(self, index: int) -> None:
         entry = self._entry_of(index)
         if entry is not None:
-            self.gathering.acquire(entry)
+            self.gathering.acquire([entry])
 
     def let_go(self, index: int) -> None:
         entry = self._entry_of(index)

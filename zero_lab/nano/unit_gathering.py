@@ -4,22 +4,25 @@ Which unit is gathered or freed when is decided by `fetch_policy` (official Deep
 the trace recorded at the previous micro-step); this module is the mechanism that applies them.
 As official, every module is traced (containers and modules without parameters too, none inside
 a leaf module); a module whose own parameters (a leaf module's: its subtree's) are a sharded unit
-fetches it. For each use of a traced module, one micro-step runs in phases, each in the hook named
-for its moment:
-    1. pre_forward: note the use in the trace being recorded; gather the module's unit (all-gather
-       into a full buffer allocated for this use; the parameters are views of it); start gathering
-       the units the prefetch rule reaches, all of them in one call (`coalesced_gather`: one call
-       per fetch and per prefetch, as official). The model's own pre_forward gathers the root unit
-       (a parameter two modules own, as a tied embedding and head, or the model's own) and holds
-       it to the end of the backward.
-    2. post_forward: free the unit unless another use still holds it or the release rule keeps it
-       (reached by the prefetch, or reused within `stage3_max_reuse_distance`).
+fetches it, with the units of its external parameters (`external_parameters`: a parameter it reads
+but does not own, registered when its first read finds it not whole). For each use of a traced
+module, one micro-step runs in phases, each in the hook named for its moment:
+    1. pre_forward: note the use in the trace being recorded; gather the module's units (one
+       all-gather into full buffers allocated for this use; the parameters are views of them);
+       start gathering the units the prefetch rule reaches, all of them in one call
+       (`coalesced_gather`: one call per fetch and per prefetch, as official). Until its
+       post_forward, a parameter the forward reads whose unit is not whole is gathered then and
+       held by this use (`_on_read`, official's `ZeROOrderedDict`). The model's own pre_forward
+       gathers the root unit (a parameter two modules own, as a tied embedding and head, or the
+       model's own) and holds it to the end of the backward.
+    2. post_forward: free each unit the use holds unless another use still holds it or the release
+       rule keeps it (reached by the prefetch, or reused within `stage3_max_reuse_distance`).
     3. pre_backward (a hook on the gradients of the use's outputs): note the use in the trace (the
-       backward's order is recorded as it happens), gather the unit again if it was freed, and
+       backward's order is recorded as it happens), gather its units again if they were freed, and
        prefetch along the backward's order.
     4. (stage 2's post-accumulate-grad hooks reduce-scatter the gradients into partitions.)
     5. post_backward (an identity autograd function on the module's inputs, whose backward runs
-       once their gradients exist): free the unit unless the release rule keeps it.
+       once their gradients exist): free the units unless the release rule keeps them.
 A use holds a unit and releases it once, so a module called twice, the recomputation of
 activation checkpointing inside backward (gathered again outside the trace and held until the
 module's post_backward, as official's `ds_recompute_parameters`) and a prefetch compose: the
@@ -27,7 +30,8 @@ buffer is freed when the last holder lets go. Without autograd (`torch.no_grad()
 3-5 do not happen and the forward releases all it gathered, the root included. `release_all()`
 (after each backward and before each optimizer step) frees whatever is still gathered (a module
 whose inputs need no gradient, as the embedding, has no phase 5), and the micro-step's trace
-becomes the one the next micro-step follows.
+becomes the one the next micro-step follows (each use with the external parameters registered by
+then, as official builds its parameter trace from its module trace).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from zero_lab.nano.coalesced_gather import start_gathers
 from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.external_parameters import external_parameters, register_external_parameter, unwatch, watch
 from zero_lab.nano.fetch_policy import FetchRules, FetchSchedule, TracedUse
 from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
 from zero_lab.nano.init_partitions import numel_of
@@ -74,12 +79,26 @@ class TracedModule:
     block: GatheredUnit | None
     numel: int
     owns_root: bool = False  # some of its own parameters are the root unit's
-    backward_holds: int = 0  # holds its gradients' hook took in the backward
-    recompute_holds: int = 0  # holds a recomputation inside the backward took
+    backward_holds: list[list[GatheredUnit]] = field(default_factory=list)  # the units its gradients' hook holds
+    recompute_holds: list[list[GatheredUnit]] = field(default_factory=list)  # those a recomputation holds
 
-    def use(self, root: GatheredUnit | None) -> TracedUse:
+    def use(self, root: GatheredUnit | None, owner: dict[int, GatheredUnit]) -> TracedUse:
+        """The use as the trace notes it; its external parameters count as its own (official's
+        `iter_params`); `owner` maps a sharded parameter's id to its unit."""
         unit = self.block if self.block is not None else root if self.owns_root else None
-        return TracedUse(self.index, unit.unit.name if unit is not None else None, self.numel)
+        external = external_parameters(self.module)
+        units = dict.fromkeys(owner[id(parameter)].unit.name for parameter in external if id(parameter) in owner)
+        return TracedUse(self.index, unit.unit.name if unit is not None else None,
+                         self.numel + sum(parameter.numel() for parameter in external), tuple(units))
+
+    def units(self, owner: dict[int, GatheredUnit]) -> list[GatheredUnit]:
+        """What a use of the module holds: its unit, then its external parameters' units."""
+        units = [self.block] if self.block is not None else []
+        for parameter in external_parameters(self.module):
+            entry = owner.get(id(parameter))
+            if entry is not None and not any(entry is unit for unit in units):
+                units.append(entry)
+        return units
 
 
 class _ReleaseAfterBackward(torch.autograd.Function):
@@ -133,24 +152,29 @@ class UnitGathering:
         self.forward_uses = 0  # how many of them the forward made
         self.schedule: FetchSchedule | None = None
         self.in_backward = False  # the forward is done; forwards now are recomputations
+        self.owner = {id(parameter): entry for entry in entries for parameter in entry.unit.parameters}
+        self.in_forward: list[tuple[TracedModule, list[GatheredUnit]]] = []  # forwards running, innermost last
         self.handles = []
         self.traced = traced_modules(model, entries)
         for traced in self.traced:
             self.handles += [traced.module.register_forward_pre_hook(self._pre_forward(traced), with_kwargs=True),
                              traced.module.register_forward_hook(self._post_forward(traced))]
         self._guard_modules()
+        watch(model, self._on_read)
 
     # ----- holding ---------------------------------------------------------------------------
-    def acquire(self, entry: GatheredUnit) -> None:
-        """Hold `entry` for one use and make sure it is whole."""
-        if entry.prefetched:
-            entry.prefetched = False  # this use takes over the prefetch's hold
-        else:
-            entry.holds += 1
-        entry.kept = False
-        start_gathers(entry.buffers, self.collectives)  # one call (per dtype) for the unit
-        for buffer in entry.buffers:
-            buffer.wait()
+    def acquire(self, entries: list[GatheredUnit]) -> None:
+        """Hold each of `entries` for one use and make sure they are whole."""
+        for entry in entries:
+            if entry.prefetched:
+                entry.prefetched = False  # this use takes over the prefetch's hold
+            else:
+                entry.holds += 1
+            entry.kept = False
+        start_gathers([buffer for entry in entries for buffer in entry.buffers], self.collectives)  # one call (per dtype)
+        for entry in entries:
+            for buffer in entry.buffers:
+                buffer.wait()
 
     def release(self, entry: GatheredUnit, keep: bool = False) -> None:
         entry.holds = max(0, entry.holds - 1)
@@ -159,6 +183,11 @@ class UnitGathering:
             for buffer in entry.buffers:
                 buffer.reshard()
 
+    def _release_use(self, units: list[GatheredUnit]) -> None:
+        """A use lets go of what it held, each unit under the release rule."""
+        for entry in units:
+            self.release(entry, keep=self._keep(entry))
+
     def release_all(self) -> None:
         """Nothing stays gathered: the end of a backward, or before the optimizer changes partitions."""
         for entry in self.entries:
@@ -166,11 +195,13 @@ class UnitGathering:
             for buffer in entry.buffers:
                 buffer.reshard()
         for traced in self.traced:
-            traced.backward_holds = traced.recompute_holds = 0
-        self.in_backward, self.schedule = False, None
+            traced.backward_holds.clear()
+            traced.recompute_holds.clear()
+        self.in_backward, self.schedule, self.in_forward = False, None, []
         if self.recording:
-            forward_uses = self.forward_uses or len(self.recording)
-            self.trace, self.backward_trace = self.recording[:forward_uses], self.recording[forward_uses:] or None
+            recorded = [self.traced[use.module].use(self.root, self.owner) for use in self.recording]
+            forward_uses = self.forward_uses or len(recorded)
+            self.trace, self.backward_trace = recorded[:forward_uses], recorded[forward_uses:] or None
             self.recording, self.forward_uses = [], 0
 
     def live_numel(self) -> int:
@@ -195,7 +226,7 @@ class UnitGathering:
     def _record(self, traced: TracedModule) -> int:
         """Note a use in the trace being recorded; its position (the schedule is dropped if the use
         is not the recorded one: no rules for the rest of this micro-step)."""
-        use, position = traced.use(self.root), len(self.recording)
+        use, position = traced.use(self.root, self.owner), len(self.recording)
         self.recording.append(use)
         if self.schedule is not None and not self.schedule.follows_trace(position, use):
             self.schedule = None
@@ -206,17 +237,13 @@ class UnitGathering:
         def pre_forward(module, args, kwargs):
             if traced.module is self.model:
                 self._start_micro_step()
-            block = traced.block
-            if self.in_backward:  # a recomputation inside backward: outside the trace, held to its backward's end
-                if block is not None:
-                    self.acquire(block)
-                    traced.recompute_holds += 1
-            else:
-                position = self._record(traced)
-                if block is not None:
-                    self.acquire(block)  # Phase 1
-                self._prefetch(position)
-            if block is None or not torch.is_grad_enabled():
+            units = traced.units(self.owner)
+            # a recomputation inside backward is outside the trace; post_forward keeps its hold to post_backward
+            position = None if self.in_backward else self._record(traced)
+            self.acquire(units)  # Phase 1
+            self.in_forward.append((traced, units))  # a parameter read from now on, not whole, joins `units`
+            self._prefetch(position)
+            if not units or not torch.is_grad_enabled():
                 return None
             leaves, spec = tree_flatten((args, kwargs))
             needing = [index for index, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
@@ -230,7 +257,9 @@ class UnitGathering:
 
     def _post_forward(self, traced: TracedModule):
         def post_forward(module, args, output):
-            if self.in_backward:  # a recomputation: its unit stays held for the backward that follows
+            units = self._leave(traced)
+            if self.in_backward:  # a recomputation: its units stay held for the backward that follows
+                traced.recompute_holds.append(units)
                 return
             if torch.is_grad_enabled():
                 outputs = [leaf for leaf in tree_flatten(output)[0]
@@ -238,8 +267,7 @@ class UnitGathering:
                 if outputs:
                     torch.autograd.graph.register_multi_grad_hook(outputs, lambda _: self._pre_backward(traced),
                                                                   mode="any")
-            if traced.block is not None:
-                self.release(traced.block, keep=self._keep(traced.block))  # Phase 2
+            self._release_use(units)  # Phase 2
             if traced.module is self.model:
                 self.forward_uses = len(self.recording)
                 if torch.is_grad_enabled():
@@ -251,55 +279,77 @@ class UnitGathering:
     def _pre_backward(self, traced: TracedModule) -> None:
         """Phase 3: noted in the trace (official records the backward's order as it happens)."""
         position = self._record(traced)
-        if traced.block is not None:
-            self.acquire(traced.block)
-            traced.backward_holds += 1
+        units = traced.units(self.owner)
+        self.acquire(units)
+        traced.backward_holds.append(units)
         self._prefetch(position)
 
     def _post_backward(self, traced: TracedModule) -> None:
         """Phase 5: the hold of its gradients' hook, and those of any recomputation, let go."""
-        keep = self._keep(traced.block)
         if traced.backward_holds:
-            traced.backward_holds -= 1
-            self.release(traced.block, keep=keep)
+            self._release_use(traced.backward_holds.pop())
         while traced.recompute_holds:
-            traced.recompute_holds -= 1
-            self.release(traced.block, keep=keep)
+            self._release_use(traced.recompute_holds.pop())
+
+    def _leave(self, traced: TracedModule) -> list[GatheredUnit]:
+        """`traced`'s forward ends: what its use holds, off the stack of forwards running."""
+        for position in range(len(self.in_forward) - 1, -1, -1):
+            if self.in_forward[position][0] is traced:
+                return self.in_forward.pop(position)[1]
+        return []
+
+    def _on_read(self, parameter: torch.nn.Parameter) -> None:
+        """A parameter read by name (`external_parameters` Phase 2): inside a forward, one whose unit
+        is not whole becomes external to the innermost module running and is gathered for its use;
+        one whose gather is in flight (prefetched) is waited for, as official reads it unregistered."""
+        entry = self.owner.get(id(parameter))
+        if entry is None or not self.in_forward or all(buffer.state == BufferState.UNSHARDED
+                                                       for buffer in entry.buffers):
+            return
+        if entry.gathered:
+            for buffer in entry.buffers:
+                buffer.wait()
+            return
+        traced, units = self.in_forward[-1]
+        register_external_parameter(traced.module, parameter)
+        self.schedule = None  # the recorded trace did not have this use: no rules for the rest of the micro-step
+        self.acquire([entry])
+        units.append(entry)
 
     def _start_micro_step(self) -> None:
         """The model's forward begins: a new recording, the last one's schedule, the root held."""
-        self.recording, self.in_backward = [], False
+        self.recording, self.in_backward, self.in_forward = [], False, []
         self.schedule = FetchSchedule(self.trace, {entry.unit.name: entry.numel for entry in self.entries},
                                       self.rules, self.backward_trace) if self.trace else None
         if self.root is not None and self.root.holds == 0:
-            self.acquire(self.root)
+            self.acquire([self.root])
 
     # ----- a clear error instead of reading freed memory ---------------------------------------
     def _guard_modules(self) -> None:
         """Every module with sharded parameters of its own checks, before its forward, that they
-        are whole: a parameter used outside its unit (a block's module called from elsewhere)
-        raises here rather than reading a freed buffer."""
-        owner = {parameter: entry for entry in self.entries for parameter in entry.unit.parameters}
+        are whole: outside the model's forward (where no read gathers, as in official DeepSpeed) a
+        module of a leaf module called by itself raises here rather than reading a freed buffer."""
         for name, module in self.model.named_modules():
-            own = [(parameter_name, owner[parameter]) for parameter_name, parameter in
-                   module.named_parameters(recurse=False) if parameter in owner]
+            own = [(parameter_name, self.owner[id(parameter)]) for parameter_name, parameter in
+                   module.named_parameters(recurse=False) if id(parameter) in self.owner]
             if own:
                 self.handles.append(module.register_forward_pre_hook(self._guard(name, own)))
 
-    @staticmethod
-    def _guard(module_name: str, own: list):
+    def _guard(self, module_name: str, own: list):
         def hook(module, args):
+            if self.in_forward:  # inside the model's forward a read gathers (`_on_read`)
+                return
             for parameter_name, entry in own:
                 if any(buffer.state == BufferState.SHARDED for buffer in entry.buffers):
                     raise RuntimeError(
                         f"stage 3: {module_name or 'the model'}.{parameter_name} is used while its unit "
-                        f"'{entry.unit.name}' is not gathered (a parameter used outside its unit); name the calling "
-                        "module's class in zero_optimization.leaf_module, or wrap the use in "
-                        "zero_lab.nano.zero.GatheredParameters")
+                        f"'{entry.unit.name}' is not gathered (a parameter used outside its unit); call it inside "
+                        "the model's forward, or wrap the use in zero_lab.nano.zero.GatheredParameters")
         return hook
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        unwatch(self.model)
         self.release_all()

@@ -19,7 +19,7 @@
     `initialize` gathers each parameter back into its flat buffer, one at a time; a frozen one
     (no engine owns it) is made whole and stays so.
 
-`GatheredParameters(params, modifier_rank=None)`:
+`GatheredParameters(params, modifier_rank=None, fwd_module=None)`:
     Phase 1 (enter): each listed parameter is whole on every rank: at stage 3 its unit is held and
              gathered (a use like any other, so it nests with forward and backward); below stage 3,
              and for stage 3's persistent parameters, it already is; a parameter partitioned by
@@ -31,6 +31,11 @@
              released, and `Init`'s parameters are empty again.
 Whole parameters no nano engine owns and `Init` did not partition are ignored, as DeepSpeed
 ignores parameters it did not partition.
+
+`register_external_parameter(module, parameter)`, `unregister_external_parameter(module, parameter)`:
+    at stage 3, gather `parameter` for every use of `module` as if `module` owned it (a parameter
+    read inside the model's forward is registered so on its first read; `external_parameters.py`).
+    `GatheredParameters(..., fwd_module=module)` registers its parameters so, as DeepSpeed's does.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ from zero_lab.nano import init_partitions
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.external_parameters import register_external_parameter, unregister_external_parameter
+
+__all__ = ["Init", "GatheredParameters", "register_external_parameter", "unregister_external_parameter"]
 
 
 class GatheredParameters:
@@ -51,10 +59,11 @@ class GatheredParameters:
 
     def __init__(self, params, modifier_rank: Optional[int] = None, fwd_module: Optional[torch.nn.Module] = None,
                  enabled: bool = True):
-        if fwd_module is not None:
-            raise NanoConfigError("GatheredParameters(fwd_module=...) is not implemented by nano; name the module's "
-                                  "class in zero_optimization.leaf_module so its unit holds the parameter")
         parameters = [params] if isinstance(params, torch.Tensor) else list(params if isinstance(params, Iterable) else [])
+        if fwd_module is not None:  # as official: each becomes an external parameter of fwd_module
+            for parameter in parameters:
+                if hasattr(parameter, "zero_lab_owner") or init_partitions.is_partitioned(parameter):
+                    register_external_parameter(fwd_module, parameter)
         self.enabled = enabled
         self.modifier_rank = modifier_rank
         owners = {}

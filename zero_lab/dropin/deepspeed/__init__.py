@@ -13,7 +13,8 @@ Every name is nano's own code under DeepSpeed's name, laid out as official DeepS
 for what clients import:
     deepspeed.initialize, init_distributed, add_config_arguments, DeepSpeedEngine (nano's engine)
     deepspeed.comm                               torch.distributed under DeepSpeed's names
-    deepspeed.zero (= deepspeed.runtime.zero)    Init, GatheredParameters, partition_parameters
+    deepspeed.zero (= deepspeed.runtime.zero)    Init, GatheredParameters, register_external_parameter,
+                                                 partition_parameters
     deepspeed.runtime.lr_schedules               nano's schedules, VALID_LR_SCHEDULES
     deepspeed.accelerator.get_accelerator        the device nano computes on (CUDA or CPU)
     deepspeed.ops.adam                           DeepSpeedCPUAdam, FusedAdam: Adam with nano's math

@@ -6,7 +6,8 @@ of the block. Official DeepSpeed's Init wraps torch's tensor constructors with t
 floating tensors are built in the config's dtype on the accelerator. nano's Init does not wrap
 constructors: parameters are built as torch builds them and cast at `initialize` (buffers never
 are), so `torch.arange` here is torch's own, and the function below is what official would apply,
-kept whole for a client that calls or swaps it.
+kept whole for a client that calls or swaps it. `register_external_parameter` and
+`unregister_external_parameter` are nano's (`zero_lab/nano/external_parameters.py`), found here as in official.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from zero_lab.nano.zero import GatheredParameters, Init
+from zero_lab.nano.zero import GatheredParameters, Init, register_external_parameter, unregister_external_parameter
 
 from deepspeed.accelerator import get_accelerator
 
@@ -39,4 +40,5 @@ def zero_wrapper_for_fp_tensor_constructor(fn: Callable, target_fp_dtype: torch.
     return wrapped_fn
 
 
-__all__ = ["Init", "GatheredParameters", "get_accelerator", "zero_wrapper_for_fp_tensor_constructor"]
+__all__ = ["Init", "GatheredParameters", "register_external_parameter", "unregister_external_parameter",
+           "get_accelerator", "zero_wrapper_for_fp_tensor_constructor"]
