@@ -125,7 +125,7 @@ class StepHook:
         micro_batch = tokens.numel() // seq_len if seq_len else 0
         emit(self.rank, "model", model_header(
             model_name(module), self.engine, precision_of(self.engine), self.device, seq_len, micro_batch,
-            bool(getattr(module, "is_gradient_checkpointing", False)), self.formula))
+            bool(getattr(module, "is_gradient_checkpointing", False)), self.formula, self.metrics.memory.peak_bytes()))
         self.model_printed = True
 
     def print_comm_totals(self) -> None:
