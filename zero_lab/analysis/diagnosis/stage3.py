@@ -1,6 +1,7 @@
 """Stage 3's findings: what stays gathered, what was whole before it was partitioned, what a save writes.
 
-`stage3-everything-gathered` (info): official's fetch rules (`nano.fetch_policy`, which nano follows)
+`stage3-everything-gathered` (info; not when nano measured less than half the model gathered, or
+    every layer parameter is persistent): official's fetch rules (`nano.fetch_policy`, which nano follows)
     prefetch up to `stage3_prefetch_bucket_size` elements ahead while fewer than
     `stage3_max_live_parameters` are gathered, and keep every unit the prefetch reached until its
     backward use. With the defaults (50,000,000 and 1,000,000,000 elements) that is every layer of a
@@ -25,8 +26,8 @@ from zero_lab.analysis.activation_memory import decoder_shape
 from zero_lab.analysis.diagnosis.finding import Finding, mb
 from zero_lab.analysis.diagnosis.run_data import RunData
 from zero_lab.analysis.logparse import is_number
-from zero_lab.analysis.peak_memory import (DEEPSPEED_FETCH_RULES, decoder_micro_step, layers_whole_after_forward,
-                                           predict_run_peak, unit_parameters)
+from zero_lab.analysis.peak_memory import (DEEPSPEED_FETCH_RULES, decoder_micro_step, layer_parameter_sizes,
+                                           layers_whole_after_forward, predict_run_peak, unit_parameters)
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.fetch_policy import FetchRules
 from zero_lab.workload.wire_bytes import wire_bytes
@@ -71,20 +72,23 @@ def everything_gathered(run: RunData) -> list[Finding]:
         return []
     rules = fetch_rules(run)
     whole = layers_whole_after_forward(shape, rules)
-    if 2 * whole <= shape.layers:
-        return []
     layer, root = unit_parameters(shape)
     width, world_size = BYTES_OF_PRECISION.get(run.precision, 4), run.world_size
     model_bytes = (shape.layers * layer + root) * width
+    measured = [row.get("gathered_parameters_bytes") for row in run.log.phases if row.get("phase") == "after_forward"]
+    measured = measured[-1] if measured and is_number(measured[-1]) else None
+    threshold = run.log.zero.get("stage3_param_persistence_threshold")
+    persistent = is_number(threshold) and max(layer_parameter_sizes(shape)) <= threshold  # no layer is sharded
+    if 2 * whole <= shape.layers or persistent or (measured is not None and 2 * measured < model_bytes):
+        return []
     evidence = [f"after the forward {whole} of {shape.layers} layers stay gathered: {mb(whole * layer * width)} of the "
                 f"model's {mb(model_bytes)} ({run.precision}), beside each rank's partition of {mb(model_bytes / world_size)}",
                 f"stage3_prefetch_bucket_size={rules.prefetch_bucket_size}, stage3_max_live_parameters="
                 f"{rules.max_live_parameters}, stage3_max_reuse_distance={rules.max_reuse_distance}; one layer is "
                 f"{layer} elements, the model {shape.layers * layer + root}"]
-    measured = [row.get("gathered_parameters_bytes") for row in run.log.phases if row.get("phase") == "after_forward"]
-    if measured and is_number(measured[-1]):
+    if measured is not None:
         evidence.append(f"measured at the end of the forward (nano's memory_breakdown): gathered parameters "
-                        f"{mb(measured[-1])}")
+                        f"{mb(measured)}")
     predicted = predict_run_peak(run.log.model, run.log.zero, 3, run.precision, world_size)
     now_wire = gathered_wire_bytes(shape, rules, width, world_size)
     table = [["setting", "layers gathered after the forward", "predicted peak", "gather wire bytes per micro-step"],
