@@ -54,11 +54,14 @@ def gathered_wire_bytes(shape, rules: FetchRules, width: int, world_size: int) -
 def releasing_rules(shape, rules: FetchRules) -> list[tuple[str, FetchRules]]:
     """Settings that would let layers go after the forward, the first keeping the prefetch: (the key
     and value, the rules). A cap on what is live (the root and two layers) stops the prefetch short;
-    a bucket of one layer lets it reach less at a time; none releases every layer after its use."""
+    a bucket of one layer lets it reach less at a time; none releases every layer after its use. A
+    reuse distance that keeps layers anyway (DeepSpeed's default, 1,000,000,000) is set to 0 beside each."""
     layer, root = unit_parameters(shape)
-    return [(f"stage3_max_live_parameters: {root + 2 * layer}", replace(rules, max_live_parameters=root + 2 * layer)),
-            (f"stage3_prefetch_bucket_size: {layer}", replace(rules, prefetch_bucket_size=layer)),
-            ("stage3_prefetch_bucket_size: 0", replace(rules, prefetch_bucket_size=0))]
+    reuse, text = (rules, "") if rules.max_reuse_distance == 0 else (replace(rules, max_reuse_distance=0),
+                                                                     ", stage3_max_reuse_distance: 0")
+    return [(f"stage3_max_live_parameters: {root + 2 * layer}{text}", replace(reuse, max_live_parameters=root + 2 * layer)),
+            (f"stage3_prefetch_bucket_size: {layer}{text}", replace(reuse, prefetch_bucket_size=layer)),
+            (f"stage3_prefetch_bucket_size: 0{text}", replace(reuse, prefetch_bucket_size=0))]
 
 
 def everything_gathered(run: RunData) -> list[Finding]:
