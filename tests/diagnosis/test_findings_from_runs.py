@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.diagnosis.run_directories import HarnessRun, harness_config, run_directories
+from tests.docs.doc_text import table_after
 from zero_lab.analysis.activation_memory import decoder_shape
 from zero_lab.analysis.diagnosis import diagnose
 from zero_lab.analysis.diagnosis.finding import ERROR, INFO, WARNING
@@ -147,6 +148,7 @@ def test_fsdp2_and_deepspeed_hold_bf16_parameters_in_different_dtypes(runs):
     assert rows["parameters, in the forward"] == ["bfloat16", "bfloat16"]
     assert rows["gradients, reduced in"] == ["bfloat16", "bfloat16"]
     assert found([runs["stage2_bf16"], runs["fsdp2_stage2_bf16"]], "loss-divergence") == []
+    assert finding.table == table_after((REPO / "docs" / "doctor.md").read_text(), "FSDP2 and nano on `tiny` in bf16")
 
 
 def test_a_peak_the_prediction_misses_is_a_gap_with_the_categories_that_differ(runs):

@@ -64,6 +64,14 @@ def test_the_doctor_names_where_the_ranks_parted(aborted):
         assert [(rank["payload_bytes"], rank["dtype"], rank["step"], rank["call"]) for rank in ranks.values()] == [
             (HEAD_BYTES, "float32", 2, "forward"), (VISION_BYTES, "float32", 2, "forward")]
         assert any("Is there a distributed collective mismatch" in line for line in finding["evidence"])
+    # docs/doctor.md shows these: nano's finding line for line (whether a call returned before the
+    # abort is left out: it races the backend's thread), and the call where official parted
+    doc = " ".join((REPO / "docs" / "doctor.md").read_text().split())
+    text = subprocess.run([ZERO_LAB, "doctor", str(compare_dir / "cells" / "w2-s3-nano")], capture_output=True,
+                          text=True, timeout=300, cwd=REPO).stdout
+    shown = [line.split(";")[0].strip() for line in text.splitlines()[:6]]
+    assert all(line in doc for line in shown), shown
+    assert f"Official DeepSpeed parts at its call {findings['w2-s3-official']['figures']['call']}" in doc
     nano = findings["w2-s3-nano"]["figures"]["ranks"]
     assert (nano["0"]["label"], nano["1"]["label"]) == ("unit head", "unit vision")  # nano names its units
     assert "a module that some ranks ran and the others skipped" in findings["w2-s3-nano"]["cause"]

@@ -34,6 +34,8 @@ a config stage contradicting --zero-stage, fp16 with official DeepSpeed on CPU) 
 the engine or Hugging Face find (a config value nano rejects, an --attn-impl that is not
 installed, a model directory that does not load). An allocation the device refuses prints one
 `out of memory: rank R in <phase>: ...` line and exits 4 (zero_lab/workload/out_of_memory.py).
+With ZERO_LAB_COLLECTIVE_RECORD naming a directory (the launcher names the run's logs/), each rank
+keeps its flight record of collectives there (zero_lab/workload/collective_record.py).
 """
 
 from __future__ import annotations

@@ -47,8 +47,7 @@ def described(call: RecordedCall | None) -> str:
     if call is None:
         return "no such call: it went on without the others, or stopped before"
     waiting = "returned" if call.returned else "never returned"
-    return (f"{call.op} of {call.payload_bytes} bytes ({call.dtype} {call.shape}), {waiting}; "
-            f"in {call.where() or 'start-up'}")
+    return f"{call.op} of {call.payload_bytes} bytes ({call.dtype} {call.shape}) in {call.where() or 'start-up'}; {waiting}"
 
 
 def likely_cause(calls: dict[int, RecordedCall | None]) -> str:
