@@ -17,7 +17,6 @@ buffers), and recomputes the prediction with one setting changed for the predict
 
 from __future__ import annotations
 
-from zero_lab.analysis.activation_memory import decoder_shape
 from zero_lab.analysis.diagnosis.finding import Finding, mb
 from zero_lab.analysis.diagnosis.run_data import RunData
 from zero_lab.analysis.logparse import is_number
@@ -93,7 +92,7 @@ def category_gaps(run: RunData, predicted: PeakPrediction) -> list[tuple[str, st
     """(moment, category, measured, predicted): nano's categories after the forward and after the
     backward against the formula's at the same moments, and the rest of the live bytes against the
     predicted activations (saved ones after the forward, none after the backward). [] without categories."""
-    shape = decoder_shape(str(run.log.model.get("name")))
+    shape = run.shape()
     if shape is None or run.stage is None or run.world_size is None:
         return []
     rows = []
@@ -154,13 +153,9 @@ def estimate_gap(run: RunData) -> list[Finding]:
 
 def buckets_dominate(run: RunData) -> list[Finding]:
     measured_mb, bucket = run.summary.get("peak_alloc_max_mb"), run.log.zero.get("reduce_bucket_size")
-    if run.impl not in ("nano", "official") or run.stage is None or not is_number(measured_mb) or not is_number(bucket):
-        return []
-    try:
-        shape = decoder_shape(str(run.log.model.get("name")))
-    except ValueError:
-        return []
-    if shape is None:
+    shape = run.shape()
+    if (run.impl not in ("nano", "official") or run.stage is None or not is_number(measured_mb)
+            or not is_number(bucket) or shape is None):
         return []
     communication = run.log.zero.get("communication_data_type")
     communication = communication if communication in BYTES_OF_PRECISION else run.precision

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zero_lab.analysis import rundir
+from zero_lab.analysis.activation_memory import DecoderShape, decoder_shape
 from zero_lab.analysis.logparse import ParsedLog, is_number, parse_file
 from zero_lab.workload.collective_record import NotARecord, Record, read_records
 
@@ -66,6 +67,14 @@ class RunData:
 
     def steps(self) -> list[dict]:
         return self.log.steps
+
+    def shape(self) -> DecoderShape | None:
+        """The model's decoder shape (a preset, or a directory's config.json), None when it has none
+        this machine can read: `explain`'s arithmetic then has nothing to work on."""
+        try:
+            return decoder_shape(str(self.log.model.get("name")))
+        except ValueError:
+            return None
 
     def ranks_saying(self, text: str) -> list[int]:
         """The ranks whose stderr log (logs/rank<k>.stderr.log) contains `text`."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from zero_lab.analysis.activation_memory import decoder_shape
 from zero_lab.analysis.diagnosis.finding import Finding, mb
 from zero_lab.analysis.diagnosis.run_data import RunData
 from zero_lab.analysis.logparse import is_number
@@ -65,13 +64,8 @@ def releasing_rules(shape, rules: FetchRules) -> list[tuple[str, FetchRules]]:
 
 
 def everything_gathered(run: RunData) -> list[Finding]:
-    if run.stage != 3 or run.world_size is None or run.world_size < 2:
-        return []
-    try:
-        shape = decoder_shape(str(run.log.model.get("name")))
-    except ValueError:
-        return []
-    if shape is None:
+    shape = run.shape()
+    if run.stage != 3 or run.world_size is None or run.world_size < 2 or shape is None:
         return []
     rules = fetch_rules(run)
     whole = layers_whole_after_forward(shape, rules)
