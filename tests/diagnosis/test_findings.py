@@ -86,6 +86,10 @@ def test_gradients_that_part_before_the_losses_point_at_the_reduction():
     [finding] = comparison.loss_divergence(theirs, schedule, 1e-4)
     assert finding.figures["learning_rate_parted_at"] == 2 and "learning rate" in finding.cause
     assert comparison.loss_divergence(theirs, theirs, 1e-4) == []
+    unknown = with_steps(reference, [{"loss": 5.0, "lr": 1e-3, "grad_norm": float("nan")}] * 2
+                         + [{"loss": 3.5, **same}])  # official's stage 0 logs no gradient norm
+    [finding] = comparison.loss_divergence(theirs, unknown, 1e-4)
+    assert finding.figures["gradients_parted_at"] is None and "the update did not" in finding.cause
 
 
 def test_the_recorded_comparison_has_facts_only():

@@ -47,8 +47,11 @@ def groups(runs: list[RunData], baseline: str | None = None) -> list[list[RunDat
             if len(group) > 1]
 
 
-def by_step(run: RunData, field: str) -> dict[int, float]:
-    return {int(row["step"]): float(row[field]) for row in run.steps() if is_number(row.get(field))}
+def by_step(run: RunData, field: str, finite_only: bool = False) -> dict[int, float]:
+    """The field's value at each step that logged a number (finite_only: leave out nan, which an
+    engine logs for a figure it does not compute, as official's stage 0 for grad_norm)."""
+    values = {int(row["step"]): float(row[field]) for row in run.steps() if is_number(row.get(field))}
+    return {step: value for step, value in values.items() if math.isfinite(value) or not finite_only}
 
 
 def differs(first: float, second: float, tolerance: float, relative: bool = False) -> bool:
@@ -66,7 +69,7 @@ def loss_divergence(reference: RunData, run: RunData, tolerance: float) -> list[
     if parted is None:
         return []
     gradient_tolerance = max(DEFAULT_LOSS_TOL.get(r.precision, DEFAULT_LOSS_TOL["fp32"]) for r in (reference, run))
-    norms, their_norms = by_step(run, "grad_norm"), by_step(reference, "grad_norm")
+    norms, their_norms = by_step(run, "grad_norm", finite_only=True), by_step(reference, "grad_norm", finite_only=True)
     rates, their_rates = by_step(run, "lr"), by_step(reference, "lr")
     before = [step for step in common if step < parted]
     gradients_parted = next((step for step in before if step in norms and step in their_norms
