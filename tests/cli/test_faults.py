@@ -292,6 +292,13 @@ def test_a_rank_killed_while_over_the_memory_limit_is_reported_out_of_memory_wit
     assert (run_dir / "logs" / "rank0.stdout.log").is_file() and (run_dir / "memory.csv").is_file()
     text = report.read_text()
     assert "stage 1, nano: failed (out of memory)" in text and row["error"] in text
+    # `zero-lab doctor` (which compare points at) reads it from the run directory: an error, with the figures
+    from zero_lab.analysis.diagnosis import diagnose
+
+    assert f"zero-lab doctor {out / 'oom'}" in stderr
+    [finding] = diagnose([run_dir])
+    assert (finding.code, finding.severity, finding.evidence[0]) == ("out-of-memory", "error", row["error"])
+    assert finding.figures["rss_max_mb"] == row["rss_max_mb"]
 
 
 REFUSED_TRAIN = """

@@ -70,6 +70,7 @@ def test_two_runs_started_together_never_share_a_directory(tmp_path):
     summary = json.loads((tmp_path / "same" / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["steps"] == 2
     assert sorted(path.name for path in (tmp_path / "same" / "logs").iterdir()) == [
+        "collectives-rank0.bin", "collectives-rank1.bin",  # each rank's flight record (docs/doctor.md)
         "rank0.stderr.log", "rank0.stdout.log", "rank1.stderr.log", "rank1.stdout.log"]
 
 

@@ -169,6 +169,37 @@ def model_states_at(moment: str, stage: int, precision: str, world_size: int, sh
     return sum(model_states_by_place_at(moment, stage, precision, world_size, shape, rules, offload).values())
 
 
+def model_state_categories_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape,
+                              rules: FetchRules = DEEPSPEED_FETCH_RULES) -> dict[str, int]:
+    """Model-state bytes per rank and category (`memory_formula.CATEGORIES`) at one of nano's moments
+    (at stage 3 the root, and the layers the fetch rules keep, gathered in the forward)."""
+    layer, root = unit_parameters(shape)
+    if stage != 3:
+        return model_state_bytes(stage, precision, shape.layers * layer + root, world_size, moment)
+    in_forward = moment == "forward"
+    whole = layers_whole_after_forward(shape, rules) if in_forward else 0
+    figures = [model_state_bytes(3, precision, layer, world_size, moment, sharded=True, gathered=index < whole)
+               for index in range(shape.layers)]
+    figures.append(model_state_bytes(3, precision, root, world_size, moment, sharded=True, gathered=in_forward))
+    return {category: sum(figure[category] for figure in figures) for category in figures[0]}
+
+
+def communication_buffer_bytes(shape: DecoderShape, stage: int, precision: str, impl: str,
+                               reduce_bucket_size: int | None, communication_precision: str,
+                               rules: FetchRules = DEEPSPEED_FETCH_RULES) -> int:
+    """The communication buffers the prediction counts at the turn (the module docstring): nano's
+    first gradient bucket; official's `reduce_bucket_size`-element staging buffer at stages 1-2,
+    and at stage 3 its reduce bucket and the copy of its largest prefetch."""
+    if impl == "nano":
+        return first_bucket_bytes(shape, stage, reduce_bucket_size, communication_precision)
+    if stage in (1, 2):
+        return (reduce_bucket_size or 0) * (FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision])
+    if stage == 3:
+        return ((reduce_bucket_size or 0) * BYTES_OF_PRECISION[communication_precision]
+                + decoder_micro_step(shape, rules).largest_prefetch * BYTES_OF_PRECISION[precision])
+    return 0
+
+
 def first_bucket_bytes(shape: DecoderShape, stage: int, reduce_bucket_size: int | None, precision: str) -> int:
     """The gradient bucket alive from the backward's first gradient (stages 2 and 3; 0 otherwise)."""
     if stage < 2 or not reduce_bucket_size:

@@ -6,6 +6,7 @@
         config.official.json  for --impl official: what official DeepSpeed received after conversion
         console.log        torchrun's own output and rank 0's stdout, as it streamed
         logs/rank<k>.stdout.log, logs/rank<k>.stderr.log   every local rank's full output
+        logs/collectives-rank<k>.bin   every local rank's flight record of collectives (`workload.collective_record`)
         metrics.csv        one row per [opt_step]
         memory.csv         every rank's resident memory and the memory available, sampled while it ran
         summary.json       the row `compare` reports, plus headers, collectives and warnings

@@ -14,7 +14,8 @@ Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed o
          With --script each cell runs the user's script instead of the harness, given the cell's
          config as `--deepspeed_config PATH`; its engine prints the log contract (zero_lab.clients).
 Phase 3: rows, deltas and verdict (analysis.comparison), printed as tables, JSON or markdown, saved
-         as compare.json, and rendered as a report when asked.
+         as compare.json, and rendered as a report when asked; one line says when `zero-lab doctor`
+         finds something in the comparison.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from zero_lab.analysis.markdown import cell_tables, render_report, run_table, ve
 from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli.environment import environment, say_where_auto_runs
 from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors, parse_int_list
+from zero_lab.cli.findings_cmd import hint
 from zero_lab.cli.reporting import write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
 
@@ -131,6 +133,7 @@ def compare(
         write_report(comparison, summaries, report, *([title] if title else []))
     show(comparison, summaries, format)
     report_problems(summaries)
+    hint(compare_dir)
     raise typer.Exit(exit_code_of(summaries, interrupted_by) or comparison["verdict"]["exit_code"])
 
 

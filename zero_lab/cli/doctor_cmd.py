@@ -1,9 +1,11 @@
-"""`zero-lab doctor`: versions, devices and backends, and whether official DeepSpeed (and fp16) runs here.
+"""`zero-lab doctor`: versions, devices and backends, and whether official DeepSpeed (and fp16) runs here;
+with run or compare directories, why they behaved as they did (`findings_cmd`, docs/doctor.md).
 
     zero-lab doctor
+    zero-lab doctor runs/compare-20260101-120000 --format json
 
-Exit 0 when every required check passes, 1 otherwise; a warning (no fp16, no CUDA toolkit) does
-not fail it.
+Without a path: exit 0 when every required check passes, 1 otherwise; a warning (no fp16, no CUDA
+toolkit) does not fail it. With paths: exit 1 when a finding has severity error, else 0.
 """
 
 from __future__ import annotations
@@ -12,9 +14,14 @@ import os
 import shutil
 import sys
 
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
 
 from zero_lab.cli import output
+from zero_lab.cli.errors import check_choice, one_line_errors
+from zero_lab.cli.findings_cmd import FORMATS, doctor_paths
 from zero_lab.cli.environment import environment
 from zero_lab.cli.official_probe import probe_official
 from zero_lab.launch import torchrun
@@ -71,8 +78,17 @@ def toolkit_checks(device: str, environ=os.environ, which=shutil.which) -> list[
 REQUIRED = {"python", "torch", "deepspeed", "transformers", "gloo backend", "harness"}
 
 
-def doctor() -> None:
-    """Versions, devices and backends, and whether official DeepSpeed (and fp16) can run here."""
+@one_line_errors
+def doctor(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Run or compare directories to diagnose (none: "
+                                                                "check this machine).", show_default=False)] = None,
+    format: Annotated[str, typer.Option(help="table or json (with paths).")] = "table",
+) -> None:
+    """Check this machine (versions, devices, backends, official DeepSpeed); with run or compare
+    directories, say why they behaved as they did: findings with evidence, cause and fix."""
+    check_choice(format, "--format", FORMATS)
+    if paths:
+        doctor_paths(paths, format)
     checks = doctor_checks()
     body = [[name, "ok" if ok else ("PROBLEM" if name in REQUIRED else "warning"), detail, "" if ok else fix]
             for name, ok, detail, fix in checks]

@@ -19,6 +19,7 @@ from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import run_table
 from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli.environment import environment, say_where_auto_runs
+from zero_lab.cli.findings_cmd import hint
 from zero_lab.cli.errors import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, BadInput, check_choice, check_not_negative,
                                  one_line_errors)
 
@@ -122,4 +123,5 @@ def run(
     if summary.get("note"):
         output.stderr.print(f"note: {summary['note']}", markup=False, highlight=False)
     report_problems(summaries)
+    hint(run_dir)
     raise typer.Exit(exit_code_of(summaries, interrupted_by) or 0)

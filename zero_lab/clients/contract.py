@@ -1,8 +1,9 @@
 """The log contract of a user's script (docs/log-format.md), written by the engine it imported.
 
 Phase 1 (`start_meters`, when torch is imported): the communication meter wraps torch.distributed's
-         collectives before any `init_distributed`; on CPU the memory meter starts tracking tensor
-         storage before the script builds its model (as the built-in workload does before its own).
+         collectives before any `init_distributed`, writing each to the rank's flight record when
+         the launcher asked for one (`collective_record`); on CPU the memory meter starts tracking
+         tensor storage before the script builds its model (as the built-in workload does before its own).
 Phase 2 (`wrap_initialize`, when deepspeed is imported): `deepspeed.initialize` is wrapped. After
          the real one returns, every rank prints `[rank]`, rank 0 `[zero]` (the settings, read
          from the config the script passed, as nano reads it), and the engine's forward, backward
@@ -26,10 +27,11 @@ import torch.distributed as dist
 from zero_lab.clients.step_hook import StepHook
 from zero_lab.nano.config import load_config, read_config_source, without_official_only_keys
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.workload import state_formula
+from zero_lab.workload import collective_record, state_formula
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.contract_lines import announce_rank, emit, zero_header
 from zero_lab.workload.memory_meter import MemoryMeter
+from zero_lab.workload.out_of_memory import StepPhase
 
 _comm: CommMeter | None = None
 _memory: MemoryMeter | None = None
@@ -39,6 +41,9 @@ def start_meters(device_type: str) -> None:
     """Phase 1: the communication meter, and on CPU the memory meter, from now on."""
     global _comm, _memory
     _comm = CommMeter().install()
+    record = collective_record.from_environment()
+    if record is not None:
+        _comm.record_to(record, StepPhase())  # the step hook moves the phase along
     if device_type == "cpu":
         _memory = MemoryMeter(torch.device("cpu"))
         _memory.start()

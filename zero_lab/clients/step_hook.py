@@ -11,7 +11,9 @@ A script calls, per micro-step, `engine(batch)` (forward), `engine.backward(loss
     step:     when `global_steps` grew, the step closes: memory after the step, `[opt_step k]`,
               its `[phase]` lines and any `[warn]`; the step's collectives join the totals of `[comm]`.
 Forwards without gradients (evaluation) pass through unmeasured, and so does everything between
-steps (a checkpoint save, a client's logging), as in the built-in workload.
+steps (a checkpoint save, a client's logging), as in the built-in workload. Each call also moves the
+meter's `StepPhase` (when it keeps a flight record), so its collectives are recorded with their
+step and engine call.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from zero_lab.workload.comm_meter import CommMeter, OpCount, accumulate, difference
 from zero_lab.workload.contract_lines import emit, model_header, opt_step_fields
 from zero_lab.workload.memory_meter import MemoryMeter
+from zero_lab.workload.out_of_memory import Phase, StepPhase
 from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
 
 
@@ -58,6 +61,7 @@ class StepHook:
         self.model_printed = False
         self.steps = 0
         self.comm_total: dict[str, OpCount] = {}
+        self.phase = comm.phase or StepPhase()  # where the engine is: the flight record's step and call
 
     def install(self) -> None:
         """Wrap the engine's own methods on the instance (what `engine(...)` and clients call)."""
@@ -69,6 +73,7 @@ class StepHook:
     def forward(self, original, args: tuple, kwargs: dict):
         if not (torch.is_grad_enabled() and self.engine.training):
             return original(*args, **kwargs)
+        self.phase.enter(Phase.FORWARD, self.engine.global_steps + 1)
         if not self.open:
             self.open, self.tokens = True, 0
             self.metrics.begin()
@@ -85,6 +90,7 @@ class StepHook:
         return output
 
     def backward(self, original, loss, args: tuple, kwargs: dict):
+        self.phase.enter(Phase.BACKWARD)
         result = original(loss, *args, **kwargs)
         if self.open:
             self.metrics.sample_phase("after_backward", self.breakdown)
@@ -93,7 +99,9 @@ class StepHook:
 
     def step(self, original, args: tuple, kwargs: dict):
         steps_before, skipped_before = self.engine.global_steps, self.engine.skipped_steps
+        self.phase.enter(Phase.STEP)
         result = original(*args, **kwargs)
+        self.phase.enter(Phase.BETWEEN_STEPS)
         if not self.open or self.engine.global_steps == steps_before:
             return result  # inside an accumulation window
         self.metrics.sample_phase("after_step", self.breakdown)
@@ -117,7 +125,7 @@ class StepHook:
         micro_batch = tokens.numel() // seq_len if seq_len else 0
         emit(self.rank, "model", model_header(
             model_name(module), self.engine, precision_of(self.engine), self.device, seq_len, micro_batch,
-            bool(getattr(module, "is_gradient_checkpointing", False)), self.formula))
+            bool(getattr(module, "is_gradient_checkpointing", False)), self.formula, self.metrics.memory.peak_bytes()))
         self.model_printed = True
 
     def print_comm_totals(self) -> None:

@@ -34,6 +34,8 @@ a config stage contradicting --zero-stage, fp16 with official DeepSpeed on CPU) 
 the engine or Hugging Face find (a config value nano rejects, an --attn-impl that is not
 installed, a model directory that does not load). An allocation the device refuses prints one
 `out of memory: rank R in <phase>: ...` line and exits 4 (zero_lab/workload/out_of_memory.py).
+With ZERO_LAB_COLLECTIVE_RECORD naming a directory (the launcher names the run's logs/), each rank
+keeps its flight record of collectives there (zero_lab/workload/collective_record.py).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import torch.distributed as dist
 
 from zero_lab.nano.config import load_config, without_official_only_keys
 from zero_lab.nano.errors import NanoConfigError
+from zero_lab.workload import collective_record
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.data import make_batches
 from zero_lab.workload.errors import WorkloadError
@@ -141,12 +144,16 @@ def select_device(device: torch.device) -> None:
 def train(args, device: torch.device, config: dict, batches) -> None:
     """Phases 2-5: meters, engine, training steps, totals; the meters come out whatever happens,
     and a refused allocation becomes OutOfMemory, one line naming the rank, the phase and the figures."""
-    # Phase 2: the device first, then both meters before the engine exists (see their modules for why).
+    # Phase 2: the device first, then both meters before the engine exists (see their modules for why),
+    # and the flight record of collectives when the launcher asked for one.
     select_device(device)
     comm = CommMeter(getattr(args, "ranks_per_node", None)).install()  # resolved by `prepare`
     memory = MemoryMeter(device)
     memory.start()
     phase = StepPhase()
+    record = collective_record.from_environment()
+    if record is not None:
+        comm.record_to(record, phase)
     try:
         train_with_meters(args, device, config, batches, comm, memory, phase)
     except Exception as error:
@@ -158,6 +165,8 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     finally:
         memory.stop()
         comm.uninstall()
+        if record is not None:
+            record.close()
 
 
 def train_with_meters(args, device: torch.device, config: dict, batches, comm: CommMeter,
@@ -186,7 +195,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     emit(rank, "zero", zero_header(args.impl, engine.zero_optimization_stage(), world_size, settings,
                                    engine.gradient_accumulation_steps()))
     emit(rank, "model", model_header(args.model_name, engine, settings.precision, device, args.seq_len,
-                                     config["train_micro_batch_size_per_gpu"], args.gradient_checkpointing, formula))
+                                     config["train_micro_batch_size_per_gpu"], args.gradient_checkpointing, formula,
+                                     memory.peak_bytes()))
 
     for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
         emit(rank, "warn", {"kind": "engine", "message": message})
@@ -211,7 +221,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         for micro in range(accumulation):
             last = micro == accumulation - 1  # memory through the step: the last micro-step's phases
             batch = batches.get((step - 1) * accumulation + micro, rank, device)
-            phase.enter(Phase.FORWARD)
+            phase.enter(Phase.FORWARD, step)
             loss = engine(**batch).loss
             if last:
                 metrics.sample_phase("after_forward", breakdown)

@@ -1,6 +1,7 @@
 """Run one torchrun job into a run directory, with live progress and a clean stop.
 
-Phase 1: write what the run is given (command, configs, environment) before it starts.
+Phase 1: write what the run is given (command, configs, environment) before it starts; each
+         rank keeps its flight record of collectives in the run's logs/ (`collective_record`).
 Phase 2: pick a free port, then at once start torchrun in its own session (a port picked earlier
          could have been taken by a concurrent comparison), with stop signals deferred until its
          process is known (zero_lab.signals.deferred). Stream rank 0's output: to
@@ -37,6 +38,7 @@ from zero_lab.launch import moments, ports, torchrun
 from zero_lab.launch.engine_switch import impl_environment
 from zero_lab.launch.memory_watch import MemoryWatch
 from zero_lab.launch.stall import StallWatch
+from zero_lab.workload.collective_record import RECORD_DIRECTORY_ENVIRONMENT
 
 STOP_GRACE_S = 5.0
 
@@ -103,6 +105,7 @@ def execute(
     child_env = torchrun.launch_environment(dict(os.environ), spec.device, spec.nproc, environment["cpu_cores"])
     if spec.script is not None:  # its `import deepspeed` is the impl's, and the engine prints the log contract
         child_env = impl_environment(child_env, spec.impl, spec.device, log_contract=True)
+    child_env[RECORD_DIRECTORY_ENVIRONMENT] = str(run_dir.resolve() / "logs")  # each rank's flight record
     total_steps = spec.workload.steps if spec.script is None else None  # a script decides its own
     task = progress.add_task(label, total=total_steps, loss="-") if progress is not None else None
     # Phase 2

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Optional, Sequence
 
@@ -38,6 +39,21 @@ RANKS_PER_NODE_ENVIRONMENT = "ZERO_LAB_RANKS_PER_NODE"
 # an all-to-all): a meter that wraps torch.distributed counts the call under this name, so traffic
 # is labelled by the algorithm, whichever function carried it.
 EMULATED_COLLECTIVE: ContextVar[Optional[str]] = ContextVar("zero_lab_emulated_collective", default=None)
+
+# What the collectives issued now are for, in nano's words: the step's phase ("reduce_gradients",
+# "unscale_clip", "all_gather"), the stage-3 unit gathered, the gradient bucket reduced. A meter
+# that wraps torch.distributed writes it beside each call (the harness's flight record).
+COLLECTIVE_LABEL: ContextVar[Optional[str]] = ContextVar("zero_lab_collective_label", default=None)
+
+
+@contextmanager
+def labelled(label: str):
+    """Collectives issued inside carry `label` (see COLLECTIVE_LABEL)."""
+    token = COLLECTIVE_LABEL.set(label)
+    try:
+        yield
+    finally:
+        COLLECTIVE_LABEL.reset(token)
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:

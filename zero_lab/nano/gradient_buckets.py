@@ -48,6 +48,10 @@ class GradientBucket:
         """Hand the filled values to the optimizer's reducer (which frees them once reduced)."""
         raise NotImplementedError
 
+    def label(self) -> str:
+        """What its reduction is called in a collective record: the buffers and ranges it holds."""
+        return "bucket " + " ".join(f"{index}[{start}:{end})" for index, start, end in self.flat_ranges())
+
 
 @dataclass
 class RangeBucket(GradientBucket):

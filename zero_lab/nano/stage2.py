@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from zero_lab.nano.collectives import labelled
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.gradient_buckets import GradientBucket, RangeBucket, SpanningBucket
 from zero_lab.nano.gradient_reduction import optional_bytes
@@ -91,7 +92,8 @@ class ArrivalPacking(GradientCollection):
     def _launch(self, bucket: GradientBucket) -> None:
         self._values(bucket)  # a bucket none of whose gradients arrived is reduced as zeros
         bucket.launched = True
-        bucket.launch(self.optimizer, accumulate=self.window_reduced)
+        with labelled(bucket.label()):
+            bucket.launch(self.optimizer, accumulate=self.window_reduced)
         bucket.values = None  # the reducer holds it until the reduction is finished
 
     def after_backward(self) -> None:

@@ -42,7 +42,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from zero_lab.nano.coalesced_gather import start_gathers
-from zero_lab.nano.collectives import Collectives
+from zero_lab.nano.collectives import Collectives, labelled
 from zero_lab.nano.external_parameters import external_parameters, register_external_parameter, unwatch, watch
 from zero_lab.nano.fetch_policy import FetchRules, FetchSchedule, TracedUse
 from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
@@ -171,7 +171,8 @@ class UnitGathering:
             else:
                 entry.holds += 1
             entry.kept = False
-        start_gathers([buffer for entry in entries for buffer in entry.buffers], self.collectives)  # one call (per dtype)
+        with labelled("unit " + ",".join(entry.unit.name for entry in entries)):
+            start_gathers([buffer for entry in entries for buffer in entry.buffers], self.collectives)  # one call (per dtype)
         for entry in entries:
             for buffer in entry.buffers:
                 buffer.wait()
@@ -216,8 +217,9 @@ class UnitGathering:
                    self.schedule.prefetch(position, lambda unit: self.by_name[unit].gathered, self.live_numel())]
         for entry in started:
             entry.prefetched = True
-        start_gathers([buffer for entry in started for buffer in entry.buffers], self.collectives,
-                      asynchronous=True)  # one call (per dtype) for the whole prefetch
+        with labelled("prefetch " + ",".join(entry.unit.name for entry in started)):
+            start_gathers([buffer for entry in started for buffer in entry.buffers], self.collectives,
+                          asynchronous=True)  # one call (per dtype) for the whole prefetch
 
     def _keep(self, entry: GatheredUnit) -> bool:
         """Rule 3 at this moment: official counts the uses begun so far."""

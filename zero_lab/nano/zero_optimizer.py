@@ -73,7 +73,7 @@ import torch
 
 from zero_lab.nano import stages
 from zero_lab.nano.adamw import PartitionedAdam
-from zero_lab.nano.collectives import Collectives, free_storage
+from zero_lab.nano.collectives import Collectives, free_storage, labelled
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer
@@ -206,7 +206,8 @@ class ZeroOptimizer:
     def step(self) -> None:
         # Phase 1: reduce gradients: stages 0/1 now, stages 2/3 did in backward; then the gradient
         # partitions are complete (summed over ranks, averaged).
-        self.gradient_collection.reduce_at_boundary()
+        with labelled("reduce_gradients"):
+            self.gradient_collection.reduce_at_boundary()
         partitions = [self.gradient_partition(index) for index in range(len(self.buffers))]
         # Phase 2: unscale.
         scale = self.loss_scaler.loss_scale
@@ -214,7 +215,8 @@ class ZeroOptimizer:
             for partition in partitions:
                 partition.div_(scale)
         # Phase 3: global norm; skip on non-finite; clip (torch.nn.utils.clip_grad_norm_'s coefficient).
-        self.global_grad_norm = self._global_norm(partitions)
+        with labelled("unscale_clip"):
+            self.global_grad_norm = self._global_norm(partitions)
         self.overflow = self.checks_overflow and not math.isfinite(self.global_grad_norm)
         self.loss_scaler.update_scale(self.overflow)
         if self.overflow:
@@ -233,7 +235,8 @@ class ZeroOptimizer:
         self.adam.step(gradients_of_group)
         del partitions, gradients_of_group
         # Phase 5
-        self._publish_parameters()
+        with labelled("all_gather"):
+            self._publish_parameters()
         # Phase 6: no gradient memory between steps.
         self._release_gradients()
 

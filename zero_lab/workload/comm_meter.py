@@ -24,6 +24,11 @@ A collective called from inside another one (torch 2.13's `all_gather_into_tenso
 `all_gather_single`) counts once, under the name the engine called; the private
 `_all_gather_base` and `_reduce_scatter_base` are not wrapped, so they count as the `_single`
 collectives they call.
+With a `collective_record.CollectiveRecord` attached (`record_to`), every call is also written to
+the rank's flight record as it starts and when it returns: the counted ones, the harness's own
+(paused: not counted) and barriers (recorded, never counted), each with where the rank was: the
+step and engine call of the `StepPhase` the harness or client keeps, and the label nano gives
+(`zero_lab.nano.collectives.COLLECTIVE_LABEL`: its phase, unit or bucket).
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from zero_lab.nano.collectives import EMULATED_COLLECTIVE
+from zero_lab.nano.collectives import COLLECTIVE_LABEL, EMULATED_COLLECTIVE
+from zero_lab.workload.collective_record import NOT_IN_A_STEP, CollectiveRecord
+from zero_lab.workload.out_of_memory import StepPhase
 from zero_lab.workload.wire_bytes import ranks_on_node, wire_split
 
 
@@ -66,6 +73,17 @@ MEASURED_ARGUMENT = {
     "all_reduce_coalesced": "tensors",
     "all_gather_coalesced": "output_tensor_lists",
 }
+RECORDED_ONLY = ("barrier",)  # moves no tensor: in the flight record, never in the counts
+
+
+def _described(tensors) -> tuple[str, str]:
+    """(dtype, shape) of what a call moves, for the flight record: '4x1024'; a list of N tensors 'N*4x1024'."""
+    if isinstance(tensors, torch.Tensor):
+        return str(tensors.dtype).removeprefix("torch."), "x".join(str(size) for size in tensors.shape)
+    if isinstance(tensors, (list, tuple)) and tensors:
+        dtype, shape = _described(tensors[0])
+        return dtype, f"{len(tensors)}*{shape}"
+    return "", ""
 
 
 @dataclass
@@ -95,12 +113,20 @@ class CommMeter:
         self.ranks_per_node = ranks_per_node
         self.counts: dict[str, OpCount] = {}
         self._originals: dict[str, object] = {}
-        self._depth = 0  # > 0 while inside a counted collective, or while paused
+        self._depth = 0  # > 0 while inside a wrapped collective
+        self._paused = 0  # > 0 while the harness's own collectives run
         self._group_ranks: dict[object, list[int]] = {}
         self.trace: list[tuple[str, int, int]] | None = None  # a list: every call in order, (label, payload, wire)
+        self.recorder: CollectiveRecord | None = None
+        self.phase: StepPhase | None = None
+
+    def record_to(self, recorder: CollectiveRecord, phase: StepPhase) -> "CommMeter":
+        """Write every call to `recorder` too, with `phase`'s step and engine call."""
+        self.recorder, self.phase = recorder, phase
+        return self
 
     def install(self) -> "CommMeter":
-        for name, argument in MEASURED_ARGUMENT.items():
+        for name, argument in [*MEASURED_ARGUMENT.items(), *((name, None) for name in RECORDED_ONLY)]:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
@@ -116,26 +142,42 @@ class CommMeter:
             setattr(dist, name, original)
         self._originals.clear()
 
-    def _wrap(self, name: str, original, argument: str):
+    def _wrap(self, name: str, original, argument: str | None):
+        """`original` counted (argument: what it moves; None: recorded only) and recorded."""
         signature = inspect.signature(original)
 
         @functools.wraps(original)
         def counted(*args, **kwargs):
-            if self._depth == 0:
-                bound = signature.bind(*args, **kwargs)
-                label = EMULATED_COLLECTIVE.get() or name
-                payload = _nbytes(bound.arguments[argument])
-                group_ranks = self._ranks_of(bound.arguments.get("group"))
-                on_my_node = (ranks_on_node(group_ranks, c10d.get_rank(), self.ranks_per_node)
-                              if self.ranks_per_node else len(group_ranks))
-                self.record(label, payload, *wire_split(label, payload, len(group_ranks), on_my_node))
+            if self._depth:  # called by another wrapped collective: that one counts
+                return original(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            label = EMULATED_COLLECTIVE.get() or name
+            moved = bound.arguments[argument] if argument else None
+            payload = _nbytes(moved)
+            group_ranks = self._ranks_of(bound.arguments.get("group"))
+            on_my_node = (ranks_on_node(group_ranks, c10d.get_rank(), self.ranks_per_node)
+                          if self.ranks_per_node else len(group_ranks))
+            intra, inter = wire_split(label, payload, len(group_ranks), on_my_node) if argument else (0, 0)
+            if argument and not self._paused:
+                self.record(label, payload, intra, inter)
+            seq = self._start_entry(label, moved, payload, intra + inter, len(group_ranks)) if self.recorder else None
             self._depth += 1
             try:
                 return original(*args, **kwargs)
             finally:
                 self._depth -= 1
+                if seq is not None:
+                    self.recorder.returned(seq)
 
         return counted
+
+    def _start_entry(self, op: str, moved, payload: int, wire: int, group_size: int) -> int:
+        """The flight record's entry of a call starting now (where: the phase's step and engine call)."""
+        dtype, shape = _described(moved)
+        step = self.phase.step if self.phase is not None and self.phase.step is not None else NOT_IN_A_STEP
+        call = "harness" if self._paused else self.phase.current.value if self.phase is not None else ""
+        return self.recorder.started(op, payload, wire, dtype, shape, group_size, step, call,
+                                     COLLECTIVE_LABEL.get() or "")
 
     def _ranks_of(self, group) -> list[int]:
         """The global ranks of a process group (None: the world), looked up once per group."""
@@ -158,12 +200,12 @@ class CommMeter:
 
     @contextmanager
     def paused(self):
-        """Collectives issued inside (the harness's own bookkeeping) are not counted."""
-        self._depth += 1
+        """Collectives issued inside (the harness's own bookkeeping) are not counted (but recorded)."""
+        self._paused += 1
         try:
             yield
         finally:
-            self._depth -= 1
+            self._paused -= 1
 
 
 def difference(after: dict[str, OpCount], before: dict[str, OpCount]) -> dict[str, OpCount]:

@@ -47,13 +47,17 @@ class Phase(enum.Enum):
 
 
 class StepPhase:
-    """Phase 1: the phase a rank is in now; the training loop sets it before each call."""
+    """Phase 1: the phase a rank is in now, and the optimizer step (None before the first); the
+    training loop sets them before each call (the flight record reads them too, `comm_meter`)."""
 
     def __init__(self) -> None:
         self.current = Phase.START_UP
+        self.step: int | None = None
 
-    def enter(self, phase: Phase) -> None:
+    def enter(self, phase: Phase, step: int | None = None) -> None:
         self.current = phase
+        if step is not None:
+            self.step = step
 
 
 # What a RuntimeError (or its subclasses AcceleratorError and NCCL's DistBackendError) says when an

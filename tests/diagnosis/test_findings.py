@@ -1,0 +1,155 @@
+"""The doctor's findings as pure functions over run data, without a launch: the recorded comparison
+(tests/fixtures/compare-tiny), flight records written here, and steps whose causes the real runs of
+test_findings_from_runs.py do not reach (gradients or a schedule that part). Also the CLI's contract:
+the JSON shape, the exit codes, bad paths."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zero_lab.analysis.activation_memory import decoder_shape
+from zero_lab.analysis.diagnosis import comparison, diagnose, memory, mismatch, stage3
+from zero_lab.analysis.diagnosis.finding import SEVERITY_OF, Finding, exit_code, ordered
+from zero_lab.analysis.diagnosis.run_data import load_run
+from zero_lab.analysis.logparse import ParsedLog
+from zero_lab.analysis.peak_memory import predict_run_peak
+from zero_lab.cli.app import app
+from zero_lab.workload.collective_record import CollectiveRecord, read_records
+
+REPO = Path(__file__).resolve().parents[2]
+COMPARE = REPO / "tests" / "fixtures" / "compare-tiny"
+CODES = {"stage3-everything-gathered": "info", "buckets-dominate": "info", "dtype-difference": "info",
+         "estimate-gap": "warning", "materialized-before-partition": "warning", "no-16bit-weights-on-save": "warning",
+         "collective-mismatch": "error", "loss-divergence": "error", "out-of-memory": "error"}
+
+
+def test_the_codes_and_severities_are_the_contract():
+    assert SEVERITY_OF == CODES
+
+
+def test_errors_come_first_and_decide_the_exit_code():
+    info = Finding("buckets-dominate", "t", [], "c", "f")
+    error = Finding("loss-divergence", "t", [], "c", "f")
+    assert ordered([info, error]) == [error, info]
+    assert (exit_code([info]), exit_code([info, error]), exit_code([])) == (0, 1, 0)
+    assert set(error.to_json()) >= {"code", "severity", "title", "evidence", "cause", "fix"}
+
+
+def write_calls(directory: Path, rank: int, calls: list[tuple]) -> None:
+    record = CollectiveRecord.open(directory, rank, 2)
+    for op, payload, step, call, label in calls:
+        record.returned(record.started(op, payload, payload // 2, "float32", str(payload // 4), 2, step, call, label))
+    record.close()
+
+
+def test_the_first_call_where_the_ranks_part_and_a_rank_that_went_on_alone(tmp_path):
+    common = [("all_gather", 64, 1, "forward", "unit a"), ("reduce_scatter", 64, 1, "backward", "bucket 0[0:16)")]
+    write_calls(tmp_path, 0, common + [("all_reduce", 4, 1, "step", "unscale_clip")])
+    write_calls(tmp_path, 1, common)
+    seq, calls = mismatch.first_difference(read_records(tmp_path))
+    assert seq == 2 and calls[1] is None and calls[0].label == "unscale_clip"
+    write_calls(tmp_path, 1, common + [("barrier", 0, 1, "between steps", "")])
+    seq, calls = mismatch.first_difference(read_records(tmp_path))
+    assert seq == 2 and "some ranks did work between steps" in mismatch.likely_cause(calls)
+
+
+def test_records_that_agree_give_no_difference(tmp_path):
+    for rank in (0, 1):
+        write_calls(tmp_path, rank, [("all_gather", 64, 1, "forward", "unit a")] * 3)
+    assert mismatch.first_difference(read_records(tmp_path)) is None
+
+
+def fixture_run(cell: str):
+    return load_run(COMPARE / "cells" / cell)
+
+
+def with_steps(run, rows: list[dict]):
+    log = replace(run.log, steps=[{"step": step, **row} for step, row in enumerate(rows, 1)])
+    return replace(run, log=log)
+
+
+def test_gradients_that_part_before_the_losses_point_at_the_reduction():
+    reference = fixture_run("w2-s2-nano")
+    same = {"lr": 1e-3, "grad_norm": 2.0}
+    ours = with_steps(reference, [{"loss": 5.0, **same}, {"loss": 4.0, "lr": 1e-3, "grad_norm": 2.5}, {"loss": 3.5, **same}])
+    theirs = with_steps(reference, [{"loss": 5.0, **same}, {"loss": 4.0, **same}, {"loss": 3.0, **same}])
+    [finding] = comparison.loss_divergence(theirs, ours, 1e-4)
+    assert finding.figures["step"] == 3 and finding.figures["gradients_parted_at"] == 2
+    assert "gradient reduction" in finding.cause
+    schedule = with_steps(reference, [{"loss": 5.0, **same}, {"loss": 4.0, "lr": 2e-3, "grad_norm": 2.0},
+                                      {"loss": 3.5, **same}])
+    [finding] = comparison.loss_divergence(theirs, schedule, 1e-4)
+    assert finding.figures["learning_rate_parted_at"] == 2 and "learning rate" in finding.cause
+    assert comparison.loss_divergence(theirs, theirs, 1e-4) == []
+    unknown = with_steps(reference, [{"loss": 5.0, "lr": 1e-3, "grad_norm": float("nan")}] * 2
+                         + [{"loss": 3.5, **same}])  # official's stage 0 logs no gradient norm
+    [finding] = comparison.loss_divergence(theirs, unknown, 1e-4)
+    assert finding.figures["gradients_parted_at"] is None and "the update did not" in finding.cause
+
+
+def test_the_recorded_comparison_has_facts_only():
+    """nano and official at stages 1-3 (fp32): official's 20,000,000-element buffers dominate its
+    peaks (80,000,000 bytes at stages 1 and 2), and nothing is wrong."""
+    findings = diagnose([COMPARE])
+    assert {finding.severity for finding in findings} == {"info"}
+    buckets = [finding for finding in findings if finding.code == "buckets-dominate"]
+    assert [Path(finding.runs[0]).name for finding in buckets] == ["w2-s1-official", "w2-s2-official", "w2-s3-official"]
+    assert [finding.figures["buffer_bytes"] for finding in buckets[:2]] == [20_000_000 * 4] * 2
+
+
+def test_out_of_memory_gives_the_predicted_peak_of_each_remedy():
+    run = fixture_run("w2-s1-nano")
+    run.summary = {**run.summary, "status": "failed", "failure": "out_of_memory",
+                   "error": "killed, most likely out of memory: rank 0 held 900 MB resident"}
+    [finding] = memory.out_of_memory(run)
+    model, zero = run.log.model, run.log.zero
+    assert finding.evidence[0] == run.summary["error"]
+    assert finding.figures["predicted_peak_bytes"] == predict_run_peak(model, zero, 1, "fp32", 2).peak
+    assert finding.figures["remedies"] == {
+        "--stage 2": predict_run_peak(model, {**zero, "stage": 2}, 2, "fp32", 2).peak,
+        f"--batch-size {model['micro_batch'] // 2}": predict_run_peak(
+            {**model, "micro_batch": model["micro_batch"] // 2}, zero, 1, "fp32", 2).peak,
+        "--gradient-checkpointing": predict_run_peak({**model, "gradient_checkpointing": True}, zero, 1, "fp32", 2).peak}
+
+
+def test_a_save_that_gathers_16bit_weights_is_no_finding():
+    run = fixture_run("w2-s3-nano")
+    run.log = replace(run.log, checkpoints=[{"action": "save", "step": 3, "tag": "global_step3", "bytes": 1, "files": 3}])
+    assert [finding.code for finding in stage3.no_16bit_weights_on_save(run)] == ["no-16bit-weights-on-save"]
+    run.config = {"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": True}}
+    assert stage3.no_16bit_weights_on_save(run) == []
+
+
+def test_every_setting_offered_releases_layers_and_the_first_kept_releases_half():
+    shape = decoder_shape("qwen3-0.6b")
+    rules = stage3.fetch_rules(replace(fixture_run("w2-s3-nano"), log=ParsedLog()))  # DeepSpeed's defaults
+    gathered = [stage3.layers_whole_after_forward(shape, changed) for _, changed in stage3.releasing_rules(shape, rules)]
+    assert stage3.layers_whole_after_forward(shape, rules) == shape.layers > max(gathered)
+    assert gathered[-1] == 0  # no prefetch: every layer goes after its use
+
+
+runner = CliRunner()
+
+
+def test_doctor_json_and_exit_codes():
+    result = runner.invoke(app, ["doctor", str(COMPARE), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)["findings"]
+    assert found and all(set(item) >= {"code", "severity", "title", "evidence", "cause", "fix"} for item in found)
+
+
+def test_doctor_refuses_a_path_that_is_no_run(tmp_path):
+    for path in (tmp_path, tmp_path / "missing"):
+        result = runner.invoke(app, ["doctor", str(path)])
+        assert result.exit_code == 2 and result.stderr.startswith("error: ") and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("cell", ["w2-s1-nano", "w2-s3-official"])
+def test_each_cell_of_the_recorded_comparison_prints_as_text(cell):
+    result = runner.invoke(app, ["doctor", str(COMPARE / "cells" / cell)])
+    assert result.exit_code == 0 and result.stdout.rstrip().splitlines()[-1].endswith("info")
