@@ -22,7 +22,8 @@ def draws(seed: int, median: float, spread: float, count: int = 19) -> list[floa
 
 
 def verdict_of(candidate, baseline) -> str | None:
-    return time_verdict(ratio_interval(candidate, baseline))
+    """The verdict on one run of each impl."""
+    return time_verdict(ratio_interval([candidate], [baseline]))
 
 
 @pytest.mark.parametrize("times, start_up", [
@@ -66,7 +67,7 @@ def test_a_20_percent_shift_with_low_spread_is_faster_or_slower(seed):
     baseline, candidate = draws(seed, 1000.0, 0.03), draws(seed + 1000, 800.0, 0.03)
     assert verdict_of(candidate, baseline) == "faster"
     assert verdict_of(baseline, candidate) == "slower"
-    low, high = ratio_interval(candidate, baseline)
+    low, high = ratio_interval([candidate], [baseline])
     assert low < np.median(candidate) / np.median(baseline) < high < 1.0
 
 
@@ -75,11 +76,23 @@ def test_the_same_shift_in_a_wide_spread_is_within_noise():
 
 
 def test_the_interval_is_seeded_and_needs_three_steps_a_side():
-    candidate, baseline = draws(3, 900.0, 0.1), draws(4, 1000.0, 0.1)
-    assert ratio_interval(candidate, baseline) == ratio_interval(list(candidate), list(baseline))
+    candidate, baseline = [draws(3, 900.0, 0.1)], [draws(4, 1000.0, 0.1)]
+    assert ratio_interval(candidate, baseline) == ratio_interval([list(candidate[0])], [list(baseline[0])])
     assert ratio_interval(candidate, baseline, seed=1) != ratio_interval(candidate, baseline)
-    assert ratio_interval([900.0, 910.0], baseline) is None and time_verdict(None) is None
-    assert ratio_interval([900.0, 910.0, 920.0], baseline) is not None
+    assert ratio_interval([[900.0, 910.0]], baseline) is None and time_verdict(None) is None
+    assert ratio_interval([[900.0], [910.0, 920.0]], baseline) is not None, "three steps over two runs"
+
+
+def test_a_run_that_disagrees_with_the_others_widens_the_interval_as_pooled_steps_would_not():
+    """Three runs, each steady within itself (1% spread), one of them 20% faster than the other two
+    (a whole run on a quieter machine): resampled by steps alone, the pooled steps sit in the two
+    slow runs' cluster and read `slower`; resampled by runs, then steps, one run in three
+    disagreeing is seen, and the interval spans it."""
+    runs = [draws(10, 1150.0, 0.01), draws(11, 1120.0, 0.01), draws(12, 950.0, 0.01)]
+    baseline = [draws(13, 1000.0, 0.01)]
+    assert verdict_of(runs[0] + runs[1] + runs[2], baseline[0]) == "slower"
+    low, high = ratio_interval(runs, baseline)
+    assert low < 0.96 and high > 1.14 and time_verdict((low, high)) == "within noise"
 
 
 def timed(impl, times, **extra):

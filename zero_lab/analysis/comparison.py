@@ -18,7 +18,7 @@ Phase 3: `step_loss_gaps`: both runs' per-step losses joined on (cell, step), so
          logged count; a cell's gap is the largest |difference|, infinite when a loss is NaN.
 Phase 4: `step_time_table`: per cell and impl, the step times of all its runs after each run's
          start-up, pooled: their median and quartiles; each pair's ratio of medians gets its
-         bootstrap interval and verdict (`step_times`).
+         bootstrap interval (over runs, then steps) and verdict (`step_times`).
 Phase 5: the verdict's rules (`metrics`): loss parity per cell, memory and step-time regressions,
          failed runs, an interruption, exact resume.
 """
@@ -124,11 +124,10 @@ def cell_deltas(summaries: list[dict], loss_tol: float, baseline_impl: str,
 class ImplSteps:
     """Phase 4: one impl's step times in one cell, its runs pooled."""
 
-    runs: int  # runs that logged a step time
-    start_up_steps: list[int]  # per run, how many leading steps were left out as start-up
-    times: list[float]  # the steady step times of all its runs
-    step_ms: float | None  # their median; without per-step times, its first run's summary step_ms
-    spread: step_times.Spread | None  # their median and quartiles
+    start_up_steps: list[int]  # per run that logged a step time, how many leading steps were start-up
+    runs: list[list[float]]  # per such run, its steady step times
+    step_ms: float | None  # their median, pooled; without per-step times, its first run's summary step_ms
+    spread: step_times.Spread | None  # their median and quartiles, pooled
 
 
 def step_time_table(summaries: list[dict]) -> dict[tuple[int, int, str], ImplSteps]:
@@ -139,10 +138,10 @@ def step_time_table(summaries: list[dict]) -> dict[tuple[int, int, str], ImplSte
     table = {}
     for key, runs in grouped.items():
         series = [times for run in runs if (times := [ms for _, ms in sorted(rundir.step_times_of(run).items())])]
-        pooled = [ms for times in series for ms in step_times.steady_times(times)]
-        spread = step_times.spread(pooled)
+        steady = [step_times.steady_times(times) for times in series]
+        spread = step_times.spread([ms for times in steady for ms in times])
         first_measured = next((run.get("step_ms") for run in runs if run.get("steps")), None)
-        table[key] = ImplSteps(len(series), [step_times.start_up_steps(times) for times in series], pooled,
+        table[key] = ImplSteps([step_times.start_up_steps(times) for times in series], steady,
                                spread.median if spread else first_measured, spread)
     return table
 
@@ -155,14 +154,15 @@ def step_time_ratio(candidate: ImplSteps, baseline: ImplSteps) -> tuple[float | 
     """Phase 4 for a pair: (ratio of the medians, interval low, high, verdict); None where unknown."""
     if candidate.step_ms is None or not baseline.step_ms:
         return None, None, None, None
-    interval = step_times.ratio_interval(candidate.times, baseline.times)
+    interval = step_times.ratio_interval(candidate.runs, baseline.runs)
     low, high = interval or (None, None)
     return candidate.step_ms / baseline.step_ms, low, high, step_times.time_verdict(interval)
 
 
 def step_time_records(timed: dict[tuple[int, int, str], ImplSteps]) -> list[dict[str, object]]:
     """compare.json's `step_times`: per cell and impl, what its step time rests on."""
-    return [{"world_size": world_size, "stage": stage, "impl": impl, "runs": steps.runs, "steps": len(steps.times),
+    return [{"world_size": world_size, "stage": stage, "impl": impl, "runs": len(steps.runs),
+             "steps": sum(len(run) for run in steps.runs),
              "start_up_steps": steps.start_up_steps, "step_ms": plain(steps.step_ms),
              "step_ms_q1": steps.spread.q1 if steps.spread else None,
              "step_ms_q3": steps.spread.q3 if steps.spread else None}

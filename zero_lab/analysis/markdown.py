@@ -41,13 +41,23 @@ def fmt(value: object, digits: int = 1, signed: bool = False) -> str:
     return str(value)
 
 
+def first_runs(runs: list[dict]) -> list[dict]:
+    """Each (world size, stage, impl) once, its first run: with `--repeat` the others log the same
+    losses and tensor bytes again (their step times differ: the report's tables pool them)."""
+    seen: set[tuple] = set()
+    firsts = []
+    for run in runs:
+        key = (run["world_size"], run["stage"], run["impl"])
+        if key not in seen:
+            seen.add(key)
+            firsts.append(run)
+    return firsts
+
+
 def first_rows(rows: list[dict], world_size: int, stage: int) -> dict[str, dict]:
-    """impl -> its first run in the cell (with `--repeat`, the run the deltas read)."""
-    by_impl: dict[str, dict] = {}
-    for row in rows:
-        if (row["world_size"], row["stage"]) == (world_size, stage):
-            by_impl.setdefault(row["impl"], row)
-    return by_impl
+    """impl -> the run its deltas read in the cell: its first run that logged steps (else its first)."""
+    cell = [row for row in rows if (row["world_size"], row["stage"]) == (world_size, stage)]
+    return {row["impl"]: row for row in first_runs(sorted(cell, key=lambda row: not row.get("steps")))}
 
 
 def cell_table(rows: list[dict], delta: dict, timed: dict[tuple, dict]) -> tuple[list[str], list[list[str]]]:
@@ -253,7 +263,7 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
             "activations of one micro-batch, the loss's temporaries and the gradient buckets to nano's formula "
             "(official DeepSpeed at stages 1-2: its staging buffer and fp32 copy; at stage 3: its gradient partitions and reduce bucket, allocated at start; "
             "`zero-lab estimate`, docs/cli.md); its error is (predicted - measured) / measured.", "",
-            markdown_table(*estimate_table(rows)), ""]
+            markdown_table(*estimate_table(first_runs(rows))), ""]
     failures = failure_section(rows)
     if failures:
         out += ["## Failed runs", "", failures]

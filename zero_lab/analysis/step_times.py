@@ -12,8 +12,11 @@ Phase 2: `steady_times`: a run's times without those K steps. An impl's runs of 
          (`compare --repeat`) are pooled by the caller.
 Phase 3: `spread`: the median of the pooled times and their quartiles (the interquartile range).
 Phase 4: `ratio_interval`: a bootstrap 95% interval for median(candidate) / median(baseline):
-         resample each impl's steps with replacement, take the ratio of the medians, 2000 times,
-         and keep the middle 95% of the ratios. Seeded, so the same times give the same interval.
+         resample each impl's runs, then each drawn run's steps, with replacement; take the ratio
+         of the medians, 2000 times, and keep the middle 95% of the ratios. Seeded, so the same
+         times give the same interval. With one run per impl the interval knows the noise between
+         its steps only; a whole run slowed by a busy machine it cannot see: several runs
+         (`--repeat`) show that noise too.
 Phase 5: `time_verdict`: `faster` or `slower` only when the interval excludes 1.0, else
          `within noise`.
 How the tables print them: `median_and_quartiles` (`812.3 (790.1-840.2)`), `ratio_and_interval`
@@ -88,24 +91,40 @@ def spread(times: Sequence[float]) -> Spread | None:
     return Spread(float(median), float(first_quartile), float(third_quartile), len(times))
 
 
-def ratio_interval(candidate: Sequence[float], baseline: Sequence[float], confidence: float = CONFIDENCE,
-                   resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float] | None:
-    """Phase 4: (low, high), the percentile bootstrap interval of median(candidate) / median(baseline).
+def resampled_medians(runs: Sequence[Sequence[float]], resamples: int, generator: np.random.Generator) -> np.ndarray:
+    """`resamples` bootstrap medians of one impl's steady times, in two levels: draw as many runs as
+    it has, with replacement, then each drawn run's steps, with replacement, and pool them. Steps of
+    one run share its conditions (the machine's load while it ran, where its memory landed), so with
+    several runs the medians vary as much as the runs do; with one run, as much as its steps do."""
+    arrays = [np.asarray(run, dtype=float) for run in runs if len(run)]
+    if len(arrays) == 1:
+        return np.median(generator.choice(arrays[0], size=(resamples, arrays[0].size)), axis=1)
+    medians = np.empty(resamples)
+    for index in range(resamples):
+        drawn = generator.integers(0, len(arrays), len(arrays))
+        medians[index] = np.median(np.concatenate([generator.choice(arrays[run], arrays[run].size) for run in drawn]))
+    return medians
 
-    Each resample draws len(candidate) candidate times and len(baseline) baseline times with
-    replacement, independently, and takes the ratio of their medians; the interval is the middle
-    `confidence` of the `resamples` ratios. None when either side has fewer than
-    FEWEST_FOR_INTERVAL times or a resampled baseline median can be 0.
+
+def ratio_interval(candidate: Sequence[Sequence[float]], baseline: Sequence[Sequence[float]],
+                   confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+                   seed: int = SEED) -> tuple[float, float] | None:
+    """Phase 4: (low, high), the percentile bootstrap interval of median(candidate) / median(baseline),
+    each impl's steady times given per run (`compare --repeat`: several).
+
+    Each resample takes the ratio of the two impls' `resampled_medians`; the interval is the middle
+    `confidence` of the `resamples` ratios. None when either impl has fewer than FEWEST_FOR_INTERVAL
+    steady steps, or a resampled baseline median can be 0.
     """
-    if min(len(candidate), len(baseline)) < FEWEST_FOR_INTERVAL:
+    if min(sum(len(run) for run in candidate), sum(len(run) for run in baseline)) < FEWEST_FOR_INTERVAL:
         return None
     generator = np.random.default_rng(seed)
-    medians = [np.median(generator.choice(np.asarray(times, dtype=float), size=(resamples, len(times))), axis=1)
-               for times in (candidate, baseline)]
-    if (medians[1] <= 0).any():
+    candidate_medians = resampled_medians(candidate, resamples, generator)
+    baseline_medians = resampled_medians(baseline, resamples, generator)
+    if (baseline_medians <= 0).any():
         return None
     tail = 100 * (1 - confidence) / 2
-    low, high = np.percentile(medians[0] / medians[1], [tail, 100 - tail])
+    low, high = np.percentile(candidate_medians / baseline_medians, [tail, 100 - tail])
     return float(low), float(high)
 
 
