@@ -56,7 +56,8 @@ def test_equal_distributions_are_within_noise(seed):
     assert verdict_of(shuffled, times) == "within noise"
 
 
-def test_independent_draws_of_one_distribution_are_within_noise_about_95_in_100_times():
+def test_independent_draws_of_one_distribution_are_within_noise_at_least_9_times_in_10():
+    """A 95% interval misses 1.0 about 1 time in 20 when the impls do not differ (here 6 of 200)."""
     verdicts = [verdict_of(draws(seed, 1000.0, 0.1), draws(seed + 1000, 1000.0, 0.1)) for seed in range(200)]
     assert verdicts.count("within noise") >= 180, verdicts.count("within noise")
     assert verdicts.count("faster") > 0 and verdicts.count("slower") > 0, "the false calls go both ways"
