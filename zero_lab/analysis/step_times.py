@@ -41,7 +41,6 @@ FEWEST_FOR_INTERVAL = 3
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 SEED = 0
-VERDICTS = ("faster", "slower", "within noise")
 
 
 def start_up_steps(times: Sequence[float]) -> int:
