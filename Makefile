@@ -49,7 +49,7 @@ test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not official"
 
 demo: setup
-	$(BIN)/zero-lab compare --gpus 2 --device cpu --stages 1,2,3 --report reports/cpu-demo.md
+	$(BIN)/zero-lab compare --gpus 2 --device cpu --stages 1,2,3 --steps 10 --repeat 2 --report reports/cpu-demo.md
 
 bench: setup
 	$(BIN)/python bench/memory_vs_official.py

@@ -39,10 +39,12 @@ def edge_summaries() -> list[dict]:
     zero = cells["w2-s2-official"]
     zero["reserved_max_mb"] = 0.0
     zero["step_ms"] = 0.0
+    zero["step_times_ms"] = {step: 0.0 for step in zero["step_times_ms"]}
     zero["comm_wire_mb"] = None
     cells["w2-s2-nano"]["losses"]["4"] = 1.0
     failed = cells["w2-s3-official"]
-    failed.update(status="failed", steps=0, loss_last=None, alloc_max_mb=None, peak_alloc_max_mb=None, losses={})
+    failed.update(status="failed", steps=0, loss_last=None, alloc_max_mb=None, peak_alloc_max_mb=None, losses={},
+                  step_times_ms={})
     lonely = copy.deepcopy(cells["w2-s1-official"])
     lonely.update(world_size=4, losses={"1": 5.0})
     return summaries + [lonely]

@@ -183,3 +183,37 @@ def test_ctrl_c_marks_the_run_interrupted_keeps_its_results_and_exits_130(tmp_pa
     assert summary["status"] == "interrupted" and summary["steps"] == 1 and summary["interrupted_by"] == "SIGINT"
     assert (tmp_path / "runs" / "stop" / "logs" / "rank1.stdout.log").is_file()
     assert "interrupted by SIGINT" in result.stderr and "exit code" not in result.stderr
+
+
+def test_repeat_alternates_the_impls_and_pools_each_ones_steps(tmp_path, monkeypatch):
+    """`compare --repeat 2` with a stand-in training script (no model, four launches of two trivial
+    ranks): the launches go nano, official, nano, official; each impl's steady steps are pooled."""
+    order = tmp_path / "order.txt"
+    script = tmp_path / "timed_train.py"
+    script.write_text(f"""
+import os, sys
+impl = "official" if "official" in sys.argv else "nano"
+if os.environ["RANK"] == "0":
+    with open({str(order)!r}, "a") as handle:
+        handle.write(impl + "\\n")
+    print("[zero] world_size=2", flush=True)
+    for step, ms in enumerate([900.0, 200.0, 202.0, 198.0, 201.0], 1):  # official 2x nano's
+        print(f"[opt_step {{step}}] loss=5.0 alloc_max_mb=1.0 step_ms={{ms * (2 if impl == 'official' else 1)}}",
+              flush=True)
+""")
+    monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
+    result = CliRunner().invoke(app, ["compare", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "5",
+                                      "--stages", "1", "--repeat", "2", "--out", str(tmp_path), "--name", "r",
+                                      "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert order.read_text().split() == ["nano", "official", "nano", "official"]
+    assert sorted(path.name for path in (tmp_path / "r" / "cells").iterdir()) == [
+        "w2-s1-nano", "w2-s1-nano-run2", "w2-s1-official", "w2-s1-official-run2"]
+    payload = json.loads(result.stdout)
+    assert [(row["impl"], row["repeat"]) for row in payload["rows"]] == [
+        ("nano", 1), ("nano", 2), ("official", 1), ("official", 2)]
+    timed = {entry["impl"]: entry for entry in payload["step_times"]}
+    assert (timed["nano"]["runs"], timed["nano"]["steps"], timed["nano"]["start_up_steps"]) == (2, 8, [1, 1])
+    (delta,) = payload["deltas"]
+    assert delta["step_time_ratio"] == pytest.approx(0.5) and delta["step_time_verdict"] == "faster"
+    assert delta["step_time_ratio_low"] <= 0.5 <= delta["step_time_ratio_high"] < 1.0

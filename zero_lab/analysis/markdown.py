@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from zero_lab.analysis import step_times
 from zero_lab.analysis.estimate import MIB, nano_bytes, paper_bytes
 from zero_lab.analysis.logparse import MEMORY_FIELDS
 
@@ -40,14 +41,31 @@ def fmt(value: object, digits: int = 1, signed: bool = False) -> str:
     return str(value)
 
 
-def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]]]:
-    """One (world size, stage): a line per metric, candidate vs baseline, delta and delta %."""
+def first_runs(runs: list[dict]) -> list[dict]:
+    """Each (world size, stage, impl) once, its first run: with `--repeat` the others log the same
+    losses and tensor bytes again (their step times differ: the report's tables pool them)."""
+    seen: set[tuple] = set()
+    firsts = []
+    for run in runs:
+        key = (run["world_size"], run["stage"], run["impl"])
+        if key not in seen:
+            seen.add(key)
+            firsts.append(run)
+    return firsts
+
+
+def first_rows(rows: list[dict], world_size: int, stage: int) -> dict[str, dict]:
+    """impl -> the run its deltas read in the cell: its first run that logged steps (else its first)."""
+    cell = [row for row in rows if (row["world_size"], row["stage"]) == (world_size, stage)]
+    return {row["impl"]: row for row in first_runs(sorted(cell, key=lambda row: not row.get("steps")))}
+
+
+def cell_table(rows: list[dict], delta: dict, timed: dict[tuple, dict]) -> tuple[list[str], list[list[str]]]:
+    """One (world size, stage): a line per metric, candidate vs baseline, delta and delta %; the
+    step time as median (IQR), its ratio with the interval, the verdict and what it rests on."""
     candidate, baseline = delta["impl"], delta["baseline"]
-    by_impl = {
-        row["impl"]: row
-        for row in rows
-        if (row["world_size"], row["stage"]) == (delta["world_size"], delta["stage"])
-    }
+    cell = (delta["world_size"], delta["stage"])
+    by_impl = first_rows(rows, *cell)
     headers = ["metric", candidate, baseline, "delta", "delta %"]
     body = []
     for name in MEMORY_FIELDS:
@@ -61,8 +79,11 @@ def cell_table(rows: list[dict], delta: dict) -> tuple[list[str], list[list[str]
     body.append(["last loss", fmt(by_impl[candidate].get("loss_last"), 6), fmt(by_impl[baseline].get("loss_last"), 6),
                  fmt(delta["loss_last_delta"], 6, signed=True), ""])
     body.append(["max step loss delta", "", "", fmt(delta["max_step_loss_delta"], 8), ""])
-    body.append(["step ms", fmt(by_impl[candidate].get("step_ms")), fmt(by_impl[baseline].get("step_ms")),
-                 "", f"ratio {fmt(delta['step_time_ratio'], 3)}"])
+    body.append(["step ms, median (IQR)", *(step_times.median_and_quartiles(timed.get((*cell, impl)), by_impl[impl])
+                                            for impl in (candidate, baseline)),
+                 fmt(delta.get("step_time_verdict")), f"ratio {step_times.ratio_and_interval(delta)}"])
+    body.append(["step times measured", *(step_times.rests_on(timed.get((*cell, impl))) for impl in (candidate, baseline)),
+                 "", ""])
     body.append(["comm MB / step", fmt(by_impl[candidate].get("comm_mb"), 2), fmt(by_impl[baseline].get("comm_mb"), 2),
                  fmt(delta["comm_mb_delta"], 2, signed=True), ""])
     body.append(["wire MB / step", fmt(by_impl[candidate].get("comm_wire_mb"), 2),
@@ -122,11 +143,12 @@ def verdict_lines(verdict: dict) -> list[str]:
     parity = {True: "yes", False: "NO", None: "n/a (one impl)"}[verdict["loss_parity"]]
     lines = [f"**Verdict: {status}** - loss parity: {parity} (tolerance {verdict['loss_tol']:g})"]
     if verdict.get("fail_on_regression_pct") is not None:
-        lines[0] += f"; memory gate: +{verdict['fail_on_regression_pct']:g}%"
+        lines[0] += f"; regression gate: +{verdict['fail_on_regression_pct']:g}% (memory; step time when slower)"
     if verdict.get("resume_exact") is not None:
         lines[0] += f"; exact resume: {'yes' if verdict['resume_exact'] else 'NO'}"
     problems = (verdict["failed_runs"] + verdict["loss_parity_failures"] + verdict["memory_regressions"]
-                + verdict.get("resume_failures", []) + verdict.get("not_run", []))
+                + verdict.get("step_time_regressions", []) + verdict.get("resume_failures", [])
+                + verdict.get("not_run", []))
     return lines + [f"- {problem}" for problem in problems]
 
 
@@ -163,9 +185,12 @@ def environment_section(environment: dict) -> str:
     return markdown_table(["", "value"], body) + "\n"
 
 
-def cell_tables(rows: list[dict], deltas: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
+def cell_tables(rows: list[dict], deltas: list[dict],
+                step_times: list[dict] | None = None) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, headers, body) per cell: two impls as `cell_table`; three or more as one table with
-    a column per impl, each candidate's delta % against the baseline, and loss parity pairwise."""
+    a column per impl, each candidate's delta % against the baseline, and loss parity pairwise.
+    step_times: compare.json's per cell and impl (none: each run's own step ms)."""
+    timed = {(entry["world_size"], entry["stage"], entry["impl"]): entry for entry in step_times or []}
     cells: dict[tuple, list[dict]] = {}
     for delta in deltas:
         cells.setdefault((delta["world_size"], delta["stage"]), []).append(delta)
@@ -174,26 +199,30 @@ def cell_tables(rows: list[dict], deltas: list[dict]) -> list[tuple[str, list[st
         against = [delta for delta in pairs if delta.get("against_baseline", True)]
         if len(against) == 1 and len(pairs) == 1:
             title = f"world size {world_size}, stage {stage}: {against[0]['impl']} vs {against[0]['baseline']}"
-            tables.append((title, *cell_table(rows, against[0])))
+            tables.append((title, *cell_table(rows, against[0], timed)))
             continue
         baseline = against[0]["baseline"]
         title = f"world size {world_size}, stage {stage}: {', '.join(d['impl'] for d in against)} vs {baseline}"
-        tables.append((title, *impls_table(rows, against, pairs)))
+        tables.append((title, *impls_table(rows, against, pairs, timed)))
     return tables
 
 
-def impls_table(rows: list[dict], against: list[dict], pairs: list[dict]) -> tuple[list[str], list[list[str]]]:
+def impls_table(rows: list[dict], against: list[dict], pairs: list[dict],
+                timed: dict[tuple, dict]) -> tuple[list[str], list[list[str]]]:
     """One cell with several candidates: values per impl, delta % against the baseline."""
     baseline = against[0]["baseline"]
     impls = [delta["impl"] for delta in against] + [baseline]
-    by_impl = {row["impl"]: row for row in rows
-               if (row["world_size"], row["stage"]) == (against[0]["world_size"], against[0]["stage"])}
+    cell = (against[0]["world_size"], against[0]["stage"])
+    by_impl = first_rows(rows, *cell)
     headers = ["metric", *impls, *(f"{delta['impl']} delta %" for delta in against)]
     body = [[METRIC_LABELS[name], *(fmt(by_impl[impl].get(name)) for impl in impls),
              *(fmt(delta[f"{name}_delta_pct"], 2, signed=True) for delta in against)] for name in MEMORY_FIELDS]
     body.append(["last loss", *(fmt(by_impl[impl].get("loss_last"), 6) for impl in impls), *([""] * len(against))])
-    body.append(["step ms", *(fmt(by_impl[impl].get("step_ms")) for impl in impls),
-                 *(f"ratio {fmt(delta['step_time_ratio'], 3)}" for delta in against)])
+    body.append(["step ms, median (IQR)", *(step_times.median_and_quartiles(timed.get((*cell, impl)), by_impl[impl])
+                                            for impl in impls),
+                 *(f"ratio {step_times.ratio_and_interval(delta)} {fmt(delta.get('step_time_verdict'))}" for delta in against)])
+    body.append(["step times measured", *(step_times.rests_on(timed.get((*cell, impl))) for impl in impls),
+                 *([""] * len(against))])
     body.append(["comm MB / step", *(fmt(by_impl[impl].get("comm_mb"), 2) for impl in impls), *([""] * len(against))])
     body.append(["wire MB / step", *(fmt(by_impl[impl].get("comm_wire_mb"), 2) for impl in impls),
                  *(f"ratio {fmt(delta.get('comm_wire_ratio'), 3)}" for delta in against)])
@@ -223,7 +252,9 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
     """The whole markdown report; plot paths are relative to the report."""
     rows, deltas = comparison["rows"], comparison["deltas"]
     out = [f"# {title}", "", *verdict_lines(comparison["verdict"]), ""]
-    for title, headers, body in cell_tables(rows, deltas):
+    if deltas:
+        out += [step_times.READING, ""]
+    for title, headers, body in cell_tables(rows, deltas, comparison.get("step_times")):
         out += [f"## {title}", "", markdown_table(headers, body), ""]
     out += ["## Runs", "", markdown_table(*run_table(rows)), ""]
     out += ["## Measured memory against model-state estimates", "",
@@ -233,7 +264,7 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
             "activations of one micro-batch, the loss's temporaries and the gradient buckets to nano's formula "
             "(official DeepSpeed at stages 1-2: its staging buffer and fp32 copy; at stage 3: its gradient partitions and reduce bucket, allocated at start; "
             "`zero-lab estimate`, docs/cli.md); its error is (predicted - measured) / measured.", "",
-            markdown_table(*estimate_table(rows)), ""]
+            markdown_table(*estimate_table(first_runs(rows))), ""]
     failures = failure_section(rows)
     if failures:
         out += ["## Failed runs", "", failures]
@@ -255,12 +286,16 @@ def status_text(row: dict) -> str:
 
 
 def run_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """A line per run, for the console and the report; with runs split into nodes, the intra- and
-    inter-node wire bytes after the wire bytes they split."""
+    """A line per run, for the console and the report; with `--repeat`, which run of its impl and
+    cell it was; with runs split into nodes, the intra- and inter-node wire bytes after the wire
+    bytes they split."""
     nodes = NODE_COLUMNS if split_into_nodes(rows) else ()
-    headers = ["world size", "stage", "impl", "optimizer", "status", "steps", "last loss", "alloc MB", "peak alloc MB",
+    repeated = any((row.get("repeat") or 1) > 1 for row in rows)
+    headers = ["world size", "stage", "impl", *(["run"] if repeated else []), "optimizer", "status", "steps",
+               "last loss", "alloc MB", "peak alloc MB",
                "step ms", "comm MB / step", "wire MB / step", *(label for label, _ in nodes)]
-    body = [[str(r["world_size"]), str(r["stage"]), r["impl"], r.get("optimizer") or "-", status_text(r), fmt(r.get("steps")),
+    body = [[str(r["world_size"]), str(r["stage"]), r["impl"], *([fmt(r.get("repeat"))] if repeated else []),
+             r.get("optimizer") or "-", status_text(r), fmt(r.get("steps")),
              fmt(r.get("loss_last"), 6), fmt(r.get("alloc_max_mb")), fmt(r.get("peak_alloc_max_mb")),
              fmt(r.get("step_ms")), fmt(r.get("comm_mb"), 2), fmt(r.get("comm_wire_mb"), 2),
              *(fmt(r.get(name), 2) for _, name in nodes)] for r in rows]

@@ -5,6 +5,7 @@ The numbers they judge (per-run summaries, deltas, per-step loss gaps) are compu
     `resolve_loss_tol`: the loss tolerance (explicit, else the loosest default of the precisions);
     `loss_parity`: a cell's losses agree when its largest per-step gap is within the tolerance;
     `memory_regressions`: the memory figures whose increase over the baseline exceeds the gate;
+    `step_time_regression`: a step time slower than the baseline's beyond noise and beyond the gate;
     `verdict`: the gates together: 3 a run failed, 1 a gate failed, 0 fine; an interruption (with
                the exit code the command ends with: `signals.interrupted_exit_code`) overrides them all;
                a cell that never started (`not_run`: its world size needs more GPUs than are
@@ -34,6 +35,13 @@ def memory_regressions(delta: dict, threshold_pct: float) -> list[str]:
     ]
 
 
+def step_time_regression(delta: dict, threshold_pct: float) -> bool:
+    """The step time regressed: its verdict is `slower` (the whole interval above 1.0) and the
+    ratio exceeds 1 + threshold_pct / 100. A ratio within noise never fails the gate."""
+    ratio = delta.get("step_time_ratio")
+    return delta.get("step_time_verdict") == "slower" and ratio is not None and ratio > 1 + threshold_pct / 100
+
+
 def verdict(
     rows: list[dict],
     deltas: list[dict],
@@ -61,7 +69,7 @@ def verdict(
         for d in deltas
         if not d["loss_parity"]
     ]
-    regressions = []
+    regressions, time_regressions = [], []
     if fail_on_regression is not None:
         for d in deltas:
             if not d.get("against_baseline", True):  # a pair of candidates: loss parity only
@@ -71,6 +79,12 @@ def verdict(
                     f"world_size={d['world_size']} stage={d['stage']}: {name} "
                     f"{d[f'{name}_delta_pct']:+.2f}% > {fail_on_regression}%"
                 )
+            if step_time_regression(d, fail_on_regression):
+                time_regressions.append(
+                    f"world_size={d['world_size']} stage={d['stage']}: step time {d['impl']} / {d['baseline']} "
+                    f"{d['step_time_ratio']:.3f} ({d['step_time_ratio_low']:.3f}-{d['step_time_ratio_high']:.3f}), "
+                    f"slower by more than {fail_on_regression}%"
+                )
     resume_failures = [f"world_size={check['world_size']} stage={check['stage']} impl={check['impl']}: resumed "
                        f"losses differ from the uninterrupted run's by {check['max_step_loss_delta']} over steps "
                        f"{check['steps_compared']}" for check in resumes or [] if not check["exact"]]
@@ -78,7 +92,7 @@ def verdict(
         exit_code = interrupted_exit_code(interrupted_by)
     elif failed_runs:
         exit_code = 3
-    elif parity_failures or regressions or resume_failures:
+    elif parity_failures or regressions or time_regressions or resume_failures:
         exit_code = 1
     else:
         exit_code = 0
@@ -92,6 +106,7 @@ def verdict(
         "failed_runs": failed_runs,
         "loss_parity_failures": parity_failures,
         "memory_regressions": regressions,
+        "step_time_regressions": time_regressions,
         "resume_exact": None if resumes is None else not resume_failures,
         "resume_failures": resume_failures,
         **({"not_run": not_run} if not_run else {}),

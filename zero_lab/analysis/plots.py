@@ -15,7 +15,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from zero_lab.analysis.logparse import MEMORY_FIELDS
-from zero_lab.analysis.markdown import METRIC_LABELS
+from zero_lab.analysis.markdown import METRIC_LABELS, first_runs
 from zero_lab.analysis.phase_plot import plot_step_phases
 from zero_lab.analysis.rundir import losses_of
 
@@ -71,7 +71,9 @@ def plot_memory(rows: list[dict], path: Path) -> Path | None:
 
 
 def write_plots(summaries: list[dict], rows: list[dict], report_path: Path) -> list[str]:
-    """Draw the plots beside the report; return their names relative to it."""
+    """Draw the plots beside the report, each impl's first run of a cell; return their names
+    relative to the report."""
+    summaries, rows = first_runs(summaries), first_runs(rows)
     stem = report_path.with_suffix("")
     drawn = [
         plot_losses(summaries, stem.with_name(f"{stem.name}-loss.png")),

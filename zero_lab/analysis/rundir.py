@@ -150,6 +150,11 @@ def losses_of(summary: dict) -> dict[int, float]:
     return {int(step): float(loss) for step, loss in summary.get("losses", {}).items()}
 
 
+def step_times_of(summary: dict) -> dict[int, float]:
+    """Per-step times (`step_ms`) as saved in summary.json; empty for a summary without them."""
+    return {int(step): float(ms) for step, ms in (summary.get("step_times_ms") or {}).items()}
+
+
 def rank0_log(run_dir: Path) -> Path:
     """Where a run's `[opt_step]` lines are: rank 0's stdout, else torchrun's console (a run cut
     off before its rank logs were gathered)."""
@@ -258,6 +263,8 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
         "comm": parsed.comm,
         "phases": last_step_phases(parsed.phases),
         "losses": {str(step): loss for step, loss in parsed.losses().items()},
+        # every step's time, for the step-time intervals of `compare` (analysis.step_times)
+        "step_times_ms": {str(row["step"]): row["step_ms"] for row in parsed.steps if is_number(row.get("step_ms"))},
     }
 
 

@@ -10,9 +10,11 @@ Phase 1: `step_table` lays every run's `[opt_step]` rows beside its cell, in log
          every `*_bytes` field integers, every other figure a float (a value that is not a number,
          such as a bool, reads as missing). `phase_table` does the same for the `[phase]` samples.
 Phase 2: `summarize_steps` reduces each run's rows to one row: memory is the max over steps (each
-         step already reports the max over ranks); step time, communication and throughput are the
-         median without the first step, which carries one-time start-up work; the loss is the last
-         step's. A run without steps keeps its row, with 0 steps and nothing measured.
+         step already reports the max over ranks); the step time is the median over the steps
+         after start-up (step 1, and more while the times show a transient:
+         `step_times.start_up_steps`); communication and throughput are the median without the
+         first step, which carries one-time start-up work; the loss is the last step's. A run
+         without steps keeps its row, with 0 steps and nothing measured.
 Phase 3: `summary_records` turns summary rows into the plain dict summary.json and compare.json
          hold: None for a figure nobody logged; a NaN loss stays NaN, because the run logged it.
 """
@@ -25,15 +27,17 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from zero_lab.analysis.logparse import MEMORY_FIELDS, STEP_FIELDS, ParsedLog, is_number
+from zero_lab.analysis.step_times import steady_times
 
 CELL_COLUMNS = ("impl", "world_size", "stage", "precision", "offload")
 # Every figure an [opt_step] line may carry that a summary reads; other fields follow, sorted.
 STEP_COLUMNS = ("step", *STEP_FIELDS, "pre_step_alloc_max_mb", "states_device_mb", "states_host_mb")
 CATEGORIES = ("run", "impl", "precision", "offload", "phase", "status", "baseline")
 INTEGERS = ("world_size", "stage", "steps", "params", "exit_code", "failed_rank", "rank_exit_code", "skipped_lines")
-# Figures reduced over steps: the max (memory) or the median without the first step (speed).
+# Figures reduced over steps: the max (memory), the median after start-up (step time) or the median
+# without the first step (communication, throughput).
 MAXIMA = (*MEMORY_FIELDS, "states_device_mb", "states_host_mb")
-STEADY_MEDIANS = ("step_ms", "comm_mb", "comm_wire_mb", "comm_wire_intra_mb", "comm_wire_inter_mb", "tokens_per_s")
+STEADY_MEDIANS = ("comm_mb", "comm_wire_mb", "comm_wire_intra_mb", "comm_wire_inter_mb", "tokens_per_s")
 # The order of a run's measured keys in summary.json and compare.json's rows.
 SUMMARY_COLUMNS = ("steps", "loss_last", *MEMORY_FIELDS, "step_ms", "comm_mb", "comm_wire_mb",
                    "comm_wire_intra_mb", "comm_wire_inter_mb", "states_device_mb", "states_host_mb", "tokens_per_s")
@@ -99,6 +103,11 @@ def steady_median(values: pd.Series) -> float:
     return (values.iloc[1:] if len(values) > 1 else values).median()
 
 
+def steady_step_time(values: pd.Series) -> float:
+    """Median step time over the steps after start-up (`step_times.start_up_steps`)."""
+    return pd.Series(steady_times(values.dropna().tolist()), dtype="float64").median()
+
+
 def last_value(values: pd.Series) -> float:
     """The last step's value, NaN included: a NaN loss is what the run logged."""
     return values.iloc[-1] if len(values) else math.nan
@@ -111,6 +120,7 @@ def summarize_steps(steps: pd.DataFrame, runs: list[str] | None = None) -> pd.Da
         steps=("step", "size"),
         loss_last=("loss", last_value),
         **{name: (name, "max") for name in MAXIMA},
+        step_ms=("step_ms", steady_step_time),
         **{name: (name, steady_median) for name in STEADY_MEDIANS},
     )
     order = list(runs) if runs is not None else list(summary.index)

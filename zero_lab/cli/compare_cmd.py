@@ -3,6 +3,7 @@
     zero-lab compare --gpus 2 --device cpu --stages 1,2 --report reports/cpu-demo.md
     zero-lab compare --gpus 2,8 --stages 2 --dtype bfloat16 --warmup-steps 2 --fail-on-regression 5
     zero-lab compare --gpus 2 --device cpu --stages 1,2,3 --steps 6 --resume-check
+    zero-lab compare --gpus 2 --device cpu --stages 2 --repeat 3
     zero-lab compare --script examples/hf_trainer.py --gpus 2 --device cpu --stages 2,3 -- --max-steps 8
 
 Phase 1: check every input and prepare every run before the first launch; the preflight refuses
@@ -10,12 +11,14 @@ Phase 1: check every input and prepare every run before the first launch; the pr
          beyond the visible GPUs is not run: one `note:` line says so, and its cells are rows
          marked "needs N GPUs" (status not_run) beside the cells that ran.
 Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed one not stopping
-         the others; with --resume-check, per cell a run that saves halfway and one that resumes.
+         the others: with --repeat N, N times, the impls alternating (A B A B ...) so that a slow
+         minute of a shared machine hits them all; with --resume-check, per cell a run that saves
+         halfway and one that resumes.
          With --script each cell runs the user's script instead of the harness, given the cell's
          config as `--deepspeed_config PATH`; its engine prints the log contract (zero_lab.clients).
-Phase 3: rows, deltas and verdict (analysis.comparison), printed as tables, JSON or markdown, saved
-         as compare.json, and rendered as a report when asked; one line says when `zero-lab doctor`
-         finds something in the comparison.
+Phase 3: rows, deltas, step times and verdict (analysis.comparison), printed as tables, JSON or
+         markdown, saved as compare.json, and rendered as a report when asked; one line says when
+         `zero-lab doctor` finds something in the comparison.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import cell_tables, render_report, run_table, verdict_lines
 from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli.environment import environment, say_where_auto_runs
-from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors, parse_int_list
+from zero_lab.cli.errors import (BadInput, check_choice, check_not_negative, check_positive, one_line_errors,
+                                 parse_int_list)
 from zero_lab.cli.findings_cmd import hint
 from zero_lab.cli.reporting import write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
@@ -46,9 +50,11 @@ def compare(
                                                          "without official in --impls, the second impl).")] = None,
     stages: Annotated[str, typer.Option(help="ZeRO stages, e.g. 1,2.")] = "1,2",
     warmup_steps: Annotated[int, typer.Option(help="Unrecorded warm-up run per impl first (0: none).")] = 0,
+    repeat: Annotated[int, typer.Option(help="Run each cell N times, alternating the impls (A B A B ...); each "
+                                             "impl's step times are pooled over its N runs.", metavar="N")] = 1,
     report: Annotated[Optional[Path], typer.Option(help="Also write a markdown report (and PNG plots) here.")] = None,
     loss_tol: Annotated[Optional[float], typer.Option(help="Max per-step loss difference for parity (default 1e-4 fp32, 5e-2 bf16/fp16).")] = None,
-    fail_on_regression: Annotated[Optional[float], typer.Option(help="Exit 1 when a memory figure of an impl exceeds the baseline's by more than PCT %.", metavar="PCT")] = None,
+    fail_on_regression: Annotated[Optional[float], typer.Option(help="Exit 1 when a memory figure of an impl exceeds the baseline's by more than PCT %, or its step time does beyond noise (verdict slower).", metavar="PCT")] = None,
     format: Annotated[str, typer.Option(help="table, json (one object; docs/compare-json.md) or markdown.")] = "table",
     resume_check: Annotated[bool, typer.Option(help="Also prove exact resume per cell: train half the steps, save, "
                                                     "resume to the end; the losses after the checkpoint must equal "
@@ -68,6 +74,7 @@ def compare(
     # Phase 1
     check_choice(format, "--format", FORMATS)
     check_not_negative(warmup_steps, "--warmup-steps")
+    check_positive(repeat, "--repeat")
     check_not_negative(loss_tol, "--loss-tol")
     check_not_negative(fail_on_regression, "--fail-on-regression")
     world_sizes = parse_int_list(gpus, "--gpus")
@@ -100,8 +107,10 @@ def compare(
             for impl in impl_list if warmup_steps
         ]
         cells = [
-            jobs.prepare(shared, impl, stage, world_size, compare_dir / "cells" / rundir.cell_name(impl, stage, world_size))
-            for world_size in world_sizes for stage in stage_list for impl in impl_list
+            jobs.prepare(shared, impl, stage, world_size,
+                         compare_dir / "cells" / repeat_name(rundir.cell_name(impl, stage, world_size), run),
+                         note=f"run {run} of {repeat}" if repeat > 1 else None)
+            for world_size in world_sizes for stage in stage_list for run in range(1, repeat + 1) for impl in impl_list
         ]
         resumes = [job for world_size in world_sizes for stage in stage_list for impl in impl_list if resume_check
                    for job in jobs.resume_pair(shared, impl, stage, world_size, compare_dir / "resume"
@@ -137,6 +146,11 @@ def compare(
     raise typer.Exit(exit_code_of(summaries, interrupted_by) or comparison["verdict"]["exit_code"])
 
 
+def repeat_name(cell: str, run: int) -> str:
+    """A cell's run directory: the cell's name, `-run<k>` after it from the second run of --repeat on."""
+    return cell if run == 1 else f"{cell}-run{run}"
+
+
 def show(comparison: dict, summaries: list[dict], format: str) -> None:
     if format == "json":
         output.print_json(comparison)
@@ -144,7 +158,7 @@ def show(comparison: dict, summaries: list[dict], format: str) -> None:
     if format == "markdown":
         print(render_report(comparison, summaries, "zero-lab compare", plots=[]))
         return
-    for title, headers, body in cell_tables(comparison["rows"], comparison["deltas"]):
+    for title, headers, body in cell_tables(comparison["rows"], comparison["deltas"], comparison["step_times"]):
         output.print_table(headers, body, title=title)
     output.print_table(*run_table(comparison["rows"]), title="runs")
     for line in verdict_lines(comparison["verdict"]):
