@@ -44,13 +44,14 @@ def held(walk: Walkthrough, category: str) -> tuple[int, bool]:
 def shares(walk: Walkthrough) -> dict[str, dict]:
     """Each lane of "who holds what": the fraction of the whole one rank holds at its fullest, its
     place, and the category that holds it (full-size gradients at stages 0-1, the fp32 gradient
-    partition from stage 2; stage 0's step holds a whole fp32 gradient, fraction 1)."""
+    partition from stage 2; stage 0's step holds a whole fp32 gradient, fraction 1); the parameters
+    are "gathered" when the forward all-gathers them for use."""
     numel, width = walk.parameters, BYTES_OF_PRECISION[walk.precision]
     lanes = {}
     parameters, on_host = held(walk, "parameters")
-    gathered, _ = held(walk, "gathered_parameters")
+    gathered = any(item.phase == "forward" and item.op == "all_gather" for item in walk.collectives)
     lanes["parameters"] = {"fraction": parameters / (width * numel), "host": on_host, "category": "parameters",
-                           "gathered": gathered > 0}
+                           "gathered": gathered}
     full, full_on_host = held(walk, "gradients")
     partition, partition_on_host = held(walk, "gradient_partition")
     if full / (width * numel) >= partition / (FP32_BYTES * numel):
