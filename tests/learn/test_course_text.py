@@ -104,11 +104,11 @@ def test_each_try_it_config_is_one_key_away_from_the_config_it_changes():
         "zero_quantized_weights": True, "zero_quantized_gradients": True}
 
 
-@pytest.mark.parametrize("readme", ["README.md", "README.zh-CN.md"])
-def test_the_readme_sends_a_newcomer_to_lesson_0_before_anything_else(readme):
+@pytest.mark.parametrize("readme, lesson_0", [("README.md", "docs/learn/0-first-comparison.md"),
+                                              ("README.zh-CN.md", "docs/learn/zh/0-first-comparison.md")])
+def test_the_readme_sends_a_newcomer_to_lesson_0_before_anything_else(readme, lesson_0):
     text = read(REPO / readme)
-    first_section = text.split("\n## ")[1]
-    assert "docs/learn/0-first-comparison.md" in text.split("\n## ")[0] + first_section
+    assert f"({lesson_0})" in text.split("\n## ")[0], "before the first section"
     use = text.split("```bash")[2].split("```")[0]  # the Use block: the README's second
     commands = [line for line in use.splitlines() if line.startswith("zero-lab")]
     assert commands[0].startswith("zero-lab explain"), "explain opens the Use list"
