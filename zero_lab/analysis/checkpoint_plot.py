@@ -79,7 +79,7 @@ def draw(numbers: dict):
     files = numbers["files"]
 
     def on(figure) -> None:
-        axes = figure.add_axes((0.1, 0.22, 0.87, 0.66))
+        axes = figure.add_axes((0.1, 0.26, 0.87, 0.62))
         bottoms = [0.0] * len(files)
         for name, colour in ROLES.items():
             heights = [entry["bytes"][name] / MB for entry in files]
@@ -93,11 +93,11 @@ def draw(numbers: dict):
         axes.set_ylim(0, max(bottoms) * 1.15 or 1)
         axes.set_ylabel("MB of tensors in the file")
         axes.spines[["top", "right"]].set_visible(False)
-        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=5, frameon=False)
+        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
         axes.set_title(numbers["title"], loc="left")
     return on
 
 
 def plot_checkpoint(checkpoint, path: Path) -> Path:
     numbers = picture_numbers(checkpoint)
-    return draw_picture(path, max(6.5, 1.3 * len(numbers["files"]) + 2.5), 4.2, draw(numbers), numbers)
+    return draw_picture(path, max(7.5, 1.3 * len(numbers["files"]) + 2.5), 4.6, draw(numbers), numbers)

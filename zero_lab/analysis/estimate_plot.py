@@ -46,7 +46,7 @@ def draw(numbers: dict):
     width = 0.8 / len(shown)
 
     def on(figure) -> None:
-        axes = figure.add_axes((0.1, 0.2, 0.87, 0.68))
+        axes = figure.add_axes((0.09, 0.24, 0.88, 0.64))
         tallest, labelled = 0.0, set()
         for index, key in enumerate(shown):
             label, colour = SERIES[key]
@@ -68,11 +68,11 @@ def draw(numbers: dict):
         axes.set_ylim(0, tallest * 1.15 or 1)
         axes.set_ylabel("MB per rank")
         axes.spines[["top", "right"]].set_visible(False)
-        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(shown) + 1, frameon=False)
+        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
         axes.set_title(numbers["title"], loc="left")
     return on
 
 
 def plot_estimate(title: str, rows: list[dict], path: Path) -> Path:
     numbers = picture_numbers(title, rows)
-    return draw_picture(path, max(6.0, 1.6 * len(rows) + 2), 4.2, draw(numbers), numbers)
+    return draw_picture(path, max(8.5, 1.8 * len(rows) + 2.5), 4.6, draw(numbers), numbers)

@@ -178,7 +178,7 @@ def draw_moves(axes, numbers: dict) -> None:
         axes.axhline(reference, color="black", linestyle="--", linewidth=0.8,
                      label=f"data parallel all-reduce: {reference:.2f}")
     axes.set_xticks(range(len(phases)))
-    axes.set_xticklabels([phase.replace("_", "\n") for phase in phases])
+    axes.set_xticklabels([phase.replace("_", "\n") for phase in phases], fontsize=7)
     axes.set_ylim(0, max([*bottoms, reference]) * 1.12 or 1)
     axes.set_ylabel("wire MB")
     axes.spines[["top", "right"]].set_visible(False)
