@@ -9,6 +9,7 @@ the numbers whatever matplotlib draws, and the pixels where matplotlib's version
 
     draw_picture(path, width, height, draw, data)   the PNG, `data` and matplotlib's version inside it
     picture_data(path)                              {"data": ..., "matplotlib": "3.x"} read back
+    picture_pixels(path)                            its pixels, as a reader sees them
 """
 
 from __future__ import annotations
