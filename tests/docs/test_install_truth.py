@@ -118,9 +118,9 @@ def test_the_chinese_summary_of_the_use_block_names_every_command_group():
         assert term in summary, term
 
 
-def test_the_first_command_of_the_use_block_runs_on_a_cpu_and_the_gpu_one_is_labelled():
+def test_the_first_comparison_of_the_use_block_runs_on_a_cpu_and_the_gpu_one_is_labelled():
     block = re.search(r"## Use\n\n```bash\n(.*?)```", README, flags=re.S)[1].splitlines()
-    first = next(index for index, line in enumerate(block) if line.startswith("zero-lab "))
+    first = next(index for index, line in enumerate(block) if line.startswith("zero-lab compare "))
     assert "--device cpu" in block[first] and "CPU" in block[first - 1]
     assert "--gpus 2,8" in block[first + 2] and "GPUs" in block[first + 1]
 

@@ -30,6 +30,9 @@ def holdings_table(walk: Walkthrough) -> tuple[list[str], list[list[str]]]:
     body = [[category.replace("_", " "), *[mb(figures[moment][category]) for moment in MOMENTS]]
             for category in CATEGORIES]
     body.append(["total", *[mb(sum(figures[moment].values())) for moment in MOMENTS]])
+    host = [sum(walk.moments[moment]["host"].values()) for moment in MOMENTS]
+    if any(host):  # offload: the part of the total that lives on the host
+        body.append(["of which on the host", *[mb(nbytes) for nbytes in host]])
     return ["MB per rank", *[moment.replace("_", " ") for moment in MOMENTS]], body
 
 

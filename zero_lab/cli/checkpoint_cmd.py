@@ -1,7 +1,7 @@
 """`zero-lab checkpoint inspect|consolidate|reshard`: DeepSpeed checkpoints (nano's or official's)
 read offline, on one process, by `zero_lab.nano.checkpoint.offline`.
 
-    zero-lab checkpoint inspect runs/ckpt
+    zero-lab checkpoint inspect runs/ckpt [--plot files.png]
     zero-lab checkpoint consolidate runs/ckpt --model-name tiny --out weights/model.safetensors
     zero-lab checkpoint reshard runs/ckpt --world-size 3 --out runs/ckpt-w3 --format json
 
@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from zero_lab.cli import output
-from zero_lab.cli.errors import BadInput, check_choice, one_line_errors
+from zero_lab.cli.errors import BadInput, check_choice, check_picture_path, one_line_errors
 
 FORMATS = ("table", "json")
 checkpoint_app = typer.Typer(help="Inspect, consolidate or reshard a DeepSpeed checkpoint (nano's or official's).",
@@ -40,11 +40,20 @@ def _show(facts: dict, format: str) -> None:
 
 @checkpoint_app.command()
 @one_line_errors
-def inspect(directory: Directory, tag: Tag = None, format: Format = "table") -> None:
+def inspect(directory: Directory, tag: Tag = None, format: Format = "table",
+            plot: Annotated[Optional[Path], typer.Option(help="Also draw what each file holds, by role, in a PNG.",
+                                                         metavar="FILE")] = None) -> None:
     """Stage, world size, precision, steps, parameter count, bytes per rank file, and the config."""
     check_choice(format, "--format", FORMATS)
+    if plot is not None:
+        check_picture_path(plot, "--plot")
     from zero_lab.nano.checkpoint.offline import OpenCheckpoint, describe
-    _show(describe(OpenCheckpoint.open(str(directory), tag)), format)
+    checkpoint = OpenCheckpoint.open(str(directory), tag)
+    _show(describe(checkpoint), format)
+    if plot is not None:
+        from zero_lab.analysis.checkpoint_plot import plot_checkpoint
+
+        output.stderr.print(f"drew {plot_checkpoint(checkpoint, plot)}", markup=False)
 
 
 @checkpoint_app.command()

@@ -72,3 +72,11 @@ def parse_int_list(text: str, option: str, allowed: range | None = None) -> list
         if allowed is not None and value not in allowed:
             raise BadInput(f"{option} has {value}, outside {allowed.start}..{allowed.stop - 1}", "pick values in range")
     return values
+
+
+def check_picture_path(path, flag: str) -> None:
+    """A picture's path: a .png in an existing directory (checked before any work)."""
+    if path.suffix.lower() != ".png":
+        raise BadInput(f"{flag} {path} is not a .png file", f"name the picture like {flag} step.png")
+    if not path.parent.is_dir():
+        raise BadInput(f"{flag} {path}: the directory {path.parent} does not exist", "create it first, or pick another path")

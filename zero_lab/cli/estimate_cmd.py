@@ -4,11 +4,13 @@
     zero-lab estimate --model qwen3-0.6b --gpus 1,4 --stages 2,3 --offload optimizer
     zero-lab estimate --model small --gpus 2 --stages 0,1,2,3 --dtype float32 --seq-len 128 --micro-batch 4
     zero-lab estimate --model small --gpus 2,4 --stages 2,3 --impls nano,official,fsdp2
+    zero-lab estimate --model qwen3-0.6b --gpus 2 --stages 2,3 --plot peaks.png
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -17,7 +19,8 @@ from zero_lab.analysis.estimate import MIB, OFFLOADS, estimate_rows, parse_param
 from zero_lab.analysis.markdown import fmt
 from zero_lab.cli import input_checks, output, preflight
 from zero_lab.cli.environment import cuda_devices
-from zero_lab.cli.errors import BadInput, check_choice, check_positive, one_line_errors, parse_int_list
+from zero_lab.cli.errors import (BadInput, check_choice, check_picture_path, check_positive, one_line_errors,
+                                 parse_int_list)
 from zero_lab.cli.model_count import count_parameters
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
@@ -85,6 +88,7 @@ def estimate(
     device_memory: Annotated[Optional[float], typer.Option(
         help="Judge each row against this memory, in GB: per GPU, or the host's for CPU ranks "
              "(default: this machine's free GPU memory, else its available host memory).", metavar="GB")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Also draw the rows as grouped bars in a PNG.", metavar="FILE")] = None,
 ) -> None:
     """Model-state MB per rank (ZeRO paper formula, nano's formula, official DeepSpeed's estimator),
     and nano's predicted peak: model states, activations and the loss's temporaries.
@@ -104,6 +108,8 @@ def estimate(
     check_choice(format, "--format", ESTIMATE_FORMATS)
     check_choice(attn_impl, "--attn-impl", ATTENTION_IMPLEMENTATIONS)
     check_positive(device_memory, "--device-memory")
+    if plot is not None:
+        check_picture_path(plot, "--plot")
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
     input_checks.check_impls(impl_list)
     if seq_len < 2:
@@ -126,6 +132,12 @@ def estimate(
     with_fsdp2 = "fsdp2" in impl_list
     if with_fsdp2:
         fsdp2_figures(model, numel, offload, rows)
+    title = f"{model}: {numel:,} parameters, {dtype}, micro-batch {micro_batch} x {seq_len} tokens, per rank" + (
+        f", {offload} offloaded to the host" if offload != "none" else "")
+    if plot is not None:
+        from zero_lab.analysis.estimate_plot import plot_estimate
+
+        output.stderr.print(f"drew {plot_estimate(title + ' (zero-lab estimate)', rows, plot)}", markup=False)
     if format == "json":
         output.print_json({"model": model, "params": numel, "largest_layer_params": largest, "offload": offload,
                            "seq_len": seq_len, "micro_batch": micro_batch, "attn_impl": attn_impl,
@@ -143,8 +155,6 @@ def estimate(
              *([fmt(r["official_estimator_host_mb_per_node"])] if with_host else []),
              *([fmt(r["fsdp2_host_mb" if with_host else "fsdp2_mb"])] if with_fsdp2 else []), fmt(r["activations_mb"]),
              fmt(r["predicted_peak_mb"]), r["fit"]] for r in rows]
-    title = f"{model}: {numel:,} parameters, {dtype}, micro-batch {micro_batch} x {seq_len} tokens, per rank" + (
-        f", {offload} offloaded to the host" if with_host else "")
     output.print_table(headers, body, title=title)
     if note:
         output.stderr.print(f"note: {note}", markup=False)

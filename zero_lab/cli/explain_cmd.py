@@ -3,11 +3,13 @@
     zero-lab explain --model qwen3-0.6b --stage 2 --gpus 4 --dtype bfloat16
     zero-lab explain --model qwen3-0.6b --stage 3 --gpus 4 --format json
     zero-lab explain --model tiny --stage 2 --gpus 2 --dtype float32 --measure
+    zero-lab explain --model qwen3-0.6b --stage 3 --gpus 2 --plot step.png
 
 Phase 1: the config the harness would train with (its own builder: --stage, --dtype, --offload
          applied to --config or harness/configs/zero<stage>.json), loaded as nano loads it.
 Phase 2: the model's parameter table (presets: pure data; a local directory: built on the meta
          device) and the walk-through (`analysis.explain`): nothing launched, no torch for a preset.
+         --plot FILE draws it (`analysis.explain_plot`).
 Phase 3 (--measure): the same stage on the `tiny` preset, one process per rank on CPU
          (`workload.step_trace`), its recorded step printed beside the prediction; exit 1 when
          they disagree, 3 when the run fails.
@@ -32,7 +34,8 @@ from zero_lab.analysis.explain_tables import (collectives_table, holdings_table,
                                               render_markdown, title)
 from zero_lab.analysis.markdown import markdown_table
 from zero_lab.cli import input_checks, output
-from zero_lab.cli.errors import EXIT_GATE, EXIT_RUN_FAILED, BadInput, check_choice, one_line_errors
+from zero_lab.cli.errors import (EXIT_GATE, EXIT_RUN_FAILED, BadInput, check_choice, check_picture_path,
+                                 one_line_errors)
 from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.nodes import RANKS_PER_NODE_FIX, ranks_per_node_problem
@@ -116,6 +119,7 @@ def explain(
     format: Annotated[str, typer.Option(help="table, json or markdown.")] = "table",
     measure_tiny: Annotated[bool, typer.Option("--measure", help="Also run the stage on the tiny preset at W=N on CPU and check the prediction.")] = False,
     ranks_per_node: Annotated[Optional[int], typer.Option(help="Nodes of K consecutive ranks: split the wire bytes into intra- and inter-node (default: one node).", metavar="K")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Also draw the step as a PNG: who holds what per rank, what one rank holds at each moment, what it sends per phase.", metavar="FILE")] = None,
 ) -> None:
     """One optimizer step of nano as a sequence of phases: what one rank holds and what moves
     (payload and wire bytes), from nano's own formula and bucket layout. Nothing is launched
@@ -129,9 +133,15 @@ def explain(
     problem = ranks_per_node_problem(ranks_per_node, gpus)
     if problem:
         raise BadInput(problem, RANKS_PER_NODE_FIX)
+    if plot is not None:
+        check_picture_path(plot, "--plot")
     built, typed, source = explained_config(config, stage, dtype, offload, gpus)
     entries, blocks = model_table(model)
     walk = walk_through(model, entries, blocks, typed, gpus, ranks_per_node)
+    if plot is not None:
+        from zero_lab.analysis.explain_plot import plot_walkthrough
+
+        output.stderr.print(f"drew {plot_walkthrough(walk, plot)}", markup=False)
     result = walk.to_json()
     verdict = None
     if measure_tiny:

@@ -75,7 +75,10 @@ def _flat_group(optimizer, buffer_indices: list[int]) -> tuple[list[torch.Tensor
     (index,) = buffer_indices
     step, moments = _moments_of(optimizer, index)
     layout = optimizer.buffers[index].layout
-    master = reshard.stored_flat(optimizer.master_partitions[index].detach().float().cpu(), layout, rank, True)
+    # .clone(): in fp32 on the CPU the master partition is a view of the whole flat buffer (the
+    # partition is the master), and torch.save writes a view's whole storage: every rank's file
+    # would hold the whole model's parameters
+    master = reshard.stored_flat(optimizer.master_partitions[index].detach().float().cpu(), layout, rank, True).clone()
     moments = {key: reshard.stored_flat(values.detach().float().cpu(), layout, rank, False)
                for key, values in moments.items()}
     return [master], [moments], step
