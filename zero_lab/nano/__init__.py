@@ -22,7 +22,7 @@ follows from it, is the stage table in `stages.py`.
 | optimizer-state partition  | Adam's exp_avg and exp_avg_sq for the partition, fp32          | 8P      | 8P/N    | 8P/N      | 8P/N      |
 
 With CPU offload the fp32 master, optimizer-state and gradient partitions live in host memory
-(stages 1-3), and at stage 3 the partitions of the parameters too (`placement.py`).
+(stages 1-3), and at stage 3 the partitions of the parameters too (`offload/placement.py`).
 
 Gradients exist only while they are needed: full gradients from backward until they are packed
 into buckets, gradient partitions from the window's first reduction until the optimizer step.
@@ -31,7 +31,7 @@ into buckets, gradient partitions from the window's first reduction until the op
 Layers, each importing only those listed before it:
     errors, stages, dtypes, fetch_policy, quantization, config.keys, config.zeropp -> unit_policy, layout -> config.schema, spanning_layout ->
     config.loading -> config -> official_config, memory_formula -> collectives, distributed ->
-    init_partitions -> placement, units, external_parameters -> flat_buffer -> coalesced_gather -> gradient_reduction, unit_gathering ->
+    init, init.partitions, placement -> offload, offload.placement, units, external_parameters -> flat_buffer -> coalesced_gather -> gradient_reduction, unit_gathering ->
     adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, gradient_buckets, optimizer_memory ->
     zero_optimizer -> stage0 -> stage1 -> stage2 ->
     stage3, stage1_fp32_accumulation -> hierarchical_partition -> quantized_weights -> quantized_gradients ->

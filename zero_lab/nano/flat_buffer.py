@@ -7,6 +7,8 @@ Construction:
              a view of it, so each original storage is freed as soon as it is copied. Start-up holds
              the flat buffer beside the not-yet-moved originals (as official DeepSpeed's flattening
              does), never a further copy; parameters are marked, so a second engine cannot adopt them.
+             The values come from the parameters themselves (`WholeParameters`), or, for a model
+             built under `zero.Init`, from the source `initialize` gives (`init.partitions`).
 States and verbs:
     UNSHARDED: `full` holds every element and each `param.data` is a view of it. In a
                `FlatParameterBuffer` (stages 0-2, and stage 3's persistent parameters) it stays
@@ -30,7 +32,6 @@ from typing import Callable
 import torch
 
 from zero_lab.nano.collectives import Collectives, free_storage
-from zero_lab.nano.init_partitions import is_partitioned, whole_values
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.placement import TensorKind
 
@@ -43,13 +44,25 @@ class BufferState(str, Enum):
     SHARDED = "SHARDED"
 
 
+class WholeParameters:
+    """Where Phase 2 reads a parameter from: the parameter itself, whole."""
+
+    @staticmethod
+    def shape(parameter: torch.nn.Parameter) -> torch.Size:
+        return parameter.shape
+
+    @staticmethod
+    def values(parameter: torch.nn.Parameter) -> torch.Tensor:
+        return parameter.data
+
+
 class FlatParameterBuffer:
     """One unit's parameters of one parameter group, as views into a single padded flat buffer."""
 
     partition_kind = TensorKind.COMPUTE  # the partition is a slice of `full`
 
     def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, collectives: Collectives,
-                 group_index: int, full: torch.Tensor):
+                 group_index: int, full: torch.Tensor, source=WholeParameters):
         # Phase 1
         self.parameters = parameters
         self.layout = layout
@@ -59,9 +72,9 @@ class FlatParameterBuffer:
         # Phase 2
         self.full = full.zero_()
         for parameter, offset, numel in zip(parameters, layout.offsets, layout.parameter_numels):
-            shape = parameter.zero_lab_shape if is_partitioned(parameter) else parameter.shape
+            shape = source.shape(parameter)
             view = self.full[offset:offset + numel]
-            view.copy_(whole_values(parameter, collectives).reshape(-1))  # built under zero.Init: gathered here
+            view.copy_(source.values(parameter).reshape(-1))  # built under zero.Init: gathered here
             parameter.data = view.view(shape)
             parameter.zero_lab_flat_buffer = True
         self.partition = self.partition_of(self.full)
@@ -122,8 +135,8 @@ class ShardedFlatBuffer(FlatParameterBuffer):
 
     def __init__(self, parameters: list[torch.nn.Parameter], layout: FlatLayout, collectives: Collectives,
                  group_index: int, full: torch.Tensor, partition: torch.Tensor,
-                 stage_in: Callable[[torch.Tensor], torch.Tensor]):
-        super().__init__(parameters, layout, collectives, group_index, full)
+                 stage_in: Callable[[torch.Tensor], torch.Tensor], source=WholeParameters):
+        super().__init__(parameters, layout, collectives, group_index, full, source)
         self.partition = partition
         self.stage_in = stage_in  # the partition where a gather sends it from (placement.stage_in)
         self.full_nbytes = self.full.untyped_storage().nbytes()

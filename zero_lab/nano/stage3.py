@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from zero_lab.nano.fetch_policy import FetchRules
-from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer
+from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer, WholeParameters
 from zero_lab.nano.placement import TensorKind
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.unit_gathering import GatheredUnit, UnitGathering
@@ -38,8 +38,10 @@ class Stage3Optimizer(Stage2Optimizer):
     stage = 3
     sharded_buffer = ShardedFlatBuffer  # what holds a sharded unit's parameters (hpZ's adds a secondary partition)
 
-    def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names):
-        super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names)
+    def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names,
+                 parameter_source=WholeParameters):
+        super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names,
+                         parameter_source)
         zero = config.zero_optimization
         entries = [GatheredUnit(unit, [buffer for buffer, owner in zip(self.buffers, self.unit_of_buffer)
                                        if owner == index]) for index, unit in enumerate(units) if unit.sharded]
@@ -54,7 +56,7 @@ class Stage3Optimizer(Stage2Optimizer):
         full = self.placement.empty(TensorKind.COMPUTE, layout.padded_numel, self.dtype)
         partition = self.placement.empty(TensorKind.PARTITION, layout.partition_numel, self.dtype)
         return self.sharded_buffer(parameters, layout, self.collectives, group_index, full, partition,
-                                   self.placement.stage_in)
+                                   self.placement.stage_in, self.parameter_source)
 
     def _entry_of(self, index: int) -> GatheredUnit | None:
         return next((entry for entry in self.gathering.entries if self.buffers[index] in entry.buffers), None)

@@ -46,7 +46,6 @@ from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.external_parameters import external_parameters, register_external_parameter, unwatch, watch
 from zero_lab.nano.fetch_policy import FetchRules, FetchSchedule, TracedUse
 from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
-from zero_lab.nano.init_partitions import numel_of
 from zero_lab.nano.units import Unit
 
 
@@ -130,7 +129,7 @@ def traced_modules(model: torch.nn.Module, entries: list[GatheredUnit]) -> list[
             continue
         entry = fetched.get(id(module))
         touched = list(module.parameters(recurse=entry is not None and entry.unit.whole_module))
-        traced.append(TracedModule(len(traced), module, entry, sum(numel_of(parameter) for parameter in touched),
+        traced.append(TracedModule(len(traced), module, entry, sum(parameter.numel() for parameter in touched),
                                    owns_root=any(parameter in root_parameters for parameter in touched)))
     return traced
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zero_lab.nano import stages
-from zero_lab.nano.init_partitions import is_partitioned, numel_of
+from zero_lab.nano.init.partitions import is_partitioned, numel_of
 from zero_lab.nano.unit_policy import ParameterEntry, plan_units
 
 

@@ -54,7 +54,7 @@ comments are the rows below (stage 3 is stage 2 plus what it says).
                                                      host with offload_optimizer)
       Phase 5 publish               zero_optimizer   `_publish_parameters`, the stage's:
                                     stage0.py        `copy_master_into_partition` per buffer (an
-                                    placement.py     offloaded master is converted on the host,
+                                    offload/placement offloaded master is converted on the host,
                                                      then moved, asynchronously when pinned)
                                     stage1.py        + each buffer's `after_step`: an all-gather
                                     flat_buffer.py   of the partitions (`gather_partitions`)
@@ -76,10 +76,9 @@ from zero_lab.nano.adamw import PartitionedAdam
 from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.dtypes import torch_dtype
-from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer
+from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer, WholeParameters
 from zero_lab.nano.gradient_collection import GradientCollection
 from zero_lab.nano.gradient_reduction import BucketReducer
-from zero_lab.nano.init_partitions import numel_of
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.loss_scaler import LossScaler
 from zero_lab.nano.optimizer_memory import memory_breakdown
@@ -95,7 +94,8 @@ class ZeroOptimizer:
     bucket_reducer = BucketReducer  # what reduces the gradient buckets (qgZ's sends them quantized)
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
-                 collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
+                 collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str],
+                 parameter_source=WholeParameters):
         self.model = model
         self.stage_facts = stages.of(self.stage, self.variant)
         self.units = units
@@ -103,6 +103,7 @@ class ZeroOptimizer:
         self.collectives = collectives
         self.placement = placement
         self.parameter_names = parameter_names
+        self.parameter_source = parameter_source  # where Phase 1 reads parameters from (`zero.Init`'s: gathered)
         self.group_parameters = [list(group["params"]) for group in parameter_groups]  # as given: checkpoints' order
         self.dtype = torch_dtype(config.precision)
         self.communication_dtype = torch_dtype(config.communication_data_type or config.precision)
@@ -148,7 +149,7 @@ class ZeroOptimizer:
         """Phase 1 for one unit's parameters of one group (stage 3 adds buffers sharded between uses)."""
         layout = self._layout(parameters)
         full = self.placement.empty(TensorKind.COMPUTE, layout.padded_numel, self.dtype)
-        return FlatParameterBuffer(parameters, layout, self.collectives, group_index, full)
+        return FlatParameterBuffer(parameters, layout, self.collectives, group_index, full, self.parameter_source)
 
     def copy_master_into_partition(self, index: int) -> None:
         """Buffer `index`'s master into its partition, in the parameters' dtype (none to copy when
@@ -158,8 +159,8 @@ class ZeroOptimizer:
             self.placement.copy(partition, master)
 
     def _layout(self, parameters: list[torch.nn.Parameter]) -> FlatLayout:
-        return FlatLayout.for_stage(tuple(numel_of(parameter) for parameter in parameters), self.stage,
-                                    self.config.precision, self.collectives.world_size)
+        numels = tuple(self.parameter_source.shape(parameter).numel() for parameter in parameters)
+        return FlatLayout.for_stage(numels, self.stage, self.config.precision, self.collectives.world_size)
 
     # ----- what each stage decides ---------------------------------------------------------
     def _uses_reduce_scatter(self) -> bool:
