@@ -3,6 +3,7 @@
 The categories are the vocabulary's (`zero_lab.nano`), counted from the live tensors of one rank:
 parameter partitions and gathered buffers, fp32 masters, Adam's states, gradient partitions,
 full gradients and communication buckets, each in its place (device or host, `placement.py`).
+The engine facade asks it (`engine.memory_breakdown`); no stage imports the accounting.
 """
 
 from __future__ import annotations

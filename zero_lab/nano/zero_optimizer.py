@@ -81,7 +81,6 @@ from zero_lab.nano.gradient_collection import GradientCollection
 from zero_lab.nano.gradient_reduction import BucketReducer
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.loss_scaler import LossScaler
-from zero_lab.nano.optimizer_memory import memory_breakdown
 from zero_lab.nano.placement import Placement, TensorKind
 from zero_lab.nano.units import Unit, split_groups_by_unit
 
@@ -283,10 +282,6 @@ class ZeroOptimizer:
             for parameter in buffer.parameters:
                 parameter.zero_lab_flat_buffer = False
                 parameter.zero_lab_owner = None
-
-    def memory_breakdown(self, by_device: bool = False) -> dict:
-        """Bytes this rank holds per buffer category (`optimizer_memory.memory_breakdown`)."""
-        return memory_breakdown(self, by_device)
 
     # ----- DeepSpeed's optimizer attributes --------------------------------------------------
     @property
