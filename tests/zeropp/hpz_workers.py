@@ -85,7 +85,8 @@ def formula_total(config: dict, model, world_size: int, moment: str) -> int:
     """nano's documented bytes of every flat buffer the unit policy makes of this model, hpZ's
     secondary partitions included, nothing gathered."""
     from zero_lab.nano.config import load_config
-    from zero_lab.nano.units import choose_units, split_groups_by_unit
+    from zero_lab.nano.stage3_units import choose_units
+    from zero_lab.nano.units import split_groups_by_unit
 
     settings = load_config(config, world_size=world_size)
     groups = decay_groups(model, WEIGHT_DECAY)

@@ -31,7 +31,7 @@ into buckets, gradient partitions from the window's first reduction until the op
 Layers, each importing only those listed before it:
     errors, stages, dtypes, fetch_policy, quantization, config.keys, config.zeropp -> unit_policy, layout -> config.schema, spanning_layout ->
     config.loading -> config -> official_config, memory_formula -> collectives, distributed ->
-    init, init.partitions, placement -> offload, offload.placement, units, external_parameters -> flat_buffer -> coalesced_gather -> gradient_reduction, unit_gathering ->
+    init, init.partitions, placement -> offload, offload.placement, units, external_parameters -> flat_buffer, stage3_units -> coalesced_gather -> gradient_reduction, unit_gathering ->
     adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, gradient_buckets, optimizer_memory ->
     zero_optimizer -> stage0 -> stage1 -> stage2 ->
     stage3, stage1_fp32_accumulation -> hierarchical_partition -> quantized_weights -> quantized_gradients ->

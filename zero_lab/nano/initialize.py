@@ -44,7 +44,7 @@ from zero_lab.nano.stage3 import Stage3Optimizer
 from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer
 from zero_lab.nano.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
 from zero_lab.nano import quantized_gradients
-from zero_lab.nano.units import choose_units
+from zero_lab.nano.stage3_units import choose_units
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The diff from stage 2:
     units:   one per module fetched as one (its own parameters, or a leaf module's subtree), one
-             root, one for each persistent small parameter (`units.per_block`, decided by
+             root, one for each persistent small parameter (`stage3_units.per_block`, decided by
              `initialize`). Each such unit's and the root's parameters of each group live
              in a `ShardedFlatBuffer`: between uses a rank keeps only its partition (fp32: that
              partition is also the master; bf16/fp16: plus an fp32 master partition). The
