@@ -30,6 +30,7 @@ from zero_lab.nano.config import NanoConfig, load_config, read_config_source
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.engine import NanoEngine
 from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.fetch_policy import FetchRules
 from zero_lab.nano.flat_buffer import WholeParameters
 from zero_lab.nano.init import partitions as init_partitions
 from zero_lab.nano.lr_schedules import build_scheduler
@@ -98,6 +99,19 @@ def _placement(config: NanoConfig, device: torch.device) -> Placement:
                             or (zero.offload_param.enabled and zero.offload_param.pin_memory))
 
 
+def _policies(config: NanoConfig, collectives: Collectives, trainable: set) -> dict:
+    """Phase 5's policies a stage's optimizer takes besides units and placement: where the flat
+    buffers read parameters from (gathered from `zero.Init`'s slices if the model was built so), and
+    at stage 3 official DeepSpeed's fetch rules (`fetch_policy`)."""
+    built_under_init = any(init_partitions.is_partitioned(parameter) for parameter in trainable)
+    policies = {"parameter_source": init_partitions.InitPartitions(collectives) if built_under_init else WholeParameters}
+    zero = config.zero_optimization
+    if config.stage_facts.partitions_parameters:
+        policies["fetch_rules"] = FetchRules(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters,
+                                             zero.stage3_max_reuse_distance)
+    return policies
+
+
 def _scheduler(config: NanoConfig, lr_scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
     if config.scheduler is not None:
         if lr_scheduler is not None:
@@ -163,10 +177,9 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     # Phase 5
     units = choose_units(model, [parameter for group in groups for parameter in group["params"]],
                          nano_config.zero_optimization)
-    built_under_init = any(init_partitions.is_partitioned(parameter) for parameter in owned)
-    source = init_partitions.InitPartitions(collectives) if built_under_init else WholeParameters
     zero_optimizer = stage_optimizer(nano_config, collectives.world_size)(
-        model, units, groups, nano_config, collectives, _placement(nano_config, device), names, source)
+        model, units, groups, nano_config, collectives, _placement(nano_config, device), names,
+        **_policies(nano_config, collectives, owned))
     scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
     dataloader = _dataloader(training_data, nano_config, collate_fn)
     engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader, raw_config)

@@ -1,17 +1,12 @@
 """Where each kind of tensor lives, decided once per engine from the config (FSDP2's offload policy).
 
-The mechanism (flat buffers, reducer, Adam) asks the placement where to put a tensor and how to
-move it; it never tests an offload flag itself. There are two places:
-    device: where forward and backward run (the GPU under nccl, the CPU under gloo);
-    host:   CPU memory for offloaded tensors.
-Kinds of tensor and their place:
-    compute:   flat parameter buffers, gathered units, full gradients and buckets: the device.
-    partition: stage 3's parameter partitions between uses: the host with `offload_param`.
-    optimizer: fp32 master partitions, optimizer states and fp32 gradient partitions: the host
-               with `offload_optimizer`.
-`Placement` here keeps every kind on the device (a run that offloads nothing, FSDP2's
-`OffloadPolicy`); `offload/placement.py`'s `OffloadPlacement` moves the offloaded kinds to the host
-(FSDP2's `CPUOffloadPolicy`). `initialize` picks one; both answer the same questions.
+The mechanism (flat buffers, reducer, Adam) asks the placement where to put a kind of tensor and
+how to move it; it never tests an offload flag itself. The kinds: compute (flat parameter buffers,
+gathered units, full gradients, buckets), partition (stage 3's parameter partitions between uses)
+and optimizer (fp32 master, optimizer-state and gradient partitions). `Placement` keeps every kind
+on the device, where forward and backward run (the GPU under nccl, the CPU under gloo): a run that
+offloads nothing. `offload/placement.py`'s `OffloadPlacement` puts the offloaded kinds on the host
+(FSDP2's `CPUOffloadPolicy`); `initialize` picks one, and both answer the same questions.
 """
 
 from __future__ import annotations

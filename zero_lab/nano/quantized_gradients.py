@@ -36,7 +36,6 @@ import torch
 import torch.distributed
 
 from zero_lab.nano.collectives import RANKS_PER_NODE_ENVIRONMENT, Collectives, free_storage
-from zero_lab.nano.flat_buffer import WholeParameters
 from zero_lab.nano.gradient_reduction import BucketReducer
 from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer, node_group
 from zero_lab.nano.quantization import dequantize_int4, gradient_chunk, quantize_int4
@@ -97,16 +96,14 @@ class QuantizedGradientReducer(BucketReducer):
 class QuantizedGradients:
     """The optimizer side of qgZ: the node and cross-node groups, and the reducer that uses them."""
 
-    def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names,
-                 parameter_source=WholeParameters):
+    def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names, **policies):
         world_size, rank = collectives.world_size, collectives.rank
         per_node = ranks_per_node(world_size)
         if 1 <= per_node < world_size and world_size % per_node == 0:  # more than one node
             node = collectives.subgroup(node_group(world_size, rank, per_node))
             across = collectives.subgroup(cross_node_group(world_size, rank, per_node))
             self.bucket_reducer = functools.partial(QuantizedGradientReducer, node=node, across=across)
-        super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names,
-                         parameter_source)
+        super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names, **policies)
 
 
 class Stage3QuantizedGradientsOptimizer(QuantizedGradients, Stage3Optimizer):

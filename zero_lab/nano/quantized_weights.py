@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from zero_lab.nano.collectives import Collectives, free_storage
-from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
+from zero_lab.nano.sharded_flat_buffer import BufferState, ShardedFlatBuffer
 from zero_lab.nano.hierarchical_partition import HierarchicalShardedBuffer, Stage3HierarchicalOptimizer
 from zero_lab.nano.quantization import dequantize, quantize
 from zero_lab.nano.stage3 import Stage3Optimizer

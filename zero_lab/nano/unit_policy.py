@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Sequence
 
-from zero_lab.nano.fetch_policy import TracedUse
+from zero_lab.nano.fetch_trace import TracedUse
 
 
 PERSISTENT_PREFIX = "persistent:"  # a persistent unit's name: this, then its parameter's name

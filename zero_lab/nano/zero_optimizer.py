@@ -11,25 +11,18 @@ Construction:
     Phase 4: Adam over the master partitions (optimizer-state partitions appear at the first step).
 
 One step, file by file: a window of micro-steps, then `step` at the boundary, whose `# Phase k`
-comments are the rows below (stage 3 is stage 2 plus what it says).
+comments are the rows below (stage 3 is stage 2 plus the rows `stage3.py`'s docstring adds).
     engine(batch)                   engine.py        the module's forward
-        stage 3                     unit_gathering   `pre_forward` gathers each unit (and what
-                                                     fetch_policy prefetches), `post_forward` frees
-                                                     it unless fetch_policy keeps it
     engine.backward(loss)           engine.py        scale the loss, then autograd's backward
         stages 0/1                  (autograd)       gradients accumulate in param.grad
         stages 2/3                  stage2.py        `ArrivalPacking._on_gradient_ready` adds each
                                                      gradient into its buckets; a full bucket goes
                                     gradient_reduction  to `BucketReducer.launch`: reduced and added
                                                      into this rank's `gradient_partition`
-        stage 3                     unit_gathering   `pre_backward` gathers the unit again if it was
-                                                     freed; `post_backward` frees it once the unit's
-                                                     gradients are produced
       optimizer.after_backward()    zero_optimizer   the stage's `GradientCollection.after_backward`:
         stages 0/1                  stage0.py        `BoundaryPacking`: nothing, param.grad waits
         stages 2/3                  stage2.py        `ArrivalPacking`: reduce the buckets left
-                                                     (unused parameters), `finish_all`; stage3.py
-                                                     releases every unit
+                                                     (unused parameters), `finish_all`
     engine.step() at the boundary   engine.py        `ZeroOptimizer.step`, then the LR schedule
       Phase 1 reduce gradients      zero_optimizer   `GradientCollection.reduce_at_boundary`, after
                                                      which the fp32 gradient partitions are complete
@@ -58,8 +51,6 @@ comments are the rows below (stage 3 is stage 2 plus what it says).
                                                      then moved, asynchronously when pinned)
                                     stage1.py        + each buffer's `after_step`: an all-gather
                                     flat_buffer.py   of the partitions (`gather_partitions`)
-                                    stage3.py        releases every unit first; a sharded buffer's
-                                                     `after_step` gathers nothing (its next use does)
       Phase 6 release               zero_optimizer   `_release_gradients`: no gradient memory until
                                                      the next window's backward
 """
@@ -76,7 +67,7 @@ from zero_lab.nano.adamw import PartitionedAdam
 from zero_lab.nano.collectives import Collectives, free_storage
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.dtypes import torch_dtype
-from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer, WholeParameters
+from zero_lab.nano.flat_buffer import FlatParameterBuffer, WholeParameters
 from zero_lab.nano.gradient_collection import GradientCollection
 from zero_lab.nano.gradient_reduction import BucketReducer
 from zero_lab.nano.layout import FlatLayout
@@ -165,11 +156,6 @@ class ZeroOptimizer:
     def _uses_reduce_scatter(self) -> bool:
         """Whether a bucket is reduce-scattered (each rank receives its share) or all-reduced."""
         raise NotImplementedError
-
-    def reduces_with_others(self, buffer: FlatParameterBuffer) -> bool:
-        """Whether `buffer`'s gradients share one bucket with other whole buffers (`spanning_layout`)
-        instead of buckets of their own: the stage says (`Stage.reduces_whole_buffer_together`)."""
-        return self.stage_facts.reduces_whole_buffer_together(isinstance(buffer, ShardedFlatBuffer))
 
     def _sum_over_ranks(self, squares: torch.Tensor) -> None:
         """Complete the sum of squared gradients when ranks hold different partitions."""
