@@ -12,7 +12,7 @@ from tests.backend_holding import backend_holding_collective_tensors
 from tests.nano.stage3_reference import TokenReference, build_trapnet, decay_groups, token_batch, token_loss
 from tests.nano.stage3_workers import stage3_config, train
 from tests.nano.workers import LR, MICRO_SIZE, WEIGHT_DECAY
-from zero_lab.nano.hierarchical_partition import HierarchicalShardedBuffer
+from zero_lab.nano.zeropp.hierarchical_partition import HierarchicalShardedBuffer
 from zero_lab.nano.memory_formula import model_state_bytes
 from zero_lab.workload.comm_meter import CommMeter, difference
 

@@ -42,9 +42,9 @@ from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage1_fp32_accumulation import Stage1Fp32AccumulationOptimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
-from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer
-from zero_lab.nano.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
-from zero_lab.nano import quantized_gradients
+from zero_lab.nano.zeropp.hierarchical_partition import Stage3HierarchicalOptimizer
+from zero_lab.nano.zeropp.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
+from zero_lab.nano.zeropp import quantized_gradients
 from zero_lab.nano.stage3_units import choose_units
 
 logger = logging.getLogger(__name__)

@@ -79,7 +79,7 @@ class ShardedFlatBuffer(FlatParameterBuffer):
 
     def start_gather(self, collectives: Collectives, local: torch.Tensor, asynchronous: bool):
         """Every rank's `local` into `full`, over `collectives`: the wire format of a gather (qwZ's
-        buffers send int8 blocks instead, `nano.quantized_weights`). Returns the work handle, or
+        buffers send int8 blocks instead, `nano.zeropp.quantized_weights`). Returns the work handle, or
         None once done."""
         return collectives.all_gather_into_tensor(self.full, local, async_op=asynchronous)
 
