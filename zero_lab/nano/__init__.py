@@ -29,7 +29,7 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, fetch_trace, zeropp, zeropp.quantization, config.keys, zeropp.config -> fetch_policy, unit_policy, layout -> config.schema, spanning_layout ->
+    errors, stages, dtypes, fetch_trace, zeropp, zeropp.quantization, config.keys, config.zeropp -> fetch_policy, unit_policy, layout -> config.schema, spanning_layout ->
     config.loading -> config -> official_config, memory_formula -> collectives, distributed ->
     init, init.partitions, placement -> offload, offload.placement, units, external_parameters -> flat_buffer, stage3_units -> sharded_flat_buffer -> coalesced_gather -> gradient_reduction, unit_gathering ->
     adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, gradient_buckets, optimizer_memory ->

@@ -22,7 +22,7 @@ from zero_lab.nano.config import keys as config_keys
 from zero_lab.nano.config.schema import (Bf16Config, DataTypesConfig, Fp16Config, NanoConfig,
                                          ZeroConfig)
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.nano.zeropp.config import hpz_world_problem
+from zero_lab.nano.config.zeropp import hpz_world_problem
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # The zero_optimization keys whose "auto" the Hugging Face Trainer derives from the model's hidden size h

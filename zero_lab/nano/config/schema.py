@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 
 from zero_lab.nano import stages
 from zero_lab.nano.stages import START_ALIGNMENT_FACTOR
-from zero_lab.nano.zeropp.config import ZeroPlusPlusSettings
+from zero_lab.nano.config.zeropp import ZeroPlusPlusSettings
 
 DEFAULT_BUCKET_SIZE = 500_000_000
 TORCH_ADAMW_WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default weight_decay
