@@ -29,17 +29,22 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, fetch_trace, zeropp, zeropp.quantization, config.keys, config.zeropp -> fetch_policy, unit_policy, layout -> config.schema, spanning_layout ->
-    config.loading -> config -> official_config, memory_formula -> collectives, distributed ->
-    init, init.partitions, placement -> offload, offload.placement, units, external_parameters -> flat_buffer, stage3_units -> sharded_flat_buffer -> coalesced_gather -> gradient_reduction, unit_gathering ->
-    adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, gradient_buckets, optimizer_memory ->
-    zero_optimizer -> stage0 -> stage1 -> stage2 -> persistent_reduction ->
-    stage3, stage1_fp32_accumulation -> zeropp.hierarchical_partition -> zeropp.quantized_weights -> zeropp.quantized_gradients ->
-    checkpoint ->
-    checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
+    errors, stages, dtypes, fetch_trace, config.keys, config.zeropp -> layout, fetch_policy, unit_policy ->
+    config.schema, spanning_layout -> config.loading -> config -> official_config, memory_formula ->
+    collectives, distributed, placement, units, gradient_collection, external_parameters ->
+    flat_buffer, gradient_buckets, adamw, loss_scaler, lr_schedules, client_optimizers ->
+    gradient_reduction, sharded_flat_buffer -> coalesced_gather -> unit_gathering, optimizer_memory ->
+    zero_optimizer -> stage0 -> stage1 -> stage2 -> persistent_reduction -> stage3, stage1_fp32_accumulation ->
+    init, init.partitions, offload, offload.placement, zeropp, zeropp.quantization ->
+    stage3_units, zeropp.hierarchical_partition -> zeropp.quantized_weights -> zeropp.quantized_gradients ->
+    checkpoint -> checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
     checkpoint.load, checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
     sub-package goes by its dotted name (`config.keys` is keys.py in the package config/), and the
     package's __init__ by the package's name (`config` re-exports the names of config/'s modules).
+The stage path (what `stageN.py` imports, docs/nano.md "Reading path", `zero-lab explain --stage N
+--reading-path`) is the top of the package; what only the engine facade (`initialize`, `engine`)
+imports, policies of a later stage or of an optional feature, sits beside it or in its own room:
+`offload/`, `init/` (`zero.Init`), `zeropp/` (ZeRO++), `checkpoint/`, `config/`.
 Checkpoints (the `checkpoint` package, off the step's path; docs/checkpoints.md):
 `engine.save_checkpoint`/`load_checkpoint` write and read official DeepSpeed's files, and load them
 at any world size (partition -> whole parameter -> partition, `checkpoint/reshard.py`).
