@@ -40,8 +40,8 @@ import torch
 
 from zero_lab.nano.flat_buffer import FlatParameterBuffer, WholeParameters
 from zero_lab.nano.persistent_reduction import SpanningArrivalPacking
-from zero_lab.nano.sharded_flat_buffer import ShardedFlatBuffer
 from zero_lab.nano.placement import TensorKind
+from zero_lab.nano.sharded_flat_buffer import ShardedFlatBuffer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.unit_gathering import GatheredUnit, UnitGathering
 from zero_lab.nano.units import Unit
