@@ -152,7 +152,7 @@ def persistent_gathers(counted: dict[str, int]):
     keeps whole: official's `persistent_parameters` (`stage3.py` `_post_step` hands them to
     `all_gather`, whose `_allgather_params_coalesced` starts one `all_gather_into_tensor` per
     parameter), nano's always-whole flat buffers (one per persistent parameter and group)."""
-    from zero_lab.nano.flat_buffer import ShardedFlatBuffer
+    from zero_lab.nano.sharded_flat_buffer import ShardedFlatBuffer
 
     def note(model, engine):
         optimizer = engine.optimizer

@@ -88,7 +88,8 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     tracked from outside in total (host and device are one memory on this CPU)."""
     from zero_lab.nano.config import load_config
     from zero_lab.nano.memory_formula import model_state_bytes_by_place
-    from zero_lab.nano.units import choose_units, split_groups_by_unit
+    from zero_lab.nano.stage3_units import choose_units
+    from zero_lab.nano.units import split_groups_by_unit
     from zero_lab.workload.memory_meter import LiveStorageTracker
 
     failures = []

@@ -214,7 +214,8 @@ def formula(config: dict, model, world_size: int, moment: str, gathered: set[str
     `gathered` names the units whole at the moment."""
     from zero_lab.nano.config import load_config
     from zero_lab.nano.memory_formula import model_state_bytes, total
-    from zero_lab.nano.units import choose_units, split_groups_by_unit
+    from zero_lab.nano.stage3_units import choose_units
+    from zero_lab.nano.units import split_groups_by_unit
 
     settings = load_config(config, world_size=world_size)
     groups = decay_groups(model, WEIGHT_DECAY)

@@ -13,13 +13,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from zero_lab.nano import init_partitions, placement as placement_module
+from zero_lab.nano.init import partitions as init_partitions
+from zero_lab.nano.offload import placement as placement_module
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import load_config
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
-from zero_lab.nano.placement import Placement, host_threads
-from zero_lab.nano.units import choose_units
+from zero_lab.nano.offload.placement import OffloadPlacement, host_threads
+from zero_lab.nano.placement import Placement
+from zero_lab.nano.stage3_units import choose_units
 from tests.nano.reference import build_model, loss_of, micro_batch, parameter_groups
 from tests.nano.workers import nano_config
 
@@ -55,7 +57,7 @@ def offloaded_optimizer(stage: int, precision: str, host: torch.device, monkeypa
     record_devices(collectives, seen)
     groups = parameter_groups(model, 0.1)
     units = choose_units(model, [p for group in groups for p in group["params"]], config.zero_optimization)
-    placement = Placement(torch.device("cpu"), offload_optimizer=True)
+    placement = OffloadPlacement(torch.device("cpu"), offload_optimizer=True)
     names = {parameter: name for name, parameter in model.named_parameters()}
     optimizer_class = {1: Stage1Optimizer, 2: Stage2Optimizer}[stage]
     return model, optimizer_class(model, units, groups, config, collectives, placement, names)
@@ -121,9 +123,9 @@ def test_zero_init_moves_parameters_to_the_communication_device_first():
 def test_pinning_follows_the_runs_device_not_the_machine(monkeypatch):
     """Finding 8: a --device cpu offload run on a GPU machine pins nothing (no CUDA context)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert not Placement(torch.device("cpu"), offload_optimizer=True, pin_memory=True).pins
-    assert Placement(torch.device("cuda", 0), offload_optimizer=True, pin_memory=True).pins
-    assert not Placement(torch.device("cuda", 0), offload_optimizer=True, pin_memory=False).pins
+    assert not OffloadPlacement(torch.device("cpu"), offload_optimizer=True, pin_memory=True).pins
+    assert OffloadPlacement(torch.device("cuda", 0), offload_optimizer=True, pin_memory=True).pins
+    assert not OffloadPlacement(torch.device("cuda", 0), offload_optimizer=True, pin_memory=False).pins
 
 
 def test_host_adam_gets_the_ranks_share_of_the_cores():

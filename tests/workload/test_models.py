@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from zero_lab.workload.data import IGNORE_INDEX, conversation_example
 from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.model_shapes import PRESETS, preset_blocks, preset_parameters
-from zero_lab.nano.units import fetch_modules, parameter_entries
+from zero_lab.nano.stage3_units import fetch_modules, parameter_entries
 from zero_lab.workload.models import build_model, check_model_name, load_tokenizer, parameter_groups
 
 WORDS = ["[UNK]", "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "hi", "there", "hello", "friend"]
@@ -65,7 +65,7 @@ def test_norms_and_biases_get_no_weight_decay():
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_the_pure_parameter_table_is_the_built_presets(name):
     """`zero-lab explain` reads the table without building anything; it must be the real model's
-    parameters, in order, each fetched by the modules the engine fetches it with (`units.fetch_modules`)."""
+    parameters, in order, each fetched by the modules the engine fetches it with (`stage3_units.fetch_modules`)."""
     with torch.device("meta"):
         model = build_model(name, seed=0)
     table = preset_parameters(name)

@@ -12,7 +12,7 @@ from tests.backend_holding import backend_holding_collective_tensors
 from tests.nano.stage3_reference import TokenReference, build_trapnet, decay_groups, token_batch, token_loss
 from tests.nano.stage3_workers import stage3_config, train
 from tests.nano.workers import LR, MICRO_SIZE, WEIGHT_DECAY
-from zero_lab.nano.hierarchical_partition import HierarchicalShardedBuffer
+from zero_lab.nano.zeropp.hierarchical_partition import HierarchicalShardedBuffer
 from zero_lab.nano.memory_formula import model_state_bytes
 from zero_lab.workload.comm_meter import CommMeter, difference
 
@@ -85,7 +85,8 @@ def formula_total(config: dict, model, world_size: int, moment: str) -> int:
     """nano's documented bytes of every flat buffer the unit policy makes of this model, hpZ's
     secondary partitions included, nothing gathered."""
     from zero_lab.nano.config import load_config
-    from zero_lab.nano.units import choose_units, split_groups_by_unit
+    from zero_lab.nano.stage3_units import choose_units
+    from zero_lab.nano.units import split_groups_by_unit
 
     settings = load_config(config, world_size=world_size)
     groups = decay_groups(model, WEIGHT_DECAY)

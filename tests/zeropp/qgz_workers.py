@@ -15,8 +15,8 @@ from tests.nano.stage3_reference import build_trapnet, decay_groups, token_batch
 from tests.nano.workers import MICRO_SIZE, WEIGHT_DECAY
 from tests.zeropp.qwz_workers import LR_FOR_NUMERICS, RANKS_PER_NODE, STEPS, config
 from zero_lab.nano.collectives import RANKS_PER_NODE_ENVIRONMENT
-from zero_lab.nano.quantization import GRADIENT_LEVELS, LEVELS
-from zero_lab.nano.quantized_gradients import QuantizedGradientReducer
+from zero_lab.nano.zeropp.quantization import GRADIENT_LEVELS, LEVELS
+from zero_lab.nano.zeropp.quantized_gradients import QuantizedGradientReducer
 
 KEYS = {"qgZ": {"zero_quantized_gradients": True},
         "qgZ+qwZ+hpZ": {"zero_quantized_gradients": True, "zero_quantized_weights": True,
@@ -25,7 +25,7 @@ KEYS = {"qgZ": {"zero_quantized_gradients": True},
 
 def gradient_bound(local_absmax: float, world_size: int, per_node: int) -> float:
     """What qgZ's two quantizations can change an averaged gradient element by, for local gradients of
-    at most M = `local_absmax` in absolute value (`nano.quantized_gradients`, `nano.quantization`):
+    at most M = `local_absmax` in absolute value (`nano.zeropp.quantized_gradients`, `nano.zeropp.quantization`):
     each of the W local gradients is off by at most M / 8 (int4: absmax / 8); each of the W / K node
     sums is at most K (M + M / 8) and is off by at most that / 8. Summed and divided by W:
     M / 8 + (9 / 8) M / 8 = 17 M / 64."""

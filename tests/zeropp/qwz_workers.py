@@ -12,8 +12,8 @@ import zero_lab.nano as nano
 from tests.nano.stage3_reference import build_trapnet, decay_groups, token_batch, token_loss
 from tests.nano.stage3_workers import stage3_config
 from tests.nano.workers import MICRO_SIZE, WEIGHT_DECAY
-from zero_lab.nano.quantization import LEVELS
-from zero_lab.nano.quantized_weights import QuantizedGathers
+from zero_lab.nano.zeropp.quantization import LEVELS
+from zero_lab.nano.zeropp.quantized_weights import QuantizedGathers
 
 RANKS_PER_NODE, STEPS = 2, 50
 KEYS = {"qwZ": {"zero_quantized_weights": True},
@@ -33,7 +33,7 @@ LR_FOR_NUMERICS = 1e-3  # at the tests' 1e-2 this 300-parameter model's Adam tra
 def first_order_bound(probe: torch.nn.Module, batch: torch.Tensor) -> tuple[float, float]:
     """(the exact loss at the probe's weights, the bound on what one quantized gather can change it
     by): |L(w + e) - L(w)| <= sum |dL/dw| |e| to first order, and every gathered element's error
-    |e| <= absmax(its block) / 128 <= max |w| / 128 (`nano.quantization`)."""
+    |e| <= absmax(its block) / 128 <= max |w| / 128 (`nano.zeropp.quantization`)."""
     probe.zero_grad()
     exact = token_loss(probe, batch)
     exact.backward()

@@ -12,9 +12,9 @@ import torch
 import zero_lab.nano as nano
 from tests.backend_holding import backend_holding_collective_tensors
 from zero_lab.nano.collectives import RANKS_PER_NODE_ENVIRONMENT
-from zero_lab.nano.flat_buffer import BufferState
-from zero_lab.nano.quantized_gradients import QuantizedGradientReducer
-from zero_lab.nano.quantized_weights import QuantizedGathers
+from zero_lab.nano.sharded_flat_buffer import BufferState
+from zero_lab.nano.zeropp.quantized_gradients import QuantizedGradientReducer
+from zero_lab.nano.zeropp.quantized_weights import QuantizedGathers
 
 RANKS_PER_NODE = 2
 KEYS = {"zero_quantized_weights": True, "zero_quantized_gradients": True}

@@ -6,7 +6,7 @@ import pytest
 
 from zero_lab.nano.config import load_config
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer
+from zero_lab.nano.zeropp.hierarchical_partition import Stage3HierarchicalOptimizer
 from zero_lab.nano.initialize import STAGE_OPTIMIZERS, stage_optimizer
 
 
@@ -32,7 +32,7 @@ def test_hpz_below_stage_3_or_not_dividing_the_world_is_refused_by_name():
 
 
 def test_qwz_is_read_at_stage_3_and_picks_its_optimizer_alone_and_with_hpz():
-    from zero_lab.nano.quantized_weights import (Stage3HierarchicalQuantizedWeightsOptimizer,
+    from zero_lab.nano.zeropp.quantized_weights import (Stage3HierarchicalQuantizedWeightsOptimizer,
                                                  Stage3QuantizedWeightsOptimizer)
 
     settings = config(3, 1)

@@ -1,4 +1,4 @@
-"""ZeRO++'s block-wise formats (`nano.quantization`) against pure-torch round trips written here, one
+"""ZeRO++'s block-wise formats (`nano.zeropp.quantization`) against pure-torch round trips written here, one
 block at a time, and their error bounds. qwZ's int8: every element within absmax(block) / 128 of its
 value, all but a block's largest positive one within absmax / 256. qgZ's int4, two per byte: within
 absmax / 8, all but the clamped one within absmax / 16. No processes."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zero_lab.nano.quantization import (GRADIENT_BLOCK, block_count, dequantize, dequantize_int4, gradient_chunk,
+from zero_lab.nano.zeropp.quantization import (GRADIENT_BLOCK, block_count, dequantize, dequantize_int4, gradient_chunk,
                                         int4_max_error, max_error, quantize, quantize_int4)
 
 

@@ -1,5 +1,5 @@
 """The temporaries of ZeRO++'s quantized collectives (qwZ's gathers, qgZ's exchanges) at W=4 in nodes of
-2: measured live bytes equal `nano.quantization`'s figures, which `zero-lab explain`'s peak adds."""
+2: measured live bytes equal `nano.zeropp.quantization`'s figures, which `zero-lab explain`'s peak adds."""
 
 import pytest
 

@@ -31,7 +31,7 @@ It describes a steady step (stage 3 records the order of uses during the first o
 collective families (`all_gather` for `all_gather_into_tensor` too); with one rank nothing moves.
 Phase 4 (peak): a stage-3 call of several buffers holds a staging tensor of its size
 (`nano.coalesced_gather`), and ZeRO++'s quantized collectives hold temporaries while they run (qwZ: int8 blocks
-and scales, sent and received; qgZ: int4 rows, scales and fp32 rows; `nano.quantization`'s
+and scales, sent and received; qgZ: int4 rows, scales and fp32 rows; `nano.zeropp.quantization`'s
 figures); the peak is the largest of each phase's moment plus the largest temporary of its collectives.
 """
 
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from zero_lab.nano import stages
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.layout import FlatLayout
-from zero_lab.nano.quantization import (block_count, gradient_chunk, gradient_exchange_temporary_bytes,
+from zero_lab.nano.zeropp.quantization import (block_count, gradient_chunk, gradient_exchange_temporary_bytes,
                                         weight_gather_temporary_bytes)
 from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
 from zero_lab.nano.spanning_layout import SpanningLayout, plan_buckets
@@ -232,10 +232,10 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     """Phase 3: every collective of one steady optimizer step, phase by phase, each rank 0's wire
     bytes split into intra- and inter-node ones (`wire_bytes.wire_split`). With hpZ a unit's first
     gather of the step reads the primary partitions (the world); every later one, the secondary
-    partitions of the node's `zero_hpz_partition_size` ranks (`nano.hierarchical_partition`). With
-    qwZ every such gather is two: the int8 values and the fp32 block scales (`nano.quantized_weights`).
+    partitions of the node's `zero_hpz_partition_size` ranks (`nano.zeropp.hierarchical_partition`). With
+    qwZ every such gather is two: the int8 values and the fp32 block scales (`nano.zeropp.quantized_weights`).
     With qgZ over more than one node, every bucket's reduce-scatter is four all-to-alls: int4 values and
-    fp32 scales within the node, then the same across nodes (`nano.quantized_gradients`)."""
+    fp32 scales within the node, then the same across nodes (`nano.zeropp.quantized_gradients`)."""
     if world_size == 1:
         return []
     zero, stage = config.zero_optimization, config.zero_optimization.stage
@@ -256,7 +256,7 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
     secondary_group = min(zero.zero_hpz_partition_size, world_size) if zero.hpz_enabled else 0
     with_secondary: set[str] = set()  # units gathered once this step: hpZ gathers them again in the node
 
-    # qgZ (`nano.quantized_gradients`) over more than one node of ranks_per_node ranks
+    # qgZ (`nano.zeropp.quantized_gradients`) over more than one node of ranks_per_node ranks
     nodes = world_size // ranks_per_node if ranks_per_node and world_size % ranks_per_node == 0 else 1
     quantized_reduction = stage == 3 and zero.zero_quantized_gradients and scatters and nodes > 1
 
@@ -304,7 +304,7 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
         padded = buffer.layout.padded_numel
         if not zero.zero_quantized_weights:
             return [moved(phase, "all_gather", padded * width, buffer.name, group_size)]
-        # qwZ (`nano.quantized_weights`): int8 values, then one fp32 scale per block of each share
+        # qwZ (`nano.zeropp.quantized_weights`): int8 values, then one fp32 scale per block of each share
         scales = group_size * block_count(padded // group_size) * FP32_BYTES
         temporary = weight_gather_temporary_bytes(padded // group_size, group_size)
         return [moved(phase, "all_gather", padded, f"{buffer.name} int8", group_size, temporary=temporary),

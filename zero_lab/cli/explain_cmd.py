@@ -4,6 +4,7 @@
     zero-lab explain --model qwen3-0.6b --stage 3 --gpus 4 --format json
     zero-lab explain --model tiny --stage 2 --gpus 2 --dtype float32 --measure
     zero-lab explain --model qwen3-0.6b --stage 3 --gpus 2 --plot step.png
+    zero-lab explain --stage 2 --reading-path
 
 Phase 1: the config the harness would train with (its own builder: --stage, --dtype, --offload
          applied to --config or harness/configs/zero<stage>.json), loaded as nano loads it.
@@ -13,6 +14,8 @@ Phase 2: the model's parameter table (presets: pure data; a local directory: bui
 Phase 3 (--measure): the same stage on the `tiny` preset, one process per rank on CPU
          (`workload.step_trace`), its recorded step printed beside the prediction; exit 1 when
          they disagree, 3 when the run fails.
+--reading-path prints, instead of the step, what to read to understand the stage's code: the
+modules zero_lab/nano/stage<N>.py imports, in reading order, with their lines (`analysis.reading_path`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from zero_lab.analysis.explain_check import (collectives_comparison, disagreemen
 from zero_lab.analysis.explain_tables import (collectives_table, holdings_table, peak_line, phases_table,
                                               render_markdown, title)
 from zero_lab.analysis.markdown import markdown_table
+from zero_lab.analysis.reading_path import path_table, reading_path
+from zero_lab.analysis.reading_path import title as reading_path_title
 from zero_lab.cli import input_checks, output
 from zero_lab.cli.errors import (EXIT_GATE, EXIT_RUN_FAILED, BadInput, check_choice, check_picture_path,
                                  one_line_errors)
@@ -120,6 +125,7 @@ def explain(
     measure_tiny: Annotated[bool, typer.Option("--measure", help="Also run the stage on the tiny preset at W=N on CPU and check the prediction.")] = False,
     ranks_per_node: Annotated[Optional[int], typer.Option(help="Nodes of K consecutive ranks: split the wire bytes into intra- and inter-node (default: one node).", metavar="K")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Also draw the step as a PNG: who holds what per rank, what one rank holds at each moment, what it sends per phase.", metavar="FILE")] = None,
+    show_reading_path: Annotated[bool, typer.Option("--reading-path", help="Print instead what to read to understand the stage's code: the modules zero_lab/nano/stage<N>.py imports, in reading order, with their lines.")] = False,
 ) -> None:
     """One optimizer step of nano as a sequence of phases: what one rank holds and what moves
     (payload and wire bytes), from nano's own formula and bucket layout. Nothing is launched
@@ -128,6 +134,11 @@ def explain(
     check_choice(dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
     check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS))
     input_checks.check_stage(stage, "--stage")
+    if show_reading_path:
+        if measure_tiny:
+            raise BadInput("--reading-path prints the code's reading order and runs nothing", "drop --measure")
+        print_reading_path(stage, format)
+        return
     if gpus < 1:
         raise BadInput(f"--gpus must be 1 or more, not {gpus}", "give the world size, e.g. --gpus 4")
     problem = ranks_per_node_problem(ranks_per_node, gpus)
@@ -160,6 +171,17 @@ def explain(
         print_walk(walk, source, verdict)
     if verdict is not None and not verdict["agrees"]:
         raise typer.Exit(EXIT_GATE)
+
+
+def print_reading_path(stage: int, format: str) -> None:
+    path = reading_path(stage)
+    if format == "json":
+        output.print_json(path.to_json())
+    elif format == "markdown":
+        print(f"{reading_path_title(path)}\n\n{markdown_table(*path_table(path))}")
+    else:
+        output.stdout.print(reading_path_title(path), markup=False)
+        output.print_table(*path_table(path), title=f"Stage {stage}'s reading path")
 
 
 def print_walk(walk, source: str, verdict: dict | None) -> None:

@@ -1,7 +1,7 @@
 """Where fully_shard is applied: each decoder block, then the root (as torchtitan does).
 
 The policy is decided here, outside the model and the engine. A decoder block is a child of a
-`torch.nn.ModuleList` (`nano.units.find_blocks`; nano's stage 3 gathers finer units, each module's
+`torch.nn.ModuleList` (`nano.stage3_units.find_blocks`; nano's stage 3 gathers finer units, each module's
 own parameters, as official DeepSpeed fetches them); the root's
 own `fully_shard` takes what no block holds (embeddings, final norm, LM head) as one more unit.
 """
@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from zero_lab.fsdp2.config_map import Fsdp2Plan
-from zero_lab.nano.units import find_blocks
+from zero_lab.nano.stage3_units import find_blocks
 
 
 def _dtype(name: str | None) -> torch.dtype | None:

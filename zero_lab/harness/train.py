@@ -122,7 +122,7 @@ def prepare(argv: list[str] | None):
     world_size = int(os.environ["WORLD_SIZE"])
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     device, config = check_launch(args, world_size, local_world_size)
-    if args.ranks_per_node:  # nano's qgZ groups its all-to-alls by it (`nano.quantized_gradients`)
+    if args.ranks_per_node:  # nano's qgZ groups its all-to-alls by it (`nano.zeropp.quantized_gradients`)
         os.environ[RANKS_PER_NODE_ENVIRONMENT] = str(args.ranks_per_node)
     args.ranks_per_node = resolve_ranks_per_node(args.ranks_per_node, local_world_size, world_size)
     args.model_dtype = args.model_dtype or DTYPE_NAME_OF_PRECISION[precision_of(config)]

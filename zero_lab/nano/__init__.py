@@ -22,24 +22,29 @@ follows from it, is the stage table in `stages.py`.
 | optimizer-state partition  | Adam's exp_avg and exp_avg_sq for the partition, fp32          | 8P      | 8P/N    | 8P/N      | 8P/N      |
 
 With CPU offload the fp32 master, optimizer-state and gradient partitions live in host memory
-(stages 1-3), and at stage 3 the partitions of the parameters too (`placement.py`).
+(stages 1-3), and at stage 3 the partitions of the parameters too (`offload/placement.py`).
 
 Gradients exist only while they are needed: full gradients from backward until they are packed
 into buckets, gradient partitions from the window's first reduction until the optimizer step.
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, fetch_policy, quantization, config.keys, config.zeropp -> unit_policy, layout -> config.schema, spanning_layout ->
-    config.loading -> config -> official_config, memory_formula -> collectives, distributed ->
-    init_partitions -> placement, units, external_parameters -> flat_buffer -> coalesced_gather -> gradient_reduction, unit_gathering ->
-    adamw, loss_scaler, lr_schedules, client_optimizers, gradient_collection, gradient_buckets, optimizer_memory ->
-    zero_optimizer -> stage0 -> stage1 -> stage2 ->
-    stage3, stage1_fp32_accumulation -> hierarchical_partition -> quantized_weights -> quantized_gradients ->
-    checkpoint ->
-    checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
+    errors, stages, dtypes, fetch_trace, config.keys, config.zeropp -> layout, fetch_policy, unit_policy ->
+    config.schema, spanning_layout -> config.loading -> config -> official_config, memory_formula ->
+    collectives, distributed, placement, units, gradient_collection, external_parameters ->
+    flat_buffer, gradient_buckets, adamw, loss_scaler, lr_schedules, client_optimizers ->
+    gradient_reduction, sharded_flat_buffer -> coalesced_gather -> unit_gathering, optimizer_memory ->
+    zero_optimizer -> stage0 -> stage1 -> stage2 -> persistent_reduction -> stage3, stage1_fp32_accumulation ->
+    init, init.partitions, offload, offload.placement, zeropp, zeropp.quantization ->
+    stage3_units, zeropp.hierarchical_partition -> zeropp.quantized_weights -> zeropp.quantized_gradients ->
+    checkpoint -> checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
     checkpoint.load, checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
     sub-package goes by its dotted name (`config.keys` is keys.py in the package config/), and the
     package's __init__ by the package's name (`config` re-exports the names of config/'s modules).
+The stage path (what `stageN.py` imports, docs/nano.md "Reading path", `zero-lab explain --stage N
+--reading-path`) is the top of the package; what only the engine facade (`initialize`, `engine`)
+imports, policies of a later stage or of an optional feature, sits beside it or in its own room:
+`offload/`, `init/` (`zero.Init`), `zeropp/` (ZeRO++), `checkpoint/`, `config/`.
 Checkpoints (the `checkpoint` package, off the step's path; docs/checkpoints.md):
 `engine.save_checkpoint`/`load_checkpoint` write and read official DeepSpeed's files, and load them
 at any world size (partition -> whole parameter -> partition, `checkpoint/reshard.py`).

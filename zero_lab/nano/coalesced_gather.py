@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from zero_lab.nano.collectives import Collectives, free_storage
-from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
+from zero_lab.nano.sharded_flat_buffer import BufferState, ShardedFlatBuffer
 
 
 def call_groups(buffers: list[ShardedFlatBuffer]) -> list[list[ShardedFlatBuffer]]:

@@ -31,7 +31,7 @@ import torch.distributed
 # Set to 1: a world of one still runs every collective (see the module docstring).
 COLLECTIVES_AT_WORLD_ONE = "ZERO_LAB_COLLECTIVES_AT_WORLD_ONE"
 
-# Set by the harness from --ranks-per-node: the node size of qgZ's all-to-alls (`nano.quantized_gradients`;
+# Set by the harness from --ranks-per-node: the node size of qgZ's all-to-alls (`nano.zeropp.quantized_gradients`;
 # without it, torchrun's LOCAL_WORLD_SIZE).
 RANKS_PER_NODE_ENVIRONMENT = "ZERO_LAB_RANKS_PER_NODE"
 

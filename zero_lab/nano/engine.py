@@ -25,6 +25,7 @@ from zero_lab.nano.checkpoint import load, save
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.errors import EngineUsageError
+from zero_lab.nano.optimizer_memory import memory_breakdown
 from zero_lab.nano.zero_optimizer import ZeroOptimizer
 
 
@@ -224,4 +225,4 @@ class NanoEngine(torch.nn.Module):
         """Bytes this rank holds per category: parameters, gradients, fp32_master_partition,
         optimizer_states, gradient_partition, communication_buckets, and their total; with
         `by_device`, one such dict per place: {"device": {...}, "host": {...}} (offload moves states to the host)."""
-        return self.optimizer.memory_breakdown(by_device)
+        return memory_breakdown(self.optimizer, by_device)  # counted from outside: no stage imports the accounting

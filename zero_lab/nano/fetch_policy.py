@@ -2,13 +2,11 @@
 one micro-step's recorded trace. No torch: `unit_gathering.py` applies the rules to a live model,
 `zero-lab explain` (`simulate_micro_step`) to a model it never builds, and both give the same answer.
 
-The trace. Every module a micro-step calls (containers and modules without parameters too, as
-official traces every sub-module; none inside a leaf module) is a `TracedUse`, in the order the
-forward calls them, the model first; then the backward's uses, in the order their outputs'
-gradients arrive (`full_order`; without a recorded backward: the model, then the rest reversed).
-Official records its trace during the first micro-step and applies the rules from the second on;
-until then (and whenever a use leaves the recorded order) nothing is prefetched and every unit is
-freed after each use.
+The trace (`fetch_trace`): one micro-step's uses of the traced modules, the forward's then the
+backward's. Official records its trace during the first micro-step and applies the rules from the
+second on; until then (and whenever a use leaves the recorded order) nothing is prefetched and
+every unit is freed after each use, which is also what `unit_gathering` does without these rules.
+`initialize` hands the rules to stage 3 (`FetchRules.schedule`); no stage imports them.
 
 The rules, with official's names for the keys (`runtime/zero/partitioned_param_coordinator.py`):
     1. Fetch: a use gathers its unit if it is not whole, and in the same call the units of the
@@ -41,33 +39,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-
-@dataclass(frozen=True)
-class TracedUse:
-    """One use of a traced module: which module, which sharded unit it needs whole (None: only
-    persistent parameters, or none), the elements of every parameter it touches, and the units of
-    the parameters it uses but does not own (`external_parameters`), which it needs whole too."""
-
-    module: Hashable
-    unit: str | None
-    numel: int
-    external: tuple[str, ...] = ()
-
-    @property
-    def units(self) -> tuple[str, ...]:
-        """Every unit the use needs whole, its own first."""
-        own = (self.unit,) if self.unit is not None else ()
-        return own + tuple(unit for unit in self.external if unit != self.unit)
-
-
-def full_order(forward: Sequence[TracedUse], backward: Sequence[TracedUse] | None = None) -> list[TracedUse]:
-    """A micro-step's uses: the forward, then the backward as recorded (when not given, the model
-    first, then the rest reversed)."""
-    if backward is None:
-        backward = list(forward[:1]) + list(forward[:0:-1])
-    return list(forward) + list(backward)
+from zero_lab.nano.fetch_trace import TracedUse, full_order
 
 
 @dataclass(frozen=True)
@@ -77,6 +51,11 @@ class FetchRules:
     prefetch_bucket_size: int
     max_live_parameters: int
     max_reuse_distance: int
+
+    def schedule(self, forward: Sequence[TracedUse], unit_numel: Mapping[str, int],
+                 backward: Sequence[TracedUse] | None = None) -> "FetchSchedule":
+        """The rules over one micro-step that follows a recorded trace (what `unit_gathering` asks)."""
+        return FetchSchedule(forward, unit_numel, self, backward)
 
 
 class FetchSchedule:

@@ -1,15 +1,12 @@
-"""The two kinds of gradient bucket stage 2 and 3 fill during backward (`stage2.ArrivalPacking`).
+"""The gradient buckets stages 2 and 3 fill during backward (`stage2.ArrivalPacking`).
 
     RangeBucket:    a flat range [start, end) of one buffer's gradients, held as it lies in the
                     buffer; reduced with `BucketReducer.launch`, its share lands in a slice of the
                     buffer's gradient partition.
-    SpanningBucket: several whole buffers (`spanning_layout`), held rank-major; reduced in one call
-                    with `BucketReducer.launch_shares`, its share lands in every member's whole
-                    gradient partition, member after member.
-Both answer the same questions for the packing: which flat ranges it holds (`flat_ranges`, whose
-parameter pieces it then expects, keyed (buffer index, parameter index)), where a piece's elements
-go in its values (`slots`), and how it is reduced (`launch`). Which buffers a spanning bucket takes is the stage's policy
-(`ZeroOptimizer.reduces_with_others`), not the bucket's.
+Every kind (stage 3 adds `persistent_reduction.SpanningBucket`, several whole buffers) answers the
+same questions for the packing: which flat ranges it holds (`flat_ranges`, whose parameter pieces
+it then expects, keyed (buffer index, parameter index)), where a piece's elements go in its values
+(`slots`), and how it is reduced (`launch`).
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from typing import Optional
 import torch
 
 from zero_lab.nano.layout import ParameterPiece
-from zero_lab.nano.spanning_layout import SpanningLayout
 
 
 @dataclass
@@ -74,28 +70,3 @@ class RangeBucket(GradientBucket):
     def launch(self, optimizer, accumulate: bool) -> None:
         optimizer.reducer.launch(optimizer.buffers[self.buffer_index], self.values, self.start, self.end,
                                  optimizer.gradient_partition(self.buffer_index), accumulate=accumulate)
-
-
-@dataclass
-class SpanningBucket(GradientBucket):
-    """The whole buffers `members` (indices, in the layout's order), held rank-major (`layout`)."""
-
-    members: tuple[int, ...]
-    layout: SpanningLayout
-
-    @property
-    def numel(self) -> int:
-        return self.layout.numel
-
-    def flat_ranges(self) -> list[tuple[int, int, int]]:
-        return [(index, 0, layout.padded_numel) for index, layout in zip(self.members, self.layout.members)]
-
-    def slots(self, buffer_index: int, piece: ParameterPiece) -> list[tuple[int, int, int]]:
-        return self.layout.positions(self.members.index(buffer_index), piece.flat_start, piece.numel)
-
-    def launch(self, optimizer, accumulate: bool) -> None:
-        share = self.layout.share_numel
-        rank = optimizer.collectives.rank
-        optimizer.reducer.launch_shares(self.values, [share] * self.layout.partition_count, rank * share,
-                                        [optimizer.gradient_partition(index) for index in self.members],
-                                        accumulate=accumulate)

@@ -112,7 +112,7 @@ class BucketReducer:
 
     def scatter(self, share: torch.Tensor, bucket: torch.Tensor, share_sizes: list[int], asynchronous: bool):
         """Phase 1's reduce-scatter: the sum over ranks of this rank's share of `bucket` into `share`
-        (qgZ's reducer sends it quantized instead: `nano.quantized_gradients`)."""
+        (qgZ's reducer sends it quantized instead: `nano.zeropp.quantized_gradients`)."""
         return self.collectives.reduce_scatter(share, bucket, share_sizes, async_op=asynchronous)
 
     def _finish_oldest(self) -> None:

@@ -10,8 +10,9 @@
              `model_parameters` (params or dicts); a parameter no group holds (frozen) that
              `zero.Init` partitioned is made whole, for good.
     Phase 5: decide the policies (which parameters share a flat buffer: `units`; where tensors
-             live: `placement`), build the stage's ZeRO optimizer (flattening the parameters), the
-             LR schedule and, with `training_data`, a distributed data loader.
+             live: `placement`, `offload/`; where a `zero.Init` parameter's values come from:
+             `init/`), build the stage's ZeRO optimizer (flattening the parameters), the LR
+             schedule and, with `training_data`, a distributed data loader.
 """
 
 from __future__ import annotations
@@ -23,25 +24,28 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed
 
-from zero_lab.nano import init_partitions
 from zero_lab.nano.client_optimizers import adopt_groups, client_optimizer
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig, load_config, read_config_source
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.engine import NanoEngine
 from zero_lab.nano.errors import NanoConfigError
+from zero_lab.nano.fetch_policy import FetchRules
+from zero_lab.nano.flat_buffer import WholeParameters
+from zero_lab.nano.init import partitions as init_partitions
 from zero_lab.nano.lr_schedules import build_scheduler
 from zero_lab.nano.dtypes import torch_dtype
-from zero_lab.nano.placement import Placement, host_threads
+from zero_lab.nano.offload.placement import OffloadPlacement, host_threads
+from zero_lab.nano.placement import Placement
 from zero_lab.nano.stage0 import Stage0Optimizer
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage1_fp32_accumulation import Stage1Fp32AccumulationOptimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
-from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer
-from zero_lab.nano.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
-from zero_lab.nano import quantized_gradients
-from zero_lab.nano.units import choose_units
+from zero_lab.nano.zeropp.hierarchical_partition import Stage3HierarchicalOptimizer
+from zero_lab.nano.zeropp.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
+from zero_lab.nano.zeropp import quantized_gradients
+from zero_lab.nano.stage3_units import choose_units
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +88,28 @@ def _parameter_groups(model: torch.nn.Module, model_parameters: Any) -> list[dic
 
 
 def _placement(config: NanoConfig, device: torch.device) -> Placement:
-    """Phase 5's placement policy, from the offload sections."""
+    """Phase 5's placement policy, from the offload sections: everything on the device, unless a
+    section offloads (`offload/placement.py`)."""
     zero = config.zero_optimization
-    return Placement(device, offload_optimizer=zero.offload_optimizer.enabled,
-                     offload_parameters=zero.offload_param.enabled,
-                     pin_memory=(zero.offload_optimizer.enabled and zero.offload_optimizer.pin_memory)
-                     or (zero.offload_param.enabled and zero.offload_param.pin_memory))
+    if not (zero.offload_optimizer.enabled or zero.offload_param.enabled):
+        return Placement(device)
+    return OffloadPlacement(device, offload_optimizer=zero.offload_optimizer.enabled,
+                            offload_parameters=zero.offload_param.enabled,
+                            pin_memory=(zero.offload_optimizer.enabled and zero.offload_optimizer.pin_memory)
+                            or (zero.offload_param.enabled and zero.offload_param.pin_memory))
+
+
+def _policies(config: NanoConfig, collectives: Collectives, trainable: set) -> dict:
+    """Phase 5's policies a stage's optimizer takes besides units and placement: where the flat
+    buffers read parameters from (gathered from `zero.Init`'s slices if the model was built so), and
+    at stage 3 official DeepSpeed's fetch rules (`fetch_policy`)."""
+    built_under_init = any(init_partitions.is_partitioned(parameter) for parameter in trainable)
+    policies = {"parameter_source": init_partitions.InitPartitions(collectives) if built_under_init else WholeParameters}
+    zero = config.zero_optimization
+    if config.stage_facts.partitions_parameters:
+        policies["fetch_rules"] = FetchRules(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters,
+                                             zero.stage3_max_reuse_distance)
+    return policies
 
 
 def _scheduler(config: NanoConfig, lr_scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
@@ -158,14 +178,16 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     units = choose_units(model, [parameter for group in groups for parameter in group["params"]],
                          nano_config.zero_optimization)
     zero_optimizer = stage_optimizer(nano_config, collectives.world_size)(
-        model, units, groups, nano_config, collectives, _placement(nano_config, device), names)
+        model, units, groups, nano_config, collectives, _placement(nano_config, device), names,
+        **_policies(nano_config, collectives, owned))
     scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
     dataloader = _dataloader(training_data, nano_config, collate_fn)
     engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader, raw_config)
     placement = zero_optimizer.placement
-    if placement.offload_optimizer and device.type != "cpu":  # on CPU the launcher already shares the cores
+    offloaded = isinstance(placement, OffloadPlacement)
+    if offloaded and placement.offload_optimizer and device.type != "cpu":  # on CPU the launcher already shares the cores
         torch.set_num_threads(host_threads())
-    if placement.pin_memory and not placement.pins:
+    if offloaded and placement.pin_memory and not placement.pins:
         engine.warnings.append("pin_memory is true but this run's device is not CUDA, so nothing is pinned: "
                                "host copies are synchronous")
         logger.warning(engine.warnings[-1])

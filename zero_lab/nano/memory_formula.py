@@ -7,7 +7,7 @@ Phase 1: lay the flat buffer out as the engine does (`layout.FlatLayout`): padde
          DeepSpeed pads, split into `world_size` partitions (stage 0 keeps one: the whole buffer).
          Partitions may cut through parameters, so only the buffer's total matters.
 Phase 2: count every buffer of the vocabulary in `zero_lab.nano` at its dtype width.
-A model has one flat buffer per unit and parameter group (`units.py`): at stages 0-2 one per
+A model has one flat buffer per unit and parameter group (`units.py`, `stage3_units.py`): at stages 0-2 one per
 group; at stage 3 one per block, the root and the persistent parameters, per group. Sum the
 buffers' figures; at stage 3 say which buffers are sharded between uses and which are gathered.
 """
@@ -118,7 +118,7 @@ def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, worl
     gradients until they are added in, so that moment counts both.
 
     At stage 3, `stage3_buffers` lists the model's flat buffers as (elements, role), role being
-    "persistent", "root" or "block" (`units.flat_buffer_roles`); the peak comes inside a backward,
+    "persistent", "root" or "block" (`stage3_units.flat_buffer_roles`); the peak comes inside a backward,
     with every gradient partition allocated and the root and the largest block gathered. Without
     the list, stage 3 counts the whole model as one block gathered (an upper bound). With hpZ
     (`hpz_partition_size` > 1) every sharded buffer adds its secondary partition at both moments.

@@ -2,7 +2,8 @@
 
 The categories are the vocabulary's (`zero_lab.nano`), counted from the live tensors of one rank:
 parameter partitions and gathered buffers, fp32 masters, Adam's states, gradient partitions,
-full gradients and communication buckets, each in its place (device or host, `placement.py`).
+full gradients and communication buckets, each in its place (device or host: `placement.py`, `offload/placement.py`).
+The engine facade asks it (`engine.memory_breakdown`); no stage imports the accounting.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from zero_lab.nano.placement import TensorKind
 def memory_breakdown(optimizer, by_device: bool = False) -> dict:
     """Bytes this rank holds per buffer category (see the vocabulary in zero_lab.nano) and their
     total; with `by_device`, the same per place: {"device": {...}, "host": {...}} (the host
-    holds what offload moved there; see placement.py)."""
+    holds what offload moved there; see offload/placement.py)."""
     places: dict[str, dict[str, int]] = {}
 
     def add(place: str, category: str, nbytes: int) -> None:

@@ -1,28 +1,20 @@
 """Where each kind of tensor lives, decided once per engine from the config (FSDP2's offload policy).
 
-The mechanism (flat buffers, reducer, Adam) asks the placement where to put a tensor and how to
-move it; it never tests an offload flag itself. There are two places:
-    device: where forward and backward run (the GPU under nccl, the CPU under gloo);
-    host:   CPU memory for offloaded tensors. On a CPU-only machine host and device are the same
-            memory, but an offloaded tensor takes the same path as on a GPU: its own copy, moved
-            by the same calls.
-Kinds of tensor and their place:
-    compute:   flat parameter buffers, gathered units, full gradients and buckets: the device.
-    partition: stage 3's parameter partitions between uses: the host with `offload_param`.
-    optimizer: fp32 master partitions, optimizer states and fp32 gradient partitions: the host
-               with `offload_optimizer`.
+The mechanism (flat buffers, reducer, Adam) asks the placement where to put a kind of tensor and
+how to move it; it never tests an offload flag itself. The kinds: compute (flat parameter buffers,
+gathered units, full gradients, buckets), partition (stage 3's parameter partitions between uses)
+and optimizer (fp32 master, optimizer-state and gradient partitions). `Placement` keeps every kind
+on the device, where forward and backward run (the GPU under nccl, the CPU under gloo): a run that
+offloads nothing. `offload/placement.py`'s `OffloadPlacement` puts the offloaded kinds on the host
+(FSDP2's `CPUOffloadPolicy`); `initialize` picks one, and both answer the same questions.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from enum import Enum
-from typing import Mapping
 
 import torch
-
-HOST = torch.device("cpu")
 
 
 class TensorKind(str, Enum):
@@ -33,42 +25,20 @@ class TensorKind(str, Enum):
     OPTIMIZER = "optimizer"
 
 
-def host_threads(environ: Mapping[str, str] = os.environ, cores: int | None = None) -> int:
-    """The CPU threads one rank's host work (Adam on an offloaded optimizer) may use: the cores
-    this process may run on, shared evenly by the node's ranks. torchrun sets OMP_NUM_THREADS=1
-    for several ranks, which would leave host Adam on one core; official DeepSpeed's CPU Adam
-    spreads over the rank's cores too."""
-    cores = len(os.sched_getaffinity(0)) if cores is None else cores
-    return max(1, cores // max(1, int(environ.get("LOCAL_WORLD_SIZE", 1))))
-
-
 @dataclass(frozen=True)
 class Placement:
     device: torch.device
-    offload_optimizer: bool = False
-    offload_parameters: bool = False
-    pin_memory: bool = False  # asked for; honoured only when the run's device is a CUDA device
 
     def place(self, kind: TensorKind) -> str:
-        """'device' or 'host' for a kind of tensor."""
-        offloaded = {TensorKind.COMPUTE: False, TensorKind.PARTITION: self.offload_parameters,
-                     TensorKind.OPTIMIZER: self.offload_optimizer}[kind]
-        return "host" if offloaded else "device"
+        """'device' or 'host' for a kind of tensor: every kind on the device."""
+        return "device"
 
     def torch_device(self, kind: TensorKind) -> torch.device:
-        return HOST if self.place(kind) == "host" else self.device
-
-    @property
-    def pins(self) -> bool:
-        """Whether host tensors are page-locked (asynchronous copies): only when the run's device is
-        CUDA. A `--device cpu` run on a GPU machine pins nothing: pinning would open a CUDA context on
-        GPU 0 in every rank for copies that never leave the host."""
-        return self.pin_memory and self.device.type == "cuda"
+        return self.device
 
     def empty(self, kind: TensorKind, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A new uninitialised tensor of `kind`, where that kind lives."""
-        pinned = self.pins and self.place(kind) == "host"
-        return torch.empty(numel, dtype=dtype, device=self.torch_device(kind), pin_memory=pinned)
+        return torch.empty(numel, dtype=dtype, device=self.torch_device(kind))
 
     def zeros(self, kind: TensorKind, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return self.empty(kind, numel, dtype).zero_()
@@ -81,53 +51,19 @@ class Placement:
         return self.empty(TensorKind.OPTIMIZER, partition.numel(), torch.float32).copy_(partition)
 
     def copy(self, destination: torch.Tensor, source: torch.Tensor) -> None:
-        """destination <- source across places (asynchronous from pinned host memory).
-
-        A dtype conversion between places happens on the host: the fp32 master published into a
-        16-bit device partition is first converted into a 16-bit host temporary (pinned when
-        pinning), then moved. Converting inside the copy would go through a device temporary the
-        size of the partition in fp32, 4 bytes a parameter that no formula counts."""
-        if source.dtype != destination.dtype and source.device != destination.device:
-            if source.device.type == "cpu":  # host -> device: convert, then move the smaller tensor
-                source = self.host_empty(source.shape, destination.dtype).copy_(source)
-            else:  # device -> host: move as is, then convert on the host
-                staged = self.host_empty(source.shape, source.dtype)
-                staged.copy_(source)
-                destination.copy_(staged)
-                return
-        destination.copy_(source, non_blocking=self.pins)
-
-    def host_empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        """A host temporary, pinned when pinning (an asynchronous copy's other end)."""
-        return torch.empty(shape, dtype=dtype, device=HOST, pin_memory=self.pins)
+        """destination <- source (within the device: one copy)."""
+        destination.copy_(source)
 
     def start_landing(self, source: torch.Tensor, destination: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """Phase 1 of moving a device tensor to the host without waiting: (the host tensor that
-        will hold it, the moment it is there: a CUDA event, or None when it already is).
-
-        With pinned memory the copy is queued on the device's stream into a pinned host buffer
-        and this returns at once (the backward hook that reduced a bucket does not wait for the
-        copy); `finish_landing` waits for it. Anywhere else `source` needs no copy: it is on the
-        destination's device already, or the copy is synchronous anyway."""
-        if not self.pins or source.device == destination.device:
-            return source, None
-        staged = self.host_empty(source.shape, source.dtype)
-        staged.copy_(source, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return staged, ready
+        """Phase 1 of moving a reduced share where its gradient partition is: (the tensor that will
+        hold it, the moment it is there, or None when it already is). On the device it already is;
+        an offloaded partition's copy may be queued (`OffloadPlacement.start_landing`)."""
+        return source, None
 
     @staticmethod
     def finish_landing(ready: object) -> None:
-        """Phase 2: wait until `start_landing`'s copy is on the host."""
-        if ready is not None:
-            ready.synchronize()
+        """Phase 2: wait until `start_landing`'s copy has landed (nothing is ever queued here)."""
 
     def stage_in(self, partition: torch.Tensor) -> torch.Tensor:
-        """A parameter partition where a gather can send it from: itself on the device, or a device
-        copy of an offloaded one (freed by the caller once the gather is done)."""
-        if self.place(TensorKind.PARTITION) == "device":
-            return partition
-        local = torch.empty(partition.numel(), dtype=partition.dtype, device=self.device)
-        self.copy(local, partition)
-        return local
+        """A parameter partition where a gather can send it from: on the device, itself."""
+        return partition

@@ -12,7 +12,7 @@ reduces them all in one call. So a bucket may also span several whole buffers, l
              share has the same length (a buffer's partitions are equal), so one reduce-scatter
              hands rank r exactly its own partitions of every member, which it copies into the
              members' gradient partitions in order.
-Pure arithmetic: the engine (`gradient_buckets`) and `zero-lab explain` read the same layout.
+Pure arithmetic: the engine (`persistent_reduction`) and `zero-lab explain` read the same layout.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def plan_buckets(layouts: list[FlatLayout], joins: list[bool],
     """Every gradient bucket of a list of buffers, in the order they are built: (buffer index,
     start, end) of each range bucket of the buffers that join no group, buffer by buffer
     (`FlatLayout.bucket_ranges`), then the groups of whole buffers (`spanning_groups`). The engine
-    (`stage2.ArrivalPacking`) and `zero-lab explain` both read this plan."""
+    (`persistent_reduction.SpanningArrivalPacking`) and `zero-lab explain` both read this plan."""
     groups = spanning_groups([layout.padded_numel for layout in layouts], joins, bucket_numel)
     spanned = {index for group in groups for index in group}
     ranges = [(index, start, end) for index, layout in enumerate(layouts) if index not in spanned

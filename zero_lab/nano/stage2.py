@@ -2,9 +2,8 @@
 
 The diff from stage 1: there is no full gradient buffer. Gradients are collected as they arrive
 (`ArrivalPacking`): each flat buffer is cut into static buckets of `reduce_bucket_size` elements
-(last parameters first, the order backward produces them; a bucket may cut through a parameter),
-except the buffers the stage has reduce together (`reduces_with_others`: none here, stage 3's
-persistent ones), which share buckets spanning them whole (`gradient_buckets`, `spanning_layout`).
+(last parameters first, the order backward produces them; a bucket may cut through a parameter;
+stage 3 adds buckets spanning whole buffers, `persistent_reduction`).
 Per micro-step:
     Phase 1 (hook): when autograd has accumulated a parameter's gradient, its pieces are added into
              their buckets (allocated on first use, in the communication dtype) and `param.grad` is
@@ -26,11 +25,10 @@ import torch
 
 from zero_lab.nano.collectives import labelled
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.nano.gradient_buckets import GradientBucket, RangeBucket, SpanningBucket
+from zero_lab.nano.gradient_buckets import GradientBucket, RangeBucket
 from zero_lab.nano.gradient_reduction import optional_bytes
 from zero_lab.nano.layout import ParameterPiece
 from zero_lab.nano.placement import TensorKind
-from zero_lab.nano.spanning_layout import SpanningLayout, plan_buckets
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.zero_optimizer import GradientCollection
 
@@ -42,13 +40,8 @@ class ArrivalPacking(GradientCollection):
         super().__init__(optimizer)
         bucket_numel = optimizer.config.zero_optimization.reduce_bucket_size
         buffers = optimizer.buffers
-        # Phase 0 (construction): the buffers that reduce together (the stage's policy) share
-        # spanning buckets; every other buffer is cut into range buckets.
-        ranges, groups = plan_buckets([buffer.layout for buffer in buffers],
-                                      [optimizer.reduces_with_others(buffer) for buffer in buffers], bucket_numel)
-        self.buckets: list[GradientBucket] = [RangeBucket(*bucket_range) for bucket_range in ranges]
-        self.buckets += [SpanningBucket(group, SpanningLayout(tuple(buffers[index].layout for index in group)))
-                         for group in groups]
+        # Phase 0 (construction): the buckets, fixed for the engine's life.
+        self.buckets: list[GradientBucket] = self.plan_buckets(buffers, bucket_numel)
         self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, int, ParameterPiece]]] = {}
         for bucket in self.buckets:
             expected = set()
@@ -62,6 +55,11 @@ class ArrivalPacking(GradientCollection):
         self.hook_handles = [parameter.register_post_accumulate_grad_hook(self._on_gradient_ready)
                              for parameter in self.pieces_of]
         self.window_reduced = False  # has a backward of this window reduced into the partitions yet?
+
+    def plan_buckets(self, buffers: list, bucket_numel: int) -> list[GradientBucket]:
+        """Phase 0: each buffer cut into range buckets (`FlatLayout.bucket_ranges`), buffer by buffer."""
+        return [RangeBucket(index, start, end) for index, buffer in enumerate(buffers)
+                for start, end in buffer.layout.bucket_ranges(bucket_numel)]
 
     def _on_gradient_ready(self, parameter: torch.nn.Parameter) -> None:
         """Phase 1 (and Phase 2 for every bucket this gradient completes)."""

@@ -1,7 +1,8 @@
 """Stage 3's gathering of units around their uses: module hooks, holds, and the fetch rules.
 
 Which unit is gathered or freed when is decided by `fetch_policy` (official DeepSpeed's rules over
-the trace recorded at the previous micro-step); this module is the mechanism that applies them.
+the trace recorded at the previous micro-step), which `initialize` hands over; this module is the
+mechanism that applies them (without them each use gathers its units and frees them after it).
 As official, every module is traced (containers and modules without parameters too, none inside
 a leaf module); a module whose own parameters (a leaf module's: its subtree's) are a sharded unit
 fetches it, with the units of its external parameters (`external_parameters`: a parameter it reads
@@ -44,9 +45,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from zero_lab.nano.coalesced_gather import start_gathers
 from zero_lab.nano.collectives import Collectives, labelled
 from zero_lab.nano.external_parameters import external_parameters, register_external_parameter, unwatch, watch
-from zero_lab.nano.fetch_policy import FetchRules, FetchSchedule, TracedUse
-from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
-from zero_lab.nano.init_partitions import numel_of
+from zero_lab.nano.fetch_trace import TracedUse
+from zero_lab.nano.sharded_flat_buffer import BufferState, ShardedFlatBuffer
 from zero_lab.nano.units import Unit
 
 
@@ -130,7 +130,7 @@ def traced_modules(model: torch.nn.Module, entries: list[GatheredUnit]) -> list[
             continue
         entry = fetched.get(id(module))
         touched = list(module.parameters(recurse=entry is not None and entry.unit.whole_module))
-        traced.append(TracedModule(len(traced), module, entry, sum(numel_of(parameter) for parameter in touched),
+        traced.append(TracedModule(len(traced), module, entry, sum(parameter.numel() for parameter in touched),
                                    owns_root=any(parameter in root_parameters for parameter in touched)))
     return traced
 
@@ -139,18 +139,18 @@ class UnitGathering:
     """Holds, gathers and frees the sharded units of one model (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, entries: list[GatheredUnit], collectives: Collectives,
-                 rules: FetchRules):
+                 rules=None):
         self.model = model
         self.entries = entries
         self.collectives = collectives
-        self.rules = rules
+        self.rules = rules  # fetch_policy.FetchRules, or None: no prefetch, each unit freed after its use
         self.by_name = {entry.unit.name: entry for entry in entries}
         self.root = next((entry for entry in entries if entry.unit.module is model), None)
         self.trace: list[TracedUse] = []  # the forward's uses at the previous micro-step
         self.backward_trace: list[TracedUse] | None = None  # its backward's (None: it had none)
         self.recording: list[TracedUse] = []  # this micro-step's uses, the forward's then the backward's
         self.forward_uses = 0  # how many of them the forward made
-        self.schedule: FetchSchedule | None = None
+        self.schedule = None  # the rules over the last trace (`FetchRules.schedule`), None: none apply
         self.in_backward = False  # the forward is done; forwards now are recomputations
         self.owner = {id(parameter): entry for entry in entries for parameter in entry.unit.parameters}
         self.in_forward: list[tuple[TracedModule, list[GatheredUnit]]] = []  # forwards running, innermost last
@@ -321,8 +321,8 @@ class UnitGathering:
     def _start_micro_step(self) -> None:
         """The model's forward begins: a new recording, the last one's schedule, the root held."""
         self.recording, self.in_backward, self.in_forward = [], False, []
-        self.schedule = FetchSchedule(self.trace, {entry.unit.name: entry.numel for entry in self.entries},
-                                      self.rules, self.backward_trace) if self.trace else None
+        self.schedule = self.rules.schedule(self.trace, {entry.unit.name: entry.numel for entry in self.entries},
+                                            self.backward_trace) if self.trace and self.rules is not None else None
         if self.root is not None and self.root.holds == 0:
             self.acquire([self.root])
 

@@ -1,8 +1,8 @@
 """Stage 3's two policies as pure arithmetic over names and sizes: which parameters form a unit,
-and whether a unit stays gathered until its next use. No torch: `units.py` and `unit_gathering.py`
+and whether a unit stays gathered until its next use. No torch: `stage3_units.py` and `unit_gathering.py`
 apply them to a live model, and `zero-lab explain` to a model it never builds.
 
-Units (the order `units.py` documents). A "block" here is a module fetched as one, as official
+Units (the order `stage3_units.py` documents). A "block" here is a module fetched as one, as official
 DeepSpeed fetches (`fetch_sub_module`): each module's own parameters (`recurse=False`), or a leaf
 module's (`leaf_module`) whole subtree.
     Phase 1: persistent: each parameter of at most `persistence_threshold` elements, in the
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Sequence
 
-from zero_lab.nano.fetch_policy import TracedUse
+from zero_lab.nano.fetch_trace import TracedUse
 
 
 PERSISTENT_PREFIX = "persistent:"  # a persistent unit's name: this, then its parameter's name

@@ -8,7 +8,7 @@
             model.embed.weight.zero_()      # every rank sees rank 0's change after the block
 
 `Init()`: while it is active, every module partitions its own parameters at the end of its
-    __init__ (`init_partitions.py`): rank 0's values are broadcast and each rank keeps a 1/N slice,
+    __init__ (`init/partitions.py`): rank 0's values are broadcast and each rank keeps a 1/N slice,
     so no rank holds more than the module being built whole besides the slices so far (those of
     parameters a constructor builds and then drops included: Hugging Face builds an untied head
     before tying it to the embedding). A weight init that runs after a child was partitioned
@@ -45,7 +45,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from zero_lab.nano import init_partitions
+from zero_lab.nano.init import partitions as init_partitions
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.errors import NanoConfigError

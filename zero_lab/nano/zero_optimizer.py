@@ -11,25 +11,18 @@ Construction:
     Phase 4: Adam over the master partitions (optimizer-state partitions appear at the first step).
 
 One step, file by file: a window of micro-steps, then `step` at the boundary, whose `# Phase k`
-comments are the rows below (stage 3 is stage 2 plus what it says).
+comments are the rows below (stage 3 is stage 2 plus the rows `stage3.py`'s docstring adds).
     engine(batch)                   engine.py        the module's forward
-        stage 3                     unit_gathering   `pre_forward` gathers each unit (and what
-                                                     fetch_policy prefetches), `post_forward` frees
-                                                     it unless fetch_policy keeps it
     engine.backward(loss)           engine.py        scale the loss, then autograd's backward
         stages 0/1                  (autograd)       gradients accumulate in param.grad
         stages 2/3                  stage2.py        `ArrivalPacking._on_gradient_ready` adds each
                                                      gradient into its buckets; a full bucket goes
                                     gradient_reduction  to `BucketReducer.launch`: reduced and added
                                                      into this rank's `gradient_partition`
-        stage 3                     unit_gathering   `pre_backward` gathers the unit again if it was
-                                                     freed; `post_backward` frees it once the unit's
-                                                     gradients are produced
       optimizer.after_backward()    zero_optimizer   the stage's `GradientCollection.after_backward`:
         stages 0/1                  stage0.py        `BoundaryPacking`: nothing, param.grad waits
         stages 2/3                  stage2.py        `ArrivalPacking`: reduce the buckets left
-                                                     (unused parameters), `finish_all`; stage3.py
-                                                     releases every unit
+                                                     (unused parameters), `finish_all`
     engine.step() at the boundary   engine.py        `ZeroOptimizer.step`, then the LR schedule
       Phase 1 reduce gradients      zero_optimizer   `GradientCollection.reduce_at_boundary`, after
                                                      which the fp32 gradient partitions are complete
@@ -54,12 +47,10 @@ comments are the rows below (stage 3 is stage 2 plus what it says).
                                                      host with offload_optimizer)
       Phase 5 publish               zero_optimizer   `_publish_parameters`, the stage's:
                                     stage0.py        `copy_master_into_partition` per buffer (an
-                                    placement.py     offloaded master is converted on the host,
+                                    offload/placement offloaded master is converted on the host,
                                                      then moved, asynchronously when pinned)
                                     stage1.py        + each buffer's `after_step`: an all-gather
                                     flat_buffer.py   of the partitions (`gather_partitions`)
-                                    stage3.py        releases every unit first; a sharded buffer's
-                                                     `after_step` gathers nothing (its next use does)
       Phase 6 release               zero_optimizer   `_release_gradients`: no gradient memory until
                                                      the next window's backward
 """
@@ -76,13 +67,11 @@ from zero_lab.nano.adamw import PartitionedAdam
 from zero_lab.nano.collectives import Collectives, free_storage, labelled
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.dtypes import torch_dtype
-from zero_lab.nano.flat_buffer import FlatParameterBuffer, ShardedFlatBuffer
+from zero_lab.nano.flat_buffer import FlatParameterBuffer, WholeParameters
 from zero_lab.nano.gradient_collection import GradientCollection
 from zero_lab.nano.gradient_reduction import BucketReducer
-from zero_lab.nano.init_partitions import numel_of
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.loss_scaler import LossScaler
-from zero_lab.nano.optimizer_memory import memory_breakdown
 from zero_lab.nano.placement import Placement, TensorKind
 from zero_lab.nano.units import Unit, split_groups_by_unit
 
@@ -95,7 +84,8 @@ class ZeroOptimizer:
     bucket_reducer = BucketReducer  # what reduces the gradient buckets (qgZ's sends them quantized)
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], parameter_groups: list[dict], config: NanoConfig,
-                 collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str]):
+                 collectives: Collectives, placement: Placement, parameter_names: dict[torch.nn.Parameter, str],
+                 parameter_source=WholeParameters):
         self.model = model
         self.stage_facts = stages.of(self.stage, self.variant)
         self.units = units
@@ -103,6 +93,7 @@ class ZeroOptimizer:
         self.collectives = collectives
         self.placement = placement
         self.parameter_names = parameter_names
+        self.parameter_source = parameter_source  # where Phase 1 reads parameters from (`zero.Init`'s: gathered)
         self.group_parameters = [list(group["params"]) for group in parameter_groups]  # as given: checkpoints' order
         self.dtype = torch_dtype(config.precision)
         self.communication_dtype = torch_dtype(config.communication_data_type or config.precision)
@@ -148,7 +139,7 @@ class ZeroOptimizer:
         """Phase 1 for one unit's parameters of one group (stage 3 adds buffers sharded between uses)."""
         layout = self._layout(parameters)
         full = self.placement.empty(TensorKind.COMPUTE, layout.padded_numel, self.dtype)
-        return FlatParameterBuffer(parameters, layout, self.collectives, group_index, full)
+        return FlatParameterBuffer(parameters, layout, self.collectives, group_index, full, self.parameter_source)
 
     def copy_master_into_partition(self, index: int) -> None:
         """Buffer `index`'s master into its partition, in the parameters' dtype (none to copy when
@@ -158,18 +149,13 @@ class ZeroOptimizer:
             self.placement.copy(partition, master)
 
     def _layout(self, parameters: list[torch.nn.Parameter]) -> FlatLayout:
-        return FlatLayout.for_stage(tuple(numel_of(parameter) for parameter in parameters), self.stage,
-                                    self.config.precision, self.collectives.world_size)
+        numels = tuple(self.parameter_source.shape(parameter).numel() for parameter in parameters)
+        return FlatLayout.for_stage(numels, self.stage, self.config.precision, self.collectives.world_size)
 
     # ----- what each stage decides ---------------------------------------------------------
     def _uses_reduce_scatter(self) -> bool:
         """Whether a bucket is reduce-scattered (each rank receives its share) or all-reduced."""
         raise NotImplementedError
-
-    def reduces_with_others(self, buffer: FlatParameterBuffer) -> bool:
-        """Whether `buffer`'s gradients share one bucket with other whole buffers (`spanning_layout`)
-        instead of buckets of their own: the stage says (`Stage.reduces_whole_buffer_together`)."""
-        return self.stage_facts.reduces_whole_buffer_together(isinstance(buffer, ShardedFlatBuffer))
 
     def _sum_over_ranks(self, squares: torch.Tensor) -> None:
         """Complete the sum of squared gradients when ranks hold different partitions."""
@@ -285,10 +271,6 @@ class ZeroOptimizer:
             for parameter in buffer.parameters:
                 parameter.zero_lab_flat_buffer = False
                 parameter.zero_lab_owner = None
-
-    def memory_breakdown(self, by_device: bool = False) -> dict:
-        """Bytes this rank holds per buffer category (`optimizer_memory.memory_breakdown`)."""
-        return memory_breakdown(self, by_device)
 
     # ----- DeepSpeed's optimizer attributes --------------------------------------------------
     @property

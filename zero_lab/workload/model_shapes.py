@@ -58,7 +58,7 @@ def decays(shape: tuple[int, ...]) -> bool:
 
 def preset_parameters(name: str) -> list[ParameterEntry]:
     """The preset's trainable parameters in `named_parameters()` order, each fetched by the module
-    owning it (`units.fetch_modules`); a tied embedding by the head too."""
+    owning it (`stage3_units.fetch_modules`); a tied embedding by the head too."""
     config = PRESETS[name]
     hidden, intermediate, head = config["hidden_size"], config["intermediate_size"], config["head_dim"]
     queries, keys = config["num_attention_heads"] * head, config["num_key_value_heads"] * head

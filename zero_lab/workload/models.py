@@ -77,10 +77,10 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def directory_parameters(path: str):
     """(parameter entries, stage-3 blocks) of a local Hugging Face model, from its config alone:
     the model is built on the meta device (no weights read, no memory), blocks found as nano finds
-    them (`units.fetch_modules`). Presets need none of this: `model_shapes.preset_parameters`."""
+    them (`stage3_units.fetch_modules`). Presets need none of this: `model_shapes.preset_parameters`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from zero_lab.nano.units import fetch_modules, parameter_entries
+    from zero_lab.nano.stage3_units import fetch_modules, parameter_entries
 
     check_model_name(path, flag="--model")
     try:

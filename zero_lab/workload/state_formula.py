@@ -1,6 +1,6 @@
 """nano's model-state formula for one workload: the model, its config, its world size.
 
-Phase 1: the flat buffers nano would build: the config's unit policy (`nano.units.choose_units`)
+Phase 1: the flat buffers nano would build: the config's unit policy (`nano.stage3_units.choose_units`)
          applied to the model's parameter groups as the harness forms them (decayed matrices, the
          rest undecayed), as (elements, role) pairs. Works on a model built on the meta device.
 Phase 2: the peak model-state bytes per rank of those buffers, per place (device, host), with the
@@ -16,7 +16,7 @@ import torch
 
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.memory_formula import peak_model_state_bytes_by_place
-from zero_lab.nano.units import choose_units, flat_buffer_roles
+from zero_lab.nano.stage3_units import choose_units, flat_buffer_roles
 from zero_lab.workload.models import parameter_groups
 
 

@@ -110,7 +110,7 @@ class Stage3Settings(_Strict):
 
 
 class LeafModuleConfig(_Strict):
-    """Official DeepSpeed's leaf modules, read by nano as its stage-3 units (see units.py)."""
+    """Official DeepSpeed's leaf modules, read by nano as its stage-3 units (see stage3_units.py)."""
 
     classes: list[str] = Field(default_factory=list, description="Class names (plain or module-qualified).")
     names: list[str] = Field(default_factory=list, description="Module names as named_modules() gives them.")

@@ -1,11 +1,11 @@
 """ZeRO++'s keys (DeepSpeed's own names), read at stage 3 only: docs/zeropp.md.
 
-`zero_hpz_partition_size` K > 1 turns on hpZ (`nano/hierarchical_partition.py`): a second copy of
+`zero_hpz_partition_size` K > 1 turns on hpZ (`nano/zeropp/hierarchical_partition.py`): a second copy of
 the parameter partitions, split within each group of K consecutive ranks (a node), which every
 gather after a unit's first one uses, so backward's all-gather stays inside the node.
-`zero_quantized_weights` turns on qwZ (`nano/quantized_weights.py`): every gather of a sharded unit
-for compute sends int8 blocks and one fp32 scale per block (`nano/quantization.py`).
-`zero_quantized_gradients` turns on qgZ (`nano/quantized_gradients.py`): the gradient reduce-scatter
+`zero_quantized_weights` turns on qwZ (`nano/zeropp/quantized_weights.py`): every gather of a sharded unit
+for compute sends int8 blocks and one fp32 scale per block (`nano/zeropp/quantization.py`).
+`zero_quantized_gradients` turns on qgZ (`nano/zeropp/quantized_gradients.py`): the gradient reduce-scatter
 becomes two int4 all-to-alls, within the node and then across nodes.
 """
 

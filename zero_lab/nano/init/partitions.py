@@ -111,3 +111,20 @@ def release(parameter: torch.nn.Parameter, collectives: Collectives, modifier_ra
     parameter.zero_lab_init_holds = holds_of(parameter) - 1
     if parameter.zero_lab_init_holds == 0:
         parameter.data = torch.empty(0, dtype=parameter.dtype, device=parameter.device)
+
+
+class InitPartitions:
+    """Where an engine's flat buffers read parameters from when some were built under `zero.Init`
+    (`initialize` hands it over in place of `flat_buffer.WholeParameters`): a partitioned
+    parameter's shape is the one it was built with, its values are Phase 2's, gathered one
+    parameter at a time as the flat buffer is filled."""
+
+    def __init__(self, collectives: Collectives):
+        self.collectives = collectives
+
+    @staticmethod
+    def shape(parameter: torch.Tensor) -> torch.Size:
+        return torch.Size(parameter.zero_lab_shape) if is_partitioned(parameter) else parameter.shape
+
+    def values(self, parameter: torch.Tensor) -> torch.Tensor:
+        return whole_values(parameter, self.collectives)

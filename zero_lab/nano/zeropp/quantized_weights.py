@@ -3,7 +3,7 @@
 `zero_quantized_weights` changes one thing, the wire format of a sharded unit's gather
 (`ShardedFlatBuffer.start_gather`). One gather of a `QuantizedGathers` buffer:
     Phase 1 (`start_gather`): quantize this rank's partition (the primary, or hpZ's secondary) in
-            blocks (`nano.quantization`: int8 values, one fp32 scale per block), then all-gather the
+            blocks (`nano.zeropp.quantization`: int8 values, one fp32 scale per block), then all-gather the
             values into an int8 buffer of the unit's padded size and the scales into an fp32 buffer
             of group size x blocks: two all-gathers, as official DeepSpeed sends them
             (`_all_gather_coalesced` with quantize=True).
@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 
 from zero_lab.nano.collectives import Collectives, free_storage
-from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
-from zero_lab.nano.hierarchical_partition import HierarchicalShardedBuffer, Stage3HierarchicalOptimizer
-from zero_lab.nano.quantization import dequantize, quantize
+from zero_lab.nano.sharded_flat_buffer import BufferState, ShardedFlatBuffer
+from zero_lab.nano.zeropp.hierarchical_partition import HierarchicalShardedBuffer, Stage3HierarchicalOptimizer
+from zero_lab.nano.zeropp.quantization import dequantize, quantize
 from zero_lab.nano.stage3 import Stage3Optimizer
 
 

@@ -3,7 +3,7 @@
 `zero_quantized_gradients` changes one thing, how a gradient bucket reaches its owners
 (`BucketReducer.scatter`). The W ranks form nodes of K consecutive ranks; rank (n, j) is the j-th
 rank of node n (global rank nK + j). One bucket, as official DeepSpeed's `all_to_all_quant_reduce`
-(runtime/comm/coalesced_collectives.py) sends it, in `nano.quantization`'s int4 format:
+(runtime/comm/coalesced_collectives.py) sends it, in `nano.zeropp.quantization`'s int4 format:
     The bucket arrives divided by W (stage 3 predivides: `BucketReducer.launch_shares`), so what
     the phases sum is already the average.
     Phase 1 (quantize, swizzled): one row per owner, its share of the bucket padded to a common
@@ -37,9 +37,9 @@ import torch.distributed
 
 from zero_lab.nano.collectives import RANKS_PER_NODE_ENVIRONMENT, Collectives, free_storage
 from zero_lab.nano.gradient_reduction import BucketReducer
-from zero_lab.nano.hierarchical_partition import Stage3HierarchicalOptimizer, node_group
-from zero_lab.nano.quantization import dequantize_int4, gradient_chunk, quantize_int4
-from zero_lab.nano.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
+from zero_lab.nano.zeropp.hierarchical_partition import Stage3HierarchicalOptimizer, node_group
+from zero_lab.nano.zeropp.quantization import dequantize_int4, gradient_chunk, quantize_int4
+from zero_lab.nano.zeropp.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
 from zero_lab.nano.stage3 import Stage3Optimizer
 
 def ranks_per_node(world_size: int) -> int:
@@ -96,14 +96,14 @@ class QuantizedGradientReducer(BucketReducer):
 class QuantizedGradients:
     """The optimizer side of qgZ: the node and cross-node groups, and the reducer that uses them."""
 
-    def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names):
+    def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names, **policies):
         world_size, rank = collectives.world_size, collectives.rank
         per_node = ranks_per_node(world_size)
         if 1 <= per_node < world_size and world_size % per_node == 0:  # more than one node
             node = collectives.subgroup(node_group(world_size, rank, per_node))
             across = collectives.subgroup(cross_node_group(world_size, rank, per_node))
             self.bucket_reducer = functools.partial(QuantizedGradientReducer, node=node, across=across)
-        super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names)
+        super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names, **policies)
 
 
 class Stage3QuantizedGradientsOptimizer(QuantizedGradients, Stage3Optimizer):

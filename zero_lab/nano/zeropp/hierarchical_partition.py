@@ -32,7 +32,7 @@ import torch
 import torch.distributed
 
 from zero_lab.nano.collectives import Collectives, free_storage
-from zero_lab.nano.flat_buffer import BufferState, ShardedFlatBuffer
+from zero_lab.nano.sharded_flat_buffer import BufferState, ShardedFlatBuffer
 from zero_lab.nano.stage3 import Stage3Optimizer
 
 
@@ -110,11 +110,11 @@ class Stage3HierarchicalOptimizer(Stage3Optimizer):
 
     hierarchical_buffer = HierarchicalShardedBuffer  # qwZ's sends its gathers quantized
 
-    def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names):
+    def __init__(self, model, units, parameter_groups, config, collectives, placement, parameter_names, **policies):
         ranks_per_node = min(config.zero_optimization.zero_hpz_partition_size, collectives.world_size)
         self.node_collectives = collectives.subgroup(node_group(collectives.world_size, collectives.rank, ranks_per_node))
         self.sharded_buffer = functools.partial(self.hierarchical_buffer, node_collectives=self.node_collectives)
-        super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names)
+        super().__init__(model, units, parameter_groups, config, collectives, placement, parameter_names, **policies)
 
     def adopt_values(self, index: int, source_rank: int) -> None:
         super().adopt_values(index, source_rank)

@@ -166,7 +166,7 @@ def int4_max_error(rows: torch.Tensor, blocks: int) -> torch.Tensor:
 
 def weight_gather_temporary_bytes(partition_numel: int, group_size: int) -> int:
     """qwZ: the most bytes one gather of a partition of n elements over `group_size` ranks holds
-    beside its whole buffer (`nano.quantized_weights`): while quantizing, the fp32 scaled copy (4n)
+    beside its whole buffer (`nano.zeropp.quantized_weights`): while quantizing, the fp32 scaled copy (4n)
     beside this rank's int8 values and scales; then, while the values travel and are dequantized in
     place, this rank's values and scales beside every rank's."""
     own = partition_numel + block_count(partition_numel) * 4
@@ -175,7 +175,7 @@ def weight_gather_temporary_bytes(partition_numel: int, group_size: int) -> int:
 
 def gradient_exchange_temporary_bytes(largest_share: int, world_size: int, ranks_per_node: int) -> int:
     """qgZ: the most bytes one bucket's exchange holds beside the bucket and this rank's share
-    (`nano.quantized_gradients`, its Phases), every row fp32 and C elements long (`gradient_chunk`):
+    (`nano.zeropp.quantized_gradients`, its Phases), every row fp32 and C elements long (`gradient_chunk`):
     the W rows throughout; an exchange of R rows holds, while quantizing, the scaled copy (4RC) and
     the packed values and scales, then the sent and received values and scales and the dequantized
     rows (4RC); between the two exchanges, the node's rows arrived beside their sums over the node."""
