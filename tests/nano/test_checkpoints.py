@@ -4,8 +4,9 @@ official DeepSpeed's tools and checkpoints (see tests/nano/checkpoint_workers.py
 import os
 
 import pytest
+import torch
 
-from tests.nano.checkpoint_workers import (RESUME_CASES, killed_mid_save_worker, official_cross_load_worker,
+from tests.nano.checkpoint_workers import (RESUME_CASES, directory_of, killed_mid_save_worker, official_cross_load_worker,
                                            resume_after_kill_worker, reshard_resume_worker, reshard_save_worker,
                                            resume_worker, save_worker, zero_to_fp32_worker)
 from tests.spawn import run_distributed
@@ -16,7 +17,31 @@ pytestmark = pytest.mark.slow
 
 def test_resume_in_fresh_processes_is_bitwise_exact_at_every_stage_and_precision(tmp_path):
     assert run_distributed(save_worker, 2, str(tmp_path), RESUME_CASES) == []
+    for stage, precision in RESUME_CASES:
+        directory = directory_of(str(tmp_path), stage, precision)
+        tag = os.path.join(directory, open(os.path.join(directory, checkpoint_files.LATEST)).read())
+        for name in sorted(os.listdir(tag)):
+            oversized = _tensors_saved_with_more_storage_than_they_hold(os.path.join(tag, name))
+            assert not oversized, (stage, precision, name, oversized)
     assert run_distributed(resume_worker, 2, str(tmp_path), RESUME_CASES) == []
+
+
+def _tensors_saved_with_more_storage_than_they_hold(path: str) -> list[str]:
+    """torch.save writes a view's whole storage: a rank's partition saved as a view of the whole flat
+    buffer would make every rank's file hold the whole model. Each saved tensor must own exactly its bytes."""
+    stored = torch.load(path, map_location="cpu", weights_only=False)
+    oversized, pending = [], [("", stored)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            if item.untyped_storage().nbytes() > item.numel() * item.element_size():
+                oversized.append(f"{path}: {item.numel() * item.element_size()} B in a "
+                                 f"{item.untyped_storage().nbytes()} B storage")
+        elif isinstance(item, dict):
+            pending += [(f"{path}/{key}", value) for key, value in item.items()]
+        elif isinstance(item, (list, tuple)):
+            pending += [(f"{path}/{index}", value) for index, value in enumerate(item)]
+    return oversized
 
 
 def test_saved_at_two_ranks_resumes_at_three_then_at_one_as_the_global_batch_reference(tmp_path):
