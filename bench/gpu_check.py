@@ -296,8 +296,12 @@ def timings(measured: dict[str, float], comparisons: dict[str, dict]) -> dict:
 
 def environment(site_dir: Path | None) -> dict[str, str]:
     """The checkout (and the installed wheels) first on every process's import path."""
+    from zero_lab.workload.cuda_toolkit import deepspeed_arch_list
     paths = [str(REPO), *([str(site_dir)] if site_dir else []), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path),
+    # FusedAdam's background build and official's runs read one arch list, so the runs find the build.
+    arch_list = {"TORCH_CUDA_ARCH_LIST": deepspeed_arch_list(os.environ["TORCH_CUDA_ARCH_LIST"])
+                 if os.environ.get("TORCH_CUDA_ARCH_LIST") else {}
+    return {**os.environ, **arch_list, "PYTHONPATH": os.pathsep.join(path for path in paths if path),
             "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions")),
             "DS_ACCELERATOR": "cuda"}
 

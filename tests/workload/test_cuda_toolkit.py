@@ -3,10 +3,12 @@ extension builder finds it, and `doctor`'s rows for it on a GPU machine (issue 1
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 from zero_lab.cli.doctor_cmd import toolkit_checks
-from zero_lab.workload.cuda_toolkit import cuda_home, toolkit_problems
+from zero_lab.workload.cuda_toolkit import cuda_home, deepspeed_arch_list, toolkit_problems
 
 
 def toolkit(root: Path, nvcc: bool = True) -> Path:
@@ -47,3 +49,31 @@ def test_doctor_checks_the_toolkit_on_a_gpu_machine(tmp_path):
     assert rows["CUDA_HOME"][0] and rows["nvcc"][0] and rows["nvcc"][1] == str(home / "bin" / "nvcc")
     assert not rows["ninja"][0] and "pip install ninja" in rows["ninja"][2] and "torch.optim.AdamW" in rows["ninja"][2]
     assert all(ok for _, ok, _, _ in toolkit_checks("cpu", {}, lambda name: None))
+
+
+@pytest.mark.parametrize("arch_list, readable", [("9.0a", "9.0"), ("8.0;9.0a+PTX", "8.0;9.0+PTX"),
+                                                 ("9.0 9.0a", "9.0"), ("10.0f;12.0", "10.0;12.0")])
+def test_official_builder_reads_the_arch_list_once_its_suffixes_are_dropped(monkeypatch, arch_list, readable):
+    """The first H200 run's image set TORCH_CUDA_ARCH_LIST=9.0a, and official DeepSpeed's own
+    FusedAdam builder stopped on it; the rewritten list is one that builder reads."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+    builder = FusedAdamBuilder()
+    builder.jit_mode = True
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        builder.compute_capability_args()
+    assert deepspeed_arch_list(arch_list) == readable
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", readable)
+    builder.compute_capability_args()
+
+
+def test_official_runs_on_cuda_get_the_readable_arch_list(monkeypatch):
+    from zero_lab.workload.official_import import prepare_environment
+
+    for name in ("DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR"):  # restored after the test: prepare_environment sets them
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    prepare_environment("cuda")
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "9.0"

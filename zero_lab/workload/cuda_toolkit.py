@@ -13,6 +13,7 @@ Pure functions over an environment and a `which`, so they are tested without a t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Callable, Mapping
@@ -53,3 +54,29 @@ def fused_adam_prebuilt() -> bool:
     except ImportError:
         return False
     return bool(installed_ops.get("fused_adam"))
+
+
+# One entry of TORCH_CUDA_ARCH_LIST: major.minor, an optional arch-specific suffix (Hopper's "9.0a",
+# Blackwell's "10.0f"), an optional "+PTX".
+_ARCH_ENTRY = re.compile(r"^(\d+)\.(\d+)([a-z]*)(\+PTX)?$")
+
+
+def deepspeed_arch_list(value: str) -> str:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed 0.19.8's JIT builder can read it.
+
+    Its builder sorts the entries by `int()` of each dotted part, so an arch-specific suffix stops
+    every official CUDA run at FusedAdam's build (`ValueError: invalid literal for int() with base
+    10: '0a'`, seen on the first H200 run, whose image sets "9.0a"). FusedAdam uses no arch-specific
+    instruction: the plain architecture ("9.0") builds the same kernel. Entries it cannot read are
+    kept as they are; duplicates made by the rewrite are dropped, in order."""
+    entries: list[str] = []
+    for entry in value.replace(" ", ";").split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        match = _ARCH_ENTRY.match(entry)
+        if match:
+            entry = f"{match[1]}.{match[2]}{match[4] or ''}"
+        if entry not in entries:
+            entries.append(entry)
+    return ";".join(entries)

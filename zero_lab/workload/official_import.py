@@ -7,7 +7,9 @@ Before the import (`prepare_environment`):
 - `DS_ACCELERATOR` naming the run's device, on every device (a leftover `DS_ACCELERATOR=cpu` from
   a CPU session would put a CUDA run on DeepSpeed's CPU accelerator), and on CPU `LOCAL_SIZE`
   (its CPU accelerator reads the local world size there);
-- `TORCH_EXTENSIONS_DIR` inside the checkout, so any JIT build stays out of $HOME.
+- `TORCH_EXTENSIONS_DIR` inside the checkout, so any JIT build stays out of $HOME;
+- on CUDA, `TORCH_CUDA_ARCH_LIST` without arch-specific suffixes ("9.0a" becomes "9.0"), which
+  DeepSpeed 0.19.8's op builder cannot parse (`cuda_toolkit.deepspeed_arch_list`).
 After it (`after_import`):
 - its first `init_distributed` on CPU JIT-builds a shared-memory comm op (about 40 s on 2 cores,
   and the building run has crashed rank 1) that training never uses, so `build_shm_op` becomes
@@ -32,6 +34,9 @@ def prepare_environment(device_type: str) -> None:
     if device_type == "cpu":
         os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".torch_extensions"))
+    if device_type != "cpu" and os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        from zero_lab.workload.cuda_toolkit import deepspeed_arch_list
+        os.environ["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(os.environ["TORCH_CUDA_ARCH_LIST"])
 
 
 def after_import(deepspeed: ModuleType, device_type: str) -> None:
