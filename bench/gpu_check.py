@@ -286,21 +286,25 @@ def largest_loss_delta(deltas: list[dict], row: dict) -> float | None:
     return None if not gaps or None in gaps else max(gaps)
 
 
-def timings(measured: dict[str, float], comparisons: dict[str, dict]) -> dict:
-    """Phase 4: the seconds each step took beside its estimate, and each run's."""
+def timings(measured: dict[str, float], comparisons: dict[str, dict], steps: list[Step] = ()) -> dict:
+    """Phase 4: the seconds each step took beside its estimate (a comparison's is the plan's, from
+    its runs and steps), and each run's."""
+    estimates = {**ESTIMATE_S, **{step.label: step.estimate_s for step in steps}}
     runs = {label: {f"{row['impl']} s{row['stage']}": row.get("duration_s") for row in comparison.get("rows", [])}
             for label, comparison in comparisons.items()}
-    return {"steps": {label: {"measured_s": round(seconds, 1), "estimate_s": ESTIMATE_S.get(label)}
+    return {"steps": {label: {"measured_s": round(seconds, 1), "estimate_s": estimates.get(label)}
                       for label, seconds in measured.items()}, "runs": runs}
 
 
 def environment(site_dir: Path | None) -> dict[str, str]:
     """The checkout (and the installed wheels) first on every process's import path."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     from zero_lab.workload.cuda_toolkit import deepspeed_arch_list
     paths = [str(REPO), *([str(site_dir)] if site_dir else []), os.environ.get("PYTHONPATH", "")]
     # FusedAdam's background build and official's runs read one arch list, so the runs find the build.
-    arch_list = {"TORCH_CUDA_ARCH_LIST": deepspeed_arch_list(os.environ["TORCH_CUDA_ARCH_LIST"])
-                 if os.environ.get("TORCH_CUDA_ARCH_LIST") else {}
+    arch_list = ({"TORCH_CUDA_ARCH_LIST": deepspeed_arch_list(os.environ["TORCH_CUDA_ARCH_LIST"])}
+                 if os.environ.get("TORCH_CUDA_ARCH_LIST") else {})
     return {**os.environ, **arch_list, "PYTHONPATH": os.pathsep.join(path for path in paths if path),
             "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions")),
             "DS_ACCELERATOR": "cuda"}
@@ -400,7 +404,7 @@ def run_check(args: argparse.Namespace) -> int:
             measured["fused-adam"] = build.seconds_taken()
     if comparisons:
         print("\ngpu-check (one GPU, qwen3-0.6b bf16; memory per rank):\n" + compact_table(list(comparisons.values())))
-    report = timings(measured, comparisons)
+    report = timings(measured, comparisons, steps)
     TIMINGS.parent.mkdir(parents=True, exist_ok=True)
     TIMINGS.write_text(json.dumps(report, indent=1) + "\n")
     print("\nseconds measured (estimate): " + ", ".join(f"{label} {figures['measured_s']:.0f} ({figures['estimate_s']})"

@@ -256,8 +256,12 @@ def test_a_finished_build_says_so_with_deepspeeds_own_seconds(gpu_check, tmp_pat
 def test_a_rerun_can_use_the_seconds_each_step_and_run_took(gpu_check):
     comparison = {"rows": [{"impl": "nano", "stage": 2, "duration_s": 27.5}, {"impl": "official", "stage": 2,
                                                                                "duration_s": 41.0}]}
-    report = gpu_check.timings({"gpu-tests": 38.24, "three-way": 212.0}, {"three-way": comparison})
+    steps = gpu_check.plan(sys.executable, "stamp")
+    report = gpu_check.timings({"gpu-tests": 38.24, "three-way": 212.0}, {"three-way": comparison}, steps)
     assert report["steps"]["gpu-tests"] == {"measured_s": 38.2, "estimate_s": gpu_check.ESTIMATE_S["gpu-tests"]}
+    three_way = next(step for step in steps if step.label == "three-way")
+    assert report["steps"]["three-way"] == {"measured_s": 212.0, "estimate_s": gpu_check.comparison_estimate(three_way.command)}
+    assert report["steps"]["three-way"]["estimate_s"] > 0
     assert report["runs"] == {"three-way": {"nano s2": 27.5, "official s2": 41.0}}
 
 
