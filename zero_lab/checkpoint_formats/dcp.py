@@ -17,6 +17,7 @@ Writing:
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -45,9 +46,16 @@ class _SmallEntriesPlanner(DefaultLoadPlanner):
         self.loaded[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
 
+def _one_process(call, *args, **kwargs):
+    """A DCP call on this process alone (DCP warns that it assumes so; here that is the point)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        return call(*args, **kwargs, no_dist=True)
+
+
 def _read_entries(path: str, keys: list[str]) -> dict:
     planner = _SmallEntriesPlanner()
-    dcp.load({key: None for key in keys}, checkpoint_id=path, planner=planner, no_dist=True)
+    _one_process(dcp.load, {key: None for key in keys}, checkpoint_id=path, planner=planner)
     return planner.loaded
 
 
@@ -98,7 +106,8 @@ class DcpSource:
         train = small.get(TRAIN_STATE, {})
         buffers = {key[len(MODEL) + 1:]: self._load(key) for key in self.tensors
                    if key.startswith(f"{MODEL}.") and key[len(MODEL) + 1:] not in shapes}
-        ranks = {info.relative_path for info in metadata.storage_data.values()}
+        # The ranks that saved it: DCP names each file `__<rank>_<index>.distcp`.
+        ranks = {info.relative_path.split("_")[2] for info in metadata.storage_data.values()}
         self.facts = Facts("dcp", tag, shapes,
                            [{**{key: group[key] for key in HYPER if key in group}, "names": list(group["params"])}
                             for group in groups], step, train.get("global_steps"), train.get("global_samples"),
@@ -124,7 +133,7 @@ class DcpSource:
     def _load(self, key: str) -> torch.Tensor:
         entry = self.tensors[key]
         values = {key: torch.empty(entry.size, dtype=entry.properties.dtype)}
-        dcp.load(values, checkpoint_id=self.path, planner=DefaultLoadPlanner(flatten_state_dict=False), no_dist=True)
+        _one_process(dcp.load, values, checkpoint_id=self.path, planner=DefaultLoadPlanner(flatten_state_dict=False))
         return values[key]
 
     # Phase 2
@@ -189,9 +198,9 @@ def write(source: Source, out: str) -> list[str]:
     # Phase 2
     # One file per entry: DCP's writer keeps every tensor of a file until the file is complete, so
     # FSDP2's one file per rank would hold the whole model here (DCP's reader takes either).
-    dcp.save({MODEL: model, OPTIMIZER: {"state": state, "param_groups": groups}, TRAIN_STATE: train},
-             storage_writer=FileSystemWriter(directory, single_file_per_rank=False),
-             planner=_StreamingPlanner(makers), no_dist=True)
+    _one_process(dcp.save, {MODEL: model, OPTIMIZER: {"state": state, "param_groups": groups}, TRAIN_STATE: train},
+                 storage_writer=FileSystemWriter(directory, single_file_per_rank=False),
+                 planner=_StreamingPlanner(makers))
     files.write_latest(out, facts.tag)
     return [os.path.join(directory, name) for name in sorted(os.listdir(directory))]
 

@@ -14,6 +14,7 @@ Reading and writing are both one parameter at a time: each file holds one tensor
 from __future__ import annotations
 
 import os
+import zipfile
 
 import torch
 
@@ -51,6 +52,13 @@ class UniversalSource:
         if missing:
             raise CheckpointError(f"{self._path(missing[0], MASTER)} is missing ({len(missing)} parameters lack their "
                                   f"fp32.pt); convert the checkpoint again or point at a complete one")
+        # A torch.save file is a zip whose index is at its end: a file cut short has none. Checked
+        # for every file before anything is written (reading only each file's last bytes).
+        cut = [path for name in shapes for path in (self._path(name, key) for key in KEYS)
+               if os.path.isfile(path) and not zipfile.is_zipfile(path)]
+        if cut:
+            raise CheckpointError(f"checkpoint file {cut[0]} is truncated or corrupt ({len(cut)} such files); "
+                                  f"convert the checkpoint again")
         hyper = [{key: value for key, value in group.items() if key != "params"}
                  for group in optimizer.get("param_groups", [])]
         names = [list(group) for group in model_states["param_shapes"]]
