@@ -89,8 +89,9 @@ def test_every_format_holds_nanos_masters_and_moments_exactly_and_converts_back(
     assert all(torch.equal(weights[(name, MASTER)], original[(name, MASTER)]) for name, key in original if key == MASTER)
 
 
-def test_nano_loads_every_conversion_back_into_its_engine_exactly(saved):
-    """nano's own loader (at W=1) reads the DeepSpeed files converted from universal and dcp."""
+def test_the_step_counters_and_schedule_travel_through_universal_and_dcp(saved):
+    """nano's checkpoint -> universal or dcp -> DeepSpeed's files again: the counters and the
+    schedule's state come back as nano saved them."""
     root, _, _ = saved
     first = files.read_tag(str(root / "ckpt"), "global_step2")[1]
     for format in ("universal", "dcp"):

@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy
 import torch
 
+from zero_lab.nano.checkpoint.contents import FORMAT_VERSION, model_shapes
 from zero_lab.nano.errors import CheckpointError
 
 MASTER = "master"
@@ -40,6 +41,7 @@ class Facts:
     shared_params: dict[str, str] = field(default_factory=dict)  # tied alias -> name
     stage: int | None = None  # the ZeRO stage it was saved at, where the format says
     world_size: int | None = None  # the ranks that saved it, where the format says
+    left_behind: list[str] = field(default_factory=list)  # what the source holds that no conversion carries
 
     @property
     def has_moments(self) -> bool:
@@ -115,3 +117,33 @@ class Scratch:
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def precision_of(facts: Facts) -> str:
+    """fp16, bf16 or fp32: the source's DeepSpeed config says, else the module's dtype."""
+    config = facts.ds_config or {}
+    for name, precision in (("fp16", "fp16"), ("bf16", "bf16"), ("bfloat16", "bf16")):
+        if (config.get(name) or {}).get("enabled"):
+            return precision
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(facts.model_dtype, "fp32")
+
+
+def config_with_stage(facts: Facts, stage: int) -> dict:
+    """The source's DeepSpeed config with the target's stage (a minimal one when the source has none)."""
+    config = dict(facts.ds_config or {})
+    config["zero_optimization"] = {**(config.get("zero_optimization") or {}), "stage": stage}
+    if facts.ds_config is None and precision_of(facts) == "bf16":
+        config["bf16"] = {"enabled": True}
+    return config
+
+
+def model_states(facts: Facts, module: dict, stored_names: list[list[str]], world_size: int, stage: int) -> dict:
+    """A DeepSpeed model-states file (docs/checkpoints.md "The files"): `module` holds the parameters
+    (whole, or empty at stage 3) and the buffers are added; `stored_names` are the parameters of
+    each tensor the optimizer files store, in order."""
+    return {"module": {**module, **facts.buffers}, "buffer_names": list(facts.buffers),
+            "param_shapes": model_shapes(stored_names, facts.shapes), "shared_params": dict(facts.shared_params),
+            "frozen_param_shapes": {}, "frozen_param_fragments": {}, "lr_scheduler": facts.lr_scheduler,
+            "global_steps": facts.global_steps or 0, "global_samples": facts.global_samples or 0,
+            "skipped_steps": facts.skipped_steps or 0, "dp_world_size": world_size, "mp_world_size": 1,
+            "ds_config": config_with_stage(facts, stage), "ds_version": FORMAT_VERSION}

@@ -34,7 +34,7 @@ def detect(directory: str, tag: str | None = None) -> tuple[str, str, str]:
         raise CheckpointError(f"checkpoint directory {directory} does not exist; pass the directory a save or a "
                               f"conversion wrote")
     if hf.is_hf_directory(directory):
-        return "hf", directory, "hf"
+        return "hf", directory, hf.HF_TAG
     if os.path.isfile(os.path.join(directory, universal.LATEST)) or tag is not None and \
             universal.is_universal_directory(os.path.join(directory, tag)):
         return "universal", directory, universal.resolve_tag(directory, tag)
@@ -92,7 +92,7 @@ def predicted_peak_bytes(source: Source, to: str) -> int:
 
 def not_held(source: Source, to: str) -> list[str]:
     """One line for each part of the training state the target format cannot hold, or the source lacks."""
-    facts, lines = source.facts, []
+    facts, lines = source.facts, list(source.facts.left_behind)
     if facts.format == "hf" and to != "hf":
         lines.append("the source holds weights only: Adam's moments start at zero (step 0) and the schedule and "
                      "step counters at their start")

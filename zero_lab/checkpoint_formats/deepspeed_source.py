@@ -60,6 +60,10 @@ class DeepSpeedSource:
                            {name: model_states["module"][name] for name in model_states.get("buffer_names", [])
                             if name in model_states["module"]},
                            dict(model_states.get("shared_params") or {}), self.stage, self.world_size)
+        frozen = model_states.get("frozen_param_shapes") or {}
+        if frozen:
+            self.facts.left_behind.append(f"{len(frozen)} frozen parameters (without gradients, e.g. "
+                                          f"{next(iter(frozen))}) are not converted: only trained ones are")
 
     def _check_sizes(self, param_shapes: list[dict], path: str) -> None:
         """Mismatched shapes: the stored masters must hold exactly the elements the names say."""

@@ -17,30 +17,14 @@ import os
 
 import torch
 
-from zero_lab.checkpoint_formats.common import KEYS, MASTER, Facts, Scratch, Source, values_or_zeros
+from zero_lab.checkpoint_formats.common import (KEYS, MASTER, Facts, Scratch, Source, model_states, precision_of,
+                                                values_or_zeros)
 from zero_lab.nano import stages
 from zero_lab.nano.checkpoint import files, reshard
-from zero_lab.nano.checkpoint.contents import FORMAT_VERSION, model_shapes, optimizer_states
+from zero_lab.nano.checkpoint.contents import optimizer_states
 from zero_lab.nano.layout import FlatLayout
 
 OFFICIAL_SUB_GROUP_SIZE = 1_000_000_000  # official's default zero_optimization.sub_group_size
-
-
-def precision_of(facts: Facts) -> str:
-    config = facts.ds_config or {}
-    for name, precision in (("fp16", "fp16"), ("bf16", "bf16"), ("bfloat16", "bf16")):
-        if (config.get(name) or {}).get("enabled"):
-            return precision
-    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(facts.model_dtype, "fp32")
-
-
-def target_config(facts: Facts, stage: int) -> dict:
-    """The source's DeepSpeed config with the target's stage (a minimal one when the source has none)."""
-    config = dict(facts.ds_config or {})
-    config["zero_optimization"] = {**(config.get("zero_optimization") or {}), "stage": stage}
-    if facts.ds_config is None and precision_of(facts) == "bf16":
-        config["bf16"] = {"enabled": True}
-    return config
 
 
 def _stored_parts(facts: Facts, stage: int, world_size: int) -> list[tuple[int, list[str]]]:
@@ -142,19 +126,12 @@ def _write_files(facts: Facts, directory: str, ranks: _RankTensors, module: dict
         path = os.path.join(directory, files.optim_states_name(precision, rank))
         files.write_file(states, path)
         written.append(path)
-    buffers = dict(facts.buffers)
     empty = {name: torch.empty(0, dtype=facts.model_dtype) for name in facts.shapes}
-    model_states = {
-        "module": {**(module or empty), **buffers}, "buffer_names": list(buffers),
-        "param_shapes": model_shapes([names for _, names in ranks.parts], facts.shapes),
-        "shared_params": dict(facts.shared_params), "frozen_param_shapes": {}, "frozen_param_fragments": {},
-        "lr_scheduler": facts.lr_scheduler, "global_steps": facts.global_steps or 0,
-        "global_samples": facts.global_samples or 0, "skipped_steps": facts.skipped_steps or 0,
-        "dp_world_size": world_size, "mp_world_size": 1, "ds_config": target_config(facts, stage),
-        "ds_version": FORMAT_VERSION, "zero_lab_nano": True}
+    states = {**model_states(facts, module or empty, [names for _, names in ranks.parts], world_size, stage),
+              "zero_lab_nano": True}
     for rank in range(world_size if facts_of_stage.checkpoint.model_states_per_rank else 1):
         path = os.path.join(directory, files.model_states_name(facts_of_stage.checkpoint, rank))
-        files.write_file(model_states, path)
+        files.write_file(states, path)
         written.append(path)
     return written
 

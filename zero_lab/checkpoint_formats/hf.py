@@ -20,6 +20,7 @@ from zero_lab.checkpoint_formats.common import FLOAT_BYTES, MASTER, Facts, Sourc
 from zero_lab.nano.errors import CheckpointError
 
 WEIGHTS = "model.safetensors"
+HF_TAG = "global_step0"  # the tag a conversion from weights alone writes: no step has run on them
 SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64"}
 DTYPE_OF_SAFETENSORS = {name: dtype for dtype, name in SAFETENSORS_DTYPE.items() if dtype.is_floating_point}
 
@@ -51,7 +52,7 @@ class HfSource:
             raise CheckpointError(f"{self.path} is truncated ({size} bytes, its header needs {self.start + end}); "
                                   f"write the weights again")
         shapes = {name: torch.Size(entry["shape"]) for name, entry in self.entries.items()}
-        self.facts = Facts("hf", "hf", shapes, [{"names": list(shapes)}])
+        self.facts = Facts("hf", HF_TAG, shapes, [{"names": list(shapes)}])
 
     def read(self, name: str, key: str) -> torch.Tensor | None:
         if key != MASTER:

@@ -18,9 +18,10 @@ import zipfile
 
 import torch
 
-from zero_lab.checkpoint_formats.common import FLOAT_BYTES, KEYS, MASTER, Facts, Scratch, Source, values_or_zeros
+from zero_lab.checkpoint_formats.common import (FLOAT_BYTES, KEYS, MASTER, Facts, Scratch, Source, model_states,
+                                                values_or_zeros)
 from zero_lab.nano.checkpoint import files
-from zero_lab.nano.checkpoint.contents import FORMAT_VERSION, model_shapes, official_loss_scaler
+from zero_lab.nano.checkpoint.contents import FORMAT_VERSION, official_loss_scaler
 from zero_lab.nano.errors import CheckpointError
 
 LATEST = "latest_universal"
@@ -135,18 +136,11 @@ def write(source: Source, out: str, clip_grad: float | None = None) -> list[str]
 
 
 def _write_model_states(facts: Facts, directory: str, module: dict) -> str:
-    config = dict(facts.ds_config or {})
-    stage = int((config.get("zero_optimization") or {}).get("stage", 1) or 1)
+    """As a stage 0-2 save writes them (the stage the source was saved at, else 1), marked universal."""
+    stage = facts.stage if facts.stage in (0, 1, 2) else 1
     path = os.path.join(directory, MODEL_STATES)
-    files.write_file({
-        "module": {**module, **facts.buffers}, "buffer_names": list(facts.buffers),
-        "param_shapes": model_shapes([group["names"] for group in facts.groups], facts.shapes),
-        "shared_params": dict(facts.shared_params), "frozen_param_shapes": {}, "frozen_param_fragments": {},
-        "lr_scheduler": facts.lr_scheduler, "global_steps": facts.global_steps or 0,
-        "global_samples": facts.global_samples or 0, "skipped_steps": facts.skipped_steps or 0,
-        "dp_world_size": facts.world_size or 1, "mp_world_size": 1,
-        "ds_config": {**config, "zero_optimization": {**(config.get("zero_optimization") or {}), "stage": stage}},
-        "ds_version": FORMAT_VERSION, "universal_checkpoint_info": dict(UNIVERSAL_INFO)}, path)
+    files.write_file({**model_states(facts, module, [group["names"] for group in facts.groups], facts.world_size or 1,
+                                     stage), "universal_checkpoint_info": dict(UNIVERSAL_INFO)}, path)
     return path
 
 
