@@ -53,10 +53,10 @@ def inspect(directory: Directory, tag: Tag = None, format: Format = "table",
         check_picture_path(plot, "--plot")
     from zero_lab.checkpoint_formats.convert import describe as describe_any
     facts = describe_any(str(directory), tag)
-    _show(facts, format)
     if plot is not None and facts["format"] != "deepspeed":
         raise BadInput(f"--plot draws DeepSpeed's rank files; {directory} is a {facts['format']} checkpoint",
                        "drop --plot")
+    _show(facts, format)
     if plot is not None:
         from zero_lab.nano.checkpoint.offline import OpenCheckpoint
         checkpoint = OpenCheckpoint.open(str(directory), tag)
