@@ -86,12 +86,10 @@ def test_config_fsdp2_prints_the_mapping_and_refuses_stage_1(tmp_path):
 
 
 @pytest.mark.parametrize("argv, names", [
-    (["run", "--impl", "fsdp2", "--save-dir", "{tmp}/checkpoints"], "--save-dir"),
-    (["compare", "--impls", "nano,fsdp2", "--resume-check", "--out", "{tmp}", "--name", "c"], "--resume-check"),
     (["compare", "--impls", "nano,fsdp2", "--script", "examples/hf_trainer.py", "--out", "{tmp}", "--name", "c"],
      "--script"),
     (["compare", "--impls", "nano,official,fsdp2", "--stages", "1,2", "--out", "{tmp}", "--name", "c"], "stage 1"),
-], ids=["save-dir", "resume-check", "script", "stage-1"])
+], ids=["script", "stage-1"])
 def test_what_fsdp2_cannot_run_is_refused_in_one_line_before_any_launch(tmp_path, argv, names):
     """docs/fsdp2.md's "Which one should I pick" lists these: exit 2, one `error:` line, nothing made."""
     done = CliRunner().invoke(app, [part.format(tmp=tmp_path) for part in argv] + ["--gpus", "2", "--device", "cpu"])

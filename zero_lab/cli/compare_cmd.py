@@ -91,9 +91,6 @@ def compare(
                            "drop them, or compare without --script")
         shared.script = input_checks.user_script(script, shared.extra_torchrun_args, common.given)
         shared.extra_torchrun_args = []
-    if resume_check and "fsdp2" in impl_list:
-        raise BadInput("--resume-check saves DeepSpeed checkpoints, which are not part of --impl fsdp2",
-                       "drop --resume-check, or drop fsdp2 from --impls")
     world_sizes, lacking_gpus = jobs.split_by_visible_gpus(shared, world_sizes)
     for size, reason in lacking_gpus.items():
         output.stderr.print(f"note: --gpus {size} {reason}: its cells are not run, and marked so", markup=False,

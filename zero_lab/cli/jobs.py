@@ -51,9 +51,6 @@ def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> N
     if "fsdp2" in impls and shared.script is not None:
         raise BadInput("--impl fsdp2 runs the built-in workload only (a script's `import deepspeed` cannot be FSDP2)",
                        "drop fsdp2 from the impls, or drop --script")
-    if "fsdp2" in impls and (shared.workload.save_dir or shared.workload.resume):
-        raise BadInput("checkpoints (--save-dir, --resume, --resume-check) are not part of --impl fsdp2",
-                       "drop them, or drop fsdp2 from the impls")
     for world_size in world_sizes:
         problem = ranks_per_node_problem(shared.workload.ranks_per_node,
                                          shared.multi_node.world_size(world_size) or world_size)

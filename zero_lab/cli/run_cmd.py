@@ -74,8 +74,8 @@ def run(
     gpus: Annotated[int, typer.Option(help="Processes per node: GPUs on CUDA, processes on CPU.")] = 1,
     stage: Annotated[int | None, typer.Option(help="ZeRO stage; overrides the config's.")] = None,
     format: Annotated[str, typer.Option(help="table or json.")] = "table",
-    save_dir: Annotated[Path | None, typer.Option(help="Save DeepSpeed checkpoints here: after the last step, and "
-                                                       "every --save-every steps.")] = None,
+    save_dir: Annotated[Path | None, typer.Option(help="Save checkpoints here (DeepSpeed's files; DCP with fsdp2): "
+                                                       "after the last step, and every --save-every steps.")] = None,
     save_every: Annotated[int, typer.Option(help="Also save every K optimizer steps (needs --save-dir).")] = 0,
     resume: Annotated[bool, typer.Option(help="Load the checkpoint in --save-dir first and continue from its "
                                               "step up to --steps.")] = False,

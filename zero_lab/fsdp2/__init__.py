@@ -61,5 +61,7 @@ def initialize(model: torch.nn.Module, model_parameters: Any = None, config: dic
     optimizer = optimizer_class(torch_groups, **plan.optimizer_params)
     scheduler = build_scheduler(*plan.scheduler, optimizer) if plan.scheduler else None
     message = not_applicable_message(plan)
-    engine = Fsdp2Engine(model, plan, optimizer, scheduler, device, [message] if message else [])
+    samples_per_step = int((config or {}).get("train_micro_batch_size_per_gpu", 0)) \
+        * plan.gradient_accumulation_steps * world_size
+    engine = Fsdp2Engine(model, plan, optimizer, scheduler, device, [message] if message else [], samples_per_step)
     return engine, optimizer, None, scheduler

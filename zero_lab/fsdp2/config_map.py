@@ -48,7 +48,7 @@ NOT_APPLICABLE = {
     "stage3_max_live_parameters": "FSDP2 frees each unit at reshard; the live set is one or two units",
     "stage3_max_reuse_distance": "FSDP2 frees each unit at reshard; the live set is one or two units",
     "stage3_param_persistence_threshold": "FSDP2 shards every parameter of a unit, small or not",
-    "stage3_gather_16bit_weights_on_model_save": "checkpoints are not part of --impl fsdp2",
+    "stage3_gather_16bit_weights_on_model_save": "fsdp2 saves its fp32 shards with DCP (fsdp2/checkpoint.py)",
     "sub_group_size": "the optimizer steps every local shard in one torch.optim step",
     "leaf_module": "units are the decoder blocks fully_shard is applied to",
     "steps_per_print": "the harness prints every step",

@@ -29,7 +29,7 @@ CLIP_EPSILON = 1e-6  # clip_grad_norm_'s (and DeepSpeed's) guard against a zero 
 
 class Fsdp2Engine:
     def __init__(self, module: torch.nn.Module, plan: Fsdp2Plan, optimizer: torch.optim.Optimizer,
-                 lr_scheduler: Any, device: torch.device, warnings: list[str]):
+                 lr_scheduler: Any, device: torch.device, warnings: list[str], samples_per_step: int = 0):
         self.module = module
         self.plan = plan
         self.optimizer = optimizer
@@ -40,6 +40,8 @@ class Fsdp2Engine:
         self.micro_steps = 0
         self.global_steps = 0
         self.skipped_steps = 0  # torch.optim never skips a step
+        self.samples_per_step = samples_per_step  # the global batch: micro batch x accumulation x ranks
+        self.global_samples = 0
         self._grad_norm: Optional[float] = None
 
     # Phase 1
@@ -67,6 +69,7 @@ class Fsdp2Engine:
                 self.lr_scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.global_steps += 1
+            self.global_samples += self.samples_per_step
         self.micro_steps += 1
 
     def clip_gradients(self) -> float:
@@ -103,3 +106,15 @@ class Fsdp2Engine:
 
     def get_lr(self) -> list[float]:
         return [float(group["lr"]) for group in self.optimizer.param_groups]
+
+    def save_checkpoint(self, save_dir: str, tag: str | None = None, **_ignored: Any) -> str:
+        """A DCP checkpoint of the sharded module, optimizer, schedule and counters (`checkpoint.save`)."""
+        from zero_lab.fsdp2 import checkpoint
+
+        return checkpoint.save(self, save_dir, tag)
+
+    def load_checkpoint(self, load_dir: str, tag: str | None = None, **_ignored: Any):
+        """(path, client state) as DeepSpeed returns them, or (None, None) without `latest`."""
+        from zero_lab.fsdp2 import checkpoint
+
+        return checkpoint.load(self, load_dir, tag)

@@ -196,12 +196,9 @@ def precision_of(config: dict) -> str:
 
 
 def check_fsdp2(args: argparse.Namespace, config: dict, world_size: int) -> None:
-    """--impl fsdp2: a config FSDP2 can run (stage 2 or 3, no fp16: `config_map`), no checkpoints."""
+    """--impl fsdp2: a config FSDP2 can run (stage 2 or 3, no fp16: `config_map`); its checkpoints are DCP's."""
     from zero_lab.fsdp2.config_map import Fsdp2ConfigError, map_config
 
-    if args.save_dir or args.resume is not None:
-        raise WorkloadError("--save-dir and --resume are not part of --impl fsdp2 (its checkpoints are torch's "
-                            "distributed checkpoints, not DeepSpeed's)", "Drop them, or use --impl nano or official")
     try:
         map_config(config, world_size=world_size)
     except Fsdp2ConfigError as error:

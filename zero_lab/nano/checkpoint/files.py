@@ -166,14 +166,15 @@ class _OfficialNamesPickler(pickle._Pickler):
 _OFFICIAL_NAMES = types.SimpleNamespace(__name__="official_names", Pickler=_OfficialNamesPickler)  # torch.save's
 
 
-def read_file(path: str) -> dict:
-    """One checkpoint file, or a one-line CheckpointError naming the problem and the fix."""
+def read_file(path: str, mmap: bool = True) -> dict:
+    """One checkpoint file, or a one-line CheckpointError naming the problem and the fix. `mmap`
+    False: the tensors are read into memory, not mapped (a map of the whole file stays open)."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file {path} is missing; the save that wrote it did not finish "
                               f"or the file was removed; load another tag")
     try:
         with torch.serialization.safe_globals(STAND_INS):
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(f"checkpoint file {path} is truncated or corrupt ({reason[:160]}); "
