@@ -43,6 +43,7 @@ class SharedSettings:
     stall_timeout_s: float = 0.0
     device_memory_gb: float | None = None
     script: torchrun.UserScript | None = None  # compare --script: the user's script trains, not the harness
+    max_restarts: int = 0  # torchrun --max-restarts (docs/restarts.md)
 
 
 def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> None:
@@ -94,6 +95,7 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     spec = input_checks.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
                           shared.extra_torchrun_args, steps=steps, stall_timeout_s=shared.stall_timeout_s,
                           host_memory_limit=host_memory_limit(shared), script=shared.script)
+    spec = with_restarts(spec, shared.max_restarts, run_dir)
     config = input_checks.received_config(staged, spec, source)
     official = input_checks.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     world_size = shared.multi_node.world_size(nproc) or nproc
@@ -102,6 +104,17 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     note = note or ("warm-up" if steps is not None else None)
     label = f"{impl} w{world_size} s{stage}" + (f" ({note})" if note else "")
     return Job(spec, run_dir, config, official, label)
+
+
+def with_restarts(spec: torchrun.LaunchSpec, max_restarts: int, run_dir: Path) -> torchrun.LaunchSpec:
+    """The launch with torchrun's --max-restarts; a run that saves every K steps without a --save-dir of
+    its own (compare's cells) keeps its checkpoints in <run_dir>/checkpoints, where a restart resumes."""
+    if not max_restarts:
+        return spec
+    workload = spec.workload
+    if workload.save_every and not workload.save_dir:
+        workload = replace(workload, save_dir=str((run_dir / "checkpoints").resolve()))
+    return replace(spec, workload=workload, max_restarts=max_restarts)
 
 
 # ZeRO++ keys official DeepSpeed 0.19.8 accepts but cannot run on CPU: their quantizer kernels are

@@ -1,0 +1,177 @@
+"""A lost rank under `--max-restarts`: torchrun restarts the workers, they resume from the newest complete
+checkpoint, and the run ends where a run that never failed ends (docs/restarts.md).
+
+Per impl, two real `zero-lab run` launches of the tiny model (W=2, 6 steps, a checkpoint every 2): one that
+never fails, the reference, and one whose ranks are killed twice with SIGKILL from this test, at named
+moments (`zero_lab.workload.rank_pause`, no sleeps): rank 1 inside step 4's save (its files written, `latest`
+not yet moved), then, in the restarted attempt, rank 0 after step 5. The restarts resume from step 2 and then
+from step 4. A stand-in training script shows the restarts running out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from zero_lab.nano.checkpoint import files
+from zero_lab.workload.rank_pause import PAUSE_VARIABLE
+
+pytestmark = pytest.mark.slow
+
+ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
+WORKLOAD = ["--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "6", "--stage", "2", "--format", "json"]
+# The ranks killed, one a attempt: rank 1 inside step 4's save, then rank 0 after step 5.
+KILLS = "1:save-4,0:step-5"
+PAUSED = re.compile(r"\[rank (?P<rank>\d+) paused at (?P<moment>\S+)\] pid=(?P<pid>\d+)")
+
+
+@pytest.fixture(autouse=True)
+def leftovers_killed(tmp_path):
+    """A failing test may leave the command, torchrun or a worker running: each names tmp_path."""
+    yield
+    for process in psutil.process_iter(["cmdline"]):
+        if any(str(tmp_path) in part for part in process.info["cmdline"] or []):
+            process.kill()
+
+
+def start(out: Path, name: str, save_dir: Path, *arguments: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([ZERO_LAB, "run", *WORKLOAD, "--out", str(out), "--name", name, "--save-dir",
+                             str(save_dir), "--save-every", "2", *arguments],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+
+
+def wait_for_pause(run_dir: Path, cli: subprocess.Popen, seen: int, timeout_s: float = 300) -> dict:
+    """The next rank that says it paused (in torchrun's per-attempt logs under run_dir): its rank, moment, pid.
+    `seen` pauses were found before; the timeout bounds a hang, it does not time the run."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert cli.poll() is None, cli.communicate()
+        found = [match.groupdict() for log in sorted((run_dir / "torchrun-logs").rglob("stdout.log"))
+                 for match in PAUSED.finditer(log.read_text(errors="replace"))]
+        if len(found) > seen:
+            return found[seen]
+        time.sleep(0.2)
+    cli.kill()
+    pytest.fail(f"no rank paused within {timeout_s} s")
+
+
+def finish(cli: subprocess.Popen) -> dict:
+    stdout, stderr = cli.communicate(timeout=600)
+    assert cli.returncode == 0, stderr
+    return json.loads((Path(json.loads(stdout)["run_dir"]) / "summary.json").read_text())
+
+
+def tensors_of(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor in a checkpoint file's nested dicts and lists, by its path of keys."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: state}
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else []
+    found = {}
+    for key, value in items:
+        found.update(tensors_of(value, f"{prefix}/{key}"))
+    return found
+
+
+def checkpoint_tensors(save_dir: Path, tag: str) -> dict[str, torch.Tensor]:
+    """Every tensor of every file of one checkpoint (module, fp32 masters, Adam moments), by file and path."""
+    found = {}
+    for path in sorted((save_dir / tag).glob("*.pt")):
+        found.update(tensors_of(files.read_file(str(path)), path.name))
+    return found
+
+
+@pytest.fixture(scope="module", params=["nano", pytest.param("official", marks=pytest.mark.official)])
+def runs(request, tmp_path_factory):
+    """(reference summary, its checkpoints, restarted summary, its checkpoints, what the test saw at each pause)."""
+    impl = request.param
+    root = tmp_path_factory.mktemp(f"restarts-{impl}")
+    out = root / "runs"
+    reference = start(out, "reference", root / "reference-ckpt", "--impl", impl)
+    reference_summary = finish(reference)
+    restarted_dir = root / "restarted-ckpt"
+    cli = start(out, "restarted", restarted_dir, "--impl", impl, "--max-restarts", "2", env={PAUSE_VARIABLE: KILLS})
+    seen = []
+    for count in range(2):
+        paused = wait_for_pause(out / "restarted", cli, count)
+        # what a kill now would leave: the tags on disk and the one `latest` names
+        paused["latest"] = (restarted_dir / files.LATEST).read_text()
+        paused["tags"] = files.list_tags(str(restarted_dir))
+        os.kill(int(paused["pid"]), signal.SIGKILL)
+        seen.append(paused)
+    return reference_summary, root / "reference-ckpt", finish(cli), restarted_dir, seen
+
+
+def test_a_rank_killed_during_a_save_leaves_latest_at_the_previous_complete_checkpoint(runs):
+    _, _, _, _, seen = runs
+    assert [(pause["rank"], pause["moment"]) for pause in seen] == [("1", "save-4"), ("0", "step-5")]
+    assert seen[0]["latest"] == "global_step2", "step 4's files are written, but not every rank said so"
+    assert seen[1]["latest"] == "global_step4", "the restarted attempt saved step 4 again, completely"
+
+
+def test_the_restarted_run_ends_with_the_uninterrupted_runs_weights_bitwise(runs):
+    _, reference_dir, summary, restarted_dir, _ = runs
+    assert summary["status"] == "ok" and summary["steps"] == 6
+    expected, found = checkpoint_tensors(reference_dir, "global_step6"), checkpoint_tensors(restarted_dir, "global_step6")
+    assert sorted(found) == sorted(expected) and len(expected) > 10
+    unequal = [name for name in expected if not torch.equal(found[name], expected[name])]
+    assert not unequal, f"{len(unequal)} tensors differ, first {unequal[0]}"
+
+
+def test_every_step_and_every_repeated_step_reproduces_the_losses(runs):
+    reference, _, summary, _, _ = runs
+    assert summary["losses"] == reference["losses"] and len(reference["losses"]) == 6
+    # steps 3-4 ran twice (the first restart resumed from step 2), step 5 twice (the second from step 4)
+    assert summary["repeated_steps"] == [3, 4, 5]
+    assert summary["repeated_loss_max_diff"] == 0.0
+    rank0_lines = (Path(summary["run_dir"]) / "logs" / "rank0.stdout.log").read_text().splitlines()
+    logged = [(int(step), int(attempt)) for step, attempt in
+              (re.match(r"\[opt_step (\d+)\] .* attempt=(\d+)", line).groups() for line in rank0_lines
+               if line.startswith("[opt_step"))]
+    assert logged == [(1, 0), (2, 0), (3, 0), (4, 0), (3, 1), (4, 1), (5, 1), (5, 2), (6, 2)]
+
+
+def test_the_summary_records_each_restart(runs):
+    _, _, summary, _, _ = runs
+    assert summary["restarts"] == 2
+    events = [{key: event[key] for key in ("attempt", "rank", "signal", "exit_code", "after_step",
+                                           "resumed_from_step")} for event in summary["restart_events"]]
+    assert events == [
+        {"attempt": 1, "rank": 1, "signal": "SIGKILL", "exit_code": -9, "after_step": 4, "resumed_from_step": 2},
+        {"attempt": 2, "rank": 0, "signal": "SIGKILL", "exit_code": -9, "after_step": 5, "resumed_from_step": 4},
+    ]
+
+
+# A stand-in for the harness whose rank 1 fails on every attempt: no model, so the launch is cheap.
+FAILING_TRAIN = """
+import os, sys
+print("[rank] global_rank=%s world_size=2 local_rank=%s" % (os.environ["RANK"], os.environ["LOCAL_RANK"]), flush=True)
+if os.environ["RANK"] == "1":
+    sys.exit(7)
+"""
+WITH_SCRIPT = ("import sys; from pathlib import Path; from zero_lab.launch import torchrun; "
+               "torchrun.TRAIN_SCRIPT = Path(sys.argv.pop(1)); from zero_lab.cli.entry import main; main()")
+
+
+def test_when_the_restarts_are_used_up_the_run_fails_with_every_attempts_logs(tmp_path):
+    script = tmp_path / "failing_train.py"
+    script.write_text(FAILING_TRAIN)
+    cli = subprocess.run([sys.executable, "-c", WITH_SCRIPT, str(script), "run", "--gpus", "2", "--device", "cpu",
+                          "--model", "tiny", "--steps", "2", "--max-restarts", "1", "--out", str(tmp_path),
+                          "--name", "bounded", "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 3, cli.stderr
+    summary = json.loads((tmp_path / "bounded" / "summary.json").read_text())
+    assert (summary["status"], summary["failed_rank"], summary["rank_exit_code"]) == ("failed", 1, 7)
+    assert summary["restarts"] == 1 and summary["restart_events"][0]["exit_code"] == 7
+    rank1 = (tmp_path / "bounded" / "logs" / "rank1.stdout.log").read_text()
+    assert rank1.count("[rank] global_rank=1") == 2, "both attempts' logs are kept"
