@@ -5,7 +5,8 @@ Per impl, two real `zero-lab run` launches of the tiny model (W=2, 6 steps, a ch
 never fails, the reference, and one whose ranks are killed twice with SIGKILL from this test, at named
 moments (`zero_lab.workload.rank_pause`, no sleeps): rank 1 inside step 4's save (its files written, `latest`
 not yet moved), then, in the restarted attempt, rank 0 after step 5. The restarts resume from step 2 and then
-from step 4. A stand-in training script shows the restarts running out.
+from step 4. nano's restarted run is a cell of `zero-lab compare`, official's a `zero-lab run`. A stand-in
+training script shows the restarts running out.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ import psutil
 import pytest
 import torch
 
+from zero_lab.analysis.diagnosis import diagnose
+from zero_lab.analysis.markdown import run_table
 from zero_lab.nano.checkpoint import files
 from zero_lab.workload.rank_pause import PAUSE_VARIABLE
 
 pytestmark = pytest.mark.slow
 
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
-WORKLOAD = ["--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "6", "--stage", "2", "--format", "json"]
+WORKLOAD = ["--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "6", "--format", "json"]
 # The ranks killed, one a attempt: rank 1 inside step 4's save, then rank 0 after step 5.
 KILLS = "1:save-4,0:step-5"
 PAUSED = re.compile(r"\[rank (?P<rank>\d+) paused at (?P<moment>\S+)\] pid=(?P<pid>\d+)")
@@ -45,9 +48,15 @@ def leftovers_killed(tmp_path):
             process.kill()
 
 
-def start(out: Path, name: str, save_dir: Path, *arguments: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([ZERO_LAB, "run", *WORKLOAD, "--out", str(out), "--name", name, "--save-dir",
-                             str(save_dir), "--save-every", "2", *arguments],
+def start(out: Path, name: str, save_dir: Path | None, impl: str, *arguments: str,
+          env: dict | None = None) -> subprocess.Popen:
+    """`zero-lab run` into out/name with its checkpoints in save_dir; save_dir None: `zero-lab compare` of the
+    one cell, whose checkpoints go to the cell's own directory."""
+    if save_dir is None:
+        command = ["compare", "--impls", impl, "--stages", "2", *WORKLOAD]
+    else:
+        command = ["run", "--impl", impl, "--stage", "2", *WORKLOAD, "--save-dir", str(save_dir)]
+    return subprocess.Popen([ZERO_LAB, *command, "--save-every", "2", "--out", str(out), "--name", name, *arguments],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
 
 
@@ -69,7 +78,9 @@ def wait_for_pause(run_dir: Path, cli: subprocess.Popen, seen: int, timeout_s: f
 def finish(cli: subprocess.Popen) -> dict:
     stdout, stderr = cli.communicate(timeout=600)
     assert cli.returncode == 0, stderr
-    return json.loads((Path(json.loads(stdout)["run_dir"]) / "summary.json").read_text())
+    printed = json.loads(stdout)
+    run_dir = printed["rows"][0]["run_dir"] if "rows" in printed else printed["run_dir"]
+    return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
 def tensors_of(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -91,19 +102,23 @@ def checkpoint_tensors(save_dir: Path, tag: str) -> dict[str, torch.Tensor]:
     return found
 
 
+# nano's restarted run is a `compare` cell, official's a `run`: both commands, one launch each.
 @pytest.fixture(scope="module", params=["nano", pytest.param("official", marks=pytest.mark.official)])
 def runs(request, tmp_path_factory):
     """(reference summary, its checkpoints, restarted summary, its checkpoints, what the test saw at each pause)."""
     impl = request.param
     root = tmp_path_factory.mktemp(f"restarts-{impl}")
     out = root / "runs"
-    reference = start(out, "reference", root / "reference-ckpt", "--impl", impl)
+    reference = start(out, "reference", root / "reference-ckpt", impl)
     reference_summary = finish(reference)
-    restarted_dir = root / "restarted-ckpt"
-    cli = start(out, "restarted", restarted_dir, "--impl", impl, "--max-restarts", "2", env={PAUSE_VARIABLE: KILLS})
+    by_compare = impl == "nano"
+    run_dir = out / "restarted" / "cells" / f"w2-s2-{impl}" if by_compare else out / "restarted"
+    restarted_dir = run_dir / "checkpoints" if by_compare else root / "restarted-ckpt"
+    cli = start(out, "restarted", None if by_compare else restarted_dir, impl, "--max-restarts", "2",
+                env={PAUSE_VARIABLE: KILLS})
     seen = []
     for count in range(2):
-        paused = wait_for_pause(out / "restarted", cli, count)
+        paused = wait_for_pause(run_dir, cli, count)
         # what a kill now would leave: the tags on disk and the one `latest` names
         paused["latest"] = (restarted_dir / files.LATEST).read_text()
         paused["tags"] = files.list_tags(str(restarted_dir))
@@ -150,6 +165,19 @@ def test_the_summary_records_each_restart(runs):
         {"attempt": 1, "rank": 1, "signal": "SIGKILL", "exit_code": -9, "after_step": 4, "resumed_from_step": 2},
         {"attempt": 2, "rank": 0, "signal": "SIGKILL", "exit_code": -9, "after_step": 5, "resumed_from_step": 4},
     ]
+
+
+def test_the_doctor_and_the_table_tell_each_restart(runs):
+    _, _, summary, _, _ = runs
+    findings = {finding.code: finding for finding in diagnose([Path(summary["run_dir"])])}
+    assert "restart-not-reproduced" not in findings
+    assert findings["rank-restarted"].evidence == [
+        "attempt 1: rank 1 was killed by SIGKILL after step 4; every rank restarted from the checkpoint of step 2",
+        "attempt 2: rank 0 was killed by SIGKILL after step 5; every rank restarted from the checkpoint of step 4",
+        "steps run twice: 3, 4, 5; the largest difference between a repeated step's losses: 0",
+    ]
+    headers, (row,) = run_table([summary])
+    assert row[headers.index("status")] == "ok, 2 restarts"
 
 
 # A stand-in for the harness whose rank 1 fails on every attempt: no model, so the launch is cheap.
