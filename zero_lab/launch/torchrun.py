@@ -130,8 +130,8 @@ def single_node_elastic_rendezvous(port: int) -> list[str]:
 
 
 def restart_environment(spec: LaunchSpec) -> dict[str, str]:
-    """With --max-restarts, each attempt's ranks get a TCP store of their own instead of sharing the
-    rendezvous's, which still holds the keys of the attempt that failed."""
+    """With --max-restarts, rank 0 of each attempt hosts a new TCP store for its process group instead
+    of the ranks sharing the agent's rendezvous store, which lives through every attempt."""
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}
 
 

@@ -18,9 +18,9 @@ from zero_lab.analysis.diagnosis.run_data import RunData
 
 
 def how_it_ended(event: dict) -> str:
-    """'killed by SIGKILL' or 'exited with 7' (torchrun's exit code of the lost worker)."""
+    """'was killed by SIGKILL' or 'exited with 7' (torchrun's exit code of the lost worker)."""
     if event.get("signal"):
-        return f"killed by {event['signal']}"
+        return f"was killed by {event['signal']}"
     return f"exited with {event.get('exit_code')}" if event.get("exit_code") is not None else "ended"
 
 
@@ -28,7 +28,7 @@ def restart_line(event: dict) -> str:
     """One restart in words: who was lost, when, and where the next attempt began."""
     resumed = event.get("resumed_from_step") or 0
     start = f"the checkpoint of step {resumed}" if resumed else "step 1 (no checkpoint had been saved)"
-    return (f"attempt {event['attempt']}: rank {event.get('rank')} was {how_it_ended(event)} after step "
+    return (f"attempt {event['attempt']}: rank {event.get('rank')} {how_it_ended(event)} after step "
             f"{event.get('after_step')}; every rank restarted from {start}")
 
 
