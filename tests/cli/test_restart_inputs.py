@@ -4,13 +4,14 @@ bad input it refuses (one line, exit 2). What a launched restart does: tests/cli
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from zero_lab.cli.app import app
-from zero_lab.cli.jobs import with_restarts
+from zero_lab.cli.jobs import with_elastic_global_batch, with_restarts
 from zero_lab.launch import torchrun
 
 runner = CliRunner()
@@ -81,3 +82,38 @@ def test_a_save_dir_holding_an_earlier_runs_checkpoint_is_refused_unless_resumed
     result = runner.invoke(app, ["run", "--device", "cpu", "--model", "tiny", "--max-restarts", "1", "--save-dir",
                                  str(tmp_path), "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "already holds a checkpoint (`latest`)" in result.stderr, result.output
+
+
+def elastic(nnodes: str, impl: str = "nano", nproc: int = 2, max_restarts: int = 1) -> torchrun.LaunchSpec:
+    return dataclasses.replace(spec(max_restarts, nnodes=nnodes, rdzv_endpoint="node0:29400"), impl=impl, nproc=nproc)
+
+
+def test_an_elastic_range_with_restarts_keeps_the_global_batch_of_its_largest_world():
+    staged = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
+    kept = with_elastic_global_batch(elastic("1:2"), staged, Path("zero2.json"))
+    assert kept.workload.global_batch_size == 16  # 2 machines x 2 ranks x 4 samples (docs/restarts.md)
+    assert "--global-batch-size" in torchrun.train_arguments(kept)
+    for unchanged in (elastic("2"), elastic("2:2"), elastic("1:2", max_restarts=0)):
+        assert with_elastic_global_batch(unchanged, staged, Path("c.json")).workload.global_batch_size is None
+
+
+def test_the_harness_infers_the_accumulation_of_each_world_size_from_the_global_batch():
+    from zero_lab.nano.config import load_config
+    from zero_lab.workload.run_config import keep_global_batch
+
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
+    keep_global_batch(config, 16)
+    assert config == {"train_micro_batch_size_per_gpu": 4, "train_batch_size": 16}
+    assert [load_config(dict(config), world_size=size).gradient_accumulation_steps for size in (4, 2, 1)] == [1, 2, 4]
+
+
+@pytest.mark.parametrize("nnodes, impl, nproc, words", [
+    ("1:3", "nano", 2, "does not split into whole micro-batches on 2 node(s)"),
+    ("1:2", "official", 2, "--impl official cannot resume a checkpoint at another world size"),
+    ("2:1", "nano", 2, "--nnodes 2:1 is not an elastic range MIN:MAX"),
+])
+def test_an_elastic_range_that_cannot_keep_its_batch_is_refused(nnodes, impl, nproc, words):
+    from zero_lab.cli.errors import BadInput
+
+    with pytest.raises(BadInput, match=re.escape(words)):
+        with_elastic_global_batch(elastic(nnodes, impl, nproc), {"train_micro_batch_size_per_gpu": 4}, Path("c.json"))

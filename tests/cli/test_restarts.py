@@ -24,9 +24,12 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+import torch.distributed
 
 from zero_lab.analysis.diagnosis import diagnose
+from zero_lab.analysis.logparse import parse_file
 from zero_lab.analysis.markdown import run_table
+from zero_lab.analysis.metrics import DEFAULT_LOSS_TOL
 from zero_lab.nano.checkpoint import files
 from zero_lab.workload.rank_pause import PAUSE_VARIABLE
 
@@ -102,6 +105,13 @@ def checkpoint_tensors(save_dir: Path, tag: str) -> dict[str, torch.Tensor]:
     return found
 
 
+@pytest.fixture(scope="module")
+def nano_reference(tmp_path_factory) -> tuple[dict, Path]:
+    """nano's run that never fails (W=2): its summary and its checkpoints."""
+    root = tmp_path_factory.mktemp("reference-nano")
+    return finish(start(root / "runs", "reference", root / "ckpt", "nano")), root / "ckpt"
+
+
 # nano's restarted run is a `compare` cell, official's a `run`: both commands, one launch each.
 @pytest.fixture(scope="module", params=["nano", pytest.param("official", marks=pytest.mark.official)])
 def runs(request, tmp_path_factory):
@@ -110,8 +120,11 @@ def runs(request, tmp_path_factory):
     impl = request.param
     root = tmp_path_factory.mktemp(f"restarts-{impl}")
     out = root / "runs"
-    reference = start(out, "reference", root / "reference-ckpt", impl)
-    reference_summary = finish(reference)
+    if impl == "nano":
+        reference_summary, reference_dir = request.getfixturevalue("nano_reference")
+    else:
+        reference_summary, reference_dir = finish(start(out, "reference", root / "reference-ckpt", impl)), \
+            root / "reference-ckpt"
     by_compare = impl == "nano"
     run_dir = out / "restarted" / "cells" / f"w2-s2-{impl}" if by_compare else out / "restarted"
     restarted_dir = run_dir / "checkpoints" if by_compare else root / "restarted-ckpt"
@@ -125,7 +138,7 @@ def runs(request, tmp_path_factory):
         paused["tags"] = files.list_tags(str(restarted_dir))
         os.kill(int(paused["pid"]), signal.SIGKILL)
         seen.append(paused)
-    return reference_summary, root / "reference-ckpt", finish(cli), restarted_dir, seen, impl
+    return reference_summary, reference_dir, finish(cli), restarted_dir, seen, impl
 
 
 def test_a_rank_killed_during_a_save_leaves_latest_at_the_previous_complete_checkpoint(runs):
@@ -180,6 +193,67 @@ def test_the_doctor_and_the_table_tell_each_restart(runs):
     ]
     headers, (row,) = run_table([summary])
     assert row[headers.index("status")] == "ok, 2 restarts"
+
+
+ELASTIC = ["run", "--impl", "nano", "--gpus", "1", "--device", "cpu", "--model", "tiny", "--steps", "6", "--format",
+           "json", "--nnodes", "1:2", "--rdzv-id", "restarts", "--max-restarts", "1", "--save-every", "2"]
+
+
+def start_machine(out: Path, name: str, save_dir: Path, store_port: int, last_call_s: int,
+                  env: dict | None = None) -> subprocess.Popen:
+    """One machine of an elastic job (`--nnodes 1:2`, one rank each) on this one: a `zero-lab run` whose
+    torchrun meets the other's in a rendezvous this test hosts (`is_host=false`), so it outlives either.
+    `last_call_s`: how long a rendezvous this machine's arrival opens waits for the other machine."""
+    conf = f"is_host=false,last_call_timeout={last_call_s},keep_alive_interval=1,keep_alive_max_attempt=2"
+    return subprocess.Popen([ZERO_LAB, *ELASTIC, "--rdzv-endpoint", f"127.0.0.1:{store_port}", "--save-dir",
+                             str(save_dir), "--out", str(out), "--name", name, "--", "--rdzv-conf", conf],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+
+
+def logged_steps(*run_dirs: Path) -> list[tuple[int, int, float]]:
+    """(attempt, step, loss) of every `[opt_step]` line in the runs' rank-0 logs (on each machine, its local
+    rank 0, which logs the steps while it is global rank 0), sorted."""
+    found = set()
+    for run_dir in run_dirs:
+        for line in (run_dir / "logs" / "rank0.stdout.log").read_text().splitlines():
+            matched = re.match(r"\[opt_step (\d+)\] loss=(\S+) .* attempt=(\d+)", line)
+            if matched:
+                found.add((int(matched[3]), int(matched[1]), float(matched[2])))
+    return sorted(found)
+
+
+def test_a_restart_with_fewer_ranks_keeps_the_global_batch_and_the_losses(nano_reference, tmp_path):
+    """Two machines of one rank each; the whole of one is lost (its torchrun and its rank, SIGKILL) after step 3.
+    The other restarts alone (W=1), resumes from step 2 resharded, and accumulates 2 micro-batches a step, so
+    each step trains on the 8 samples it did at W=2."""
+    reference, _ = nano_reference
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    out, save_dir = tmp_path / "runs", tmp_path / "ckpt"
+    # The machine to lose joins first: its rendezvous then waits (up to 600 s, a bound against a hang) for the
+    # other, which joins once the rendezvous state exists; alone after the loss, the other waits 2 s.
+    lost = start_machine(out, "lost", save_dir, store.port, 600, env={PAUSE_VARIABLE: "*:step-3"})
+    deadline = time.monotonic() + 300
+    while not store.check(["torch.rendezvous.restarts"]):
+        assert lost.poll() is None and time.monotonic() < deadline, lost.communicate()
+        time.sleep(0.1)
+    kept = start_machine(out, "kept", save_dir, store.port, 2)
+    worker = psutil.Process(int(wait_for_pause(out / "lost", lost, 0)["pid"]))
+    machine = [worker.parent(), worker]  # its torchrun agent and its rank
+    for process in machine:
+        process.kill()
+    lost.communicate(timeout=120)
+    assert lost.returncode == 3
+    summary = finish(kept)
+    assert (summary["status"], summary["restarts"], summary["world_size"]) == ("ok", 1, 1)
+    assert summary["zero"]["gradient_accumulation_steps"] == 2
+    steps = logged_steps(out / "lost", out / "kept")
+    assert [(attempt, step) for attempt, step, _ in steps] == [(0, 1), (0, 2), (0, 3), (1, 3), (1, 4), (1, 5), (1, 6)]
+    expected = {int(step): loss for step, loss in reference["losses"].items()}
+    assert all(loss == expected[step] for attempt, step, loss in steps if attempt == 0), "W=2, as the reference"
+    gap = max(abs(loss - expected[step]) for attempt, step, loss in steps if attempt == 1)
+    assert gap <= 1e-6 < DEFAULT_LOSS_TOL["fp32"], gap  # docs/restarts.md
+    loads = [row for row in parse_file(out / "kept" / "logs" / "rank0.stdout.log").checkpoints if row["action"] == "load"]
+    assert [row["step"] for row in loads] == [2], "the W=1 attempt resumed from the W=2 checkpoint of step 2"
 
 
 # A stand-in for the harness whose rank 1 fails on every attempt: no model, so the launch is cheap.

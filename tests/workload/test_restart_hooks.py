@@ -47,3 +47,7 @@ def test_without_the_variable_no_moment_pauses(monkeypatch):
     rank_pause.reached(0, "step", 1)  # another rank's moment
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     rank_pause.reached(1, "step", 1)  # the first attempt's moment, in the second
+
+
+def test_a_star_pauses_whichever_rank_has_the_variable():
+    assert rank_pause.requested("*:step-3", 0) == ("*", "step-3")

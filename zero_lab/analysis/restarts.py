@@ -75,7 +75,7 @@ def restart_events(console_text: str) -> list[dict]:
     is its global rank on one node; exit code and signal; torchrun's timestamp), the last step done
     before the loss, and the checkpoint step the new attempt resumed from."""
     facts = [attempt_facts(lines) for lines in attempts(console_text)]
-    events, last_step = [], 0
+    events, last_step = [], None  # None: this machine's rank-0 log shows no step (global rank 0 ran elsewhere)
     for attempt, (before, after) in enumerate(zip(facts, facts[1:]), start=1):
         last_step = before["last_step"] if before["last_step"] is not None else last_step
         lost = before["failures"][0] if before["failures"] else {}

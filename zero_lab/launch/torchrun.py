@@ -40,6 +40,7 @@ class Workload:
     ranks_per_node: int | None = None  # the harness's --ranks-per-node K (None: the launcher's)
     attn_impl: str | None = None  # the harness's --attn-impl (None: Hugging Face's choice, sdpa where it runs)
     gradient_checkpointing: bool = False  # the harness's --gradient-checkpointing
+    global_batch_size: int | None = None  # the harness's --global-batch-size N (an elastic range keeps it)
 
 
 @dataclass
@@ -181,7 +182,8 @@ def workload_arguments(work: Workload) -> list[str]:
     optional = (("--batch-size", work.batch_size), ("--seq-len", work.seq_len), ("--dataset-path", work.dataset_path),
                 ("--offload", None if work.offload == "none" else work.offload), ("--save-dir", work.save_dir),
                 ("--save-every", work.save_every or None), ("--resume", work.resume),
-                ("--ranks-per-node", work.ranks_per_node), ("--attn-impl", work.attn_impl))
+                ("--ranks-per-node", work.ranks_per_node), ("--attn-impl", work.attn_impl),
+                ("--global-batch-size", work.global_batch_size))
     for flag, value in optional:
         if value is not None:
             arguments += [flag, str(value)]

@@ -10,7 +10,8 @@ job's environment, that rank, on the job's first attempt, prints one line on its
 and waits there for a signal. The other ranks run on until they need it (their next collective).
 A comma-separated list names one pause per attempt (torchrun's `TORCHELASTIC_RESTART_COUNT`, 0
 first): `1:save-4,0:step-5` pauses rank 1 at save-4 on the first attempt and rank 0 at step-5 on
-the second; attempts beyond the list run through.
+the second; attempts beyond the list run through. A rank of `*` is every rank that has the variable:
+given to one machine's launch alone, it pauses that machine's ranks (a test then kills the machine).
 
     step-<k>    after step k: its `[opt_step k]` line and its checkpoint, if it saves one, are out
     save-<k>    inside step k's save: every rank has written its checkpoint files, and `latest`
@@ -27,6 +28,7 @@ import sys
 
 PAUSE_VARIABLE = "ZERO_LAB_RANK_PAUSE_AT"
 MOMENT_KINDS = ("step", "save")
+ANY_RANK = "*"  # every rank whose environment holds the variable: on several machines, that machine's ranks
 
 
 def restart_attempt() -> int:
@@ -39,27 +41,28 @@ def pause_line(rank: int, moment: str) -> str:
     return f"[rank {rank} paused at {moment}] pid={os.getpid()}"
 
 
-def requested(value: str | None, attempt: int) -> tuple[int, str] | None:
+def requested(value: str | None, attempt: int) -> tuple[int | str, str] | None:
     """(rank, moment) that `ZERO_LAB_RANK_PAUSE_AT` names for `attempt`, None when none; ValueError
     when an entry is malformed."""
     entries = value.split(",") if value else []
     for entry in entries:
         rank, _, moment = entry.partition(":")
         kind, _, step = moment.rpartition("-")
-        if not rank.isdigit() or kind not in MOMENT_KINDS or not step.isdigit():
+        if not (rank.isdigit() or rank == ANY_RANK) or kind not in MOMENT_KINDS or not step.isdigit():
             raise ValueError(f"{PAUSE_VARIABLE}={value!r}: {entry!r} is not <rank>:<moment> with a moment of "
                              f"{', '.join(kind + '-<step>' for kind in MOMENT_KINDS)}")
     if attempt >= len(entries):
         return None
     rank, _, moment = entries[attempt].partition(":")
-    return int(rank), moment
+    return (ANY_RANK if rank == ANY_RANK else int(rank)), moment
 
 
 def reached(rank: int, kind: str, step: int) -> None:
     """Mark moment `<kind>-<step>` on `rank`; pause there when the environment asks for it."""
     value = os.environ.get(PAUSE_VARIABLE)
     moment = f"{kind}-{step}"
-    if not value or requested(value, restart_attempt()) != (rank, moment):
+    wanted = requested(value, restart_attempt()) if value else None
+    if wanted is None or wanted[1] != moment or wanted[0] not in (rank, ANY_RANK):
         return
     sys.stdout.write(pause_line(rank, moment) + "\n")
     sys.stdout.flush()

@@ -28,8 +28,8 @@ def restart_line(event: dict) -> str:
     """One restart in words: who was lost, when, and where the next attempt began."""
     resumed = event.get("resumed_from_step") or 0
     start = f"the checkpoint of step {resumed}" if resumed else "step 1 (no checkpoint had been saved)"
-    return (f"attempt {event['attempt']}: rank {event.get('rank')} {how_it_ended(event)} after step "
-            f"{event.get('after_step')}; every rank restarted from {start}")
+    after = f" after step {event['after_step']}" if event.get("after_step") is not None else ""
+    return f"attempt {event['attempt']}: rank {event.get('rank')} {how_it_ended(event)}{after}; every rank restarted from {start}"
 
 
 def rank_restarted(run: RunData) -> list[Finding]:
