@@ -29,7 +29,8 @@ def restart_line(event: dict) -> str:
     resumed = event.get("resumed_from_step") or 0
     start = f"the checkpoint of step {resumed}" if resumed else "step 1 (no checkpoint had been saved)"
     after = f" after step {event['after_step']}" if event.get("after_step") is not None else ""
-    return f"attempt {event['attempt']}: rank {event.get('rank')} {how_it_ended(event)}{after}; every rank restarted from {start}"
+    return (f"attempt {event['attempt']}: rank {event.get('rank')} {how_it_ended(event)}{after}; "
+            f"every rank restarted from {start}")
 
 
 def rank_restarted(run: RunData) -> list[Finding]:
