@@ -63,6 +63,7 @@ LONGEST_FIRST = [
     "tests/fsdp2/test_harness.py",
     "tests/learn/test_lesson_8_fsdp2.py",
     "tests/zeropp/test_zeropp_bytes.py",
+    "tests/cli/test_restarts.py",
     "tests/cli/test_faults.py",
     "tests/learn/test_lesson_0_first_comparison.py",
     "tests/clients/test_compare_script.py",

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 COMPARE = REPO / "tests" / "fixtures" / "compare-tiny"
 CODES = {"stage3-everything-gathered": "info", "buckets-dominate": "info", "dtype-difference": "info",
          "estimate-gap": "warning", "materialized-before-partition": "warning", "no-16bit-weights-on-save": "warning",
-         "collective-mismatch": "error", "loss-divergence": "error", "out-of-memory": "error"}
+         "collective-mismatch": "error", "loss-divergence": "error", "out-of-memory": "error",
+         "rank-restarted": "info", "restart-not-reproduced": "warning"}
 
 
 def test_the_codes_and_severities_are_the_contract():

@@ -10,6 +10,9 @@ Phase 2: split the rest into typed `key=value` fields (`log_lines.split_fields`)
          line as `name`.
 Phase 3: a tagged line that does not parse (truncated by a crash, fused with another rank's
          output, a step without a numeric loss) is counted, not fatal.
+Phase 4: a step logged again (torchrun restarted the workers, which resumed from an earlier
+         checkpoint: docs/restarts.md) supersedes its first row and those of the steps after it
+         (`supersede_from`), so `steps` reads as the run that finished.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class ParsedLog:
     checkpoints: list[dict[str, object]] = field(default_factory=list)  # [ckpt] lines: saves and loads
     warnings: list[str] = field(default_factory=list)
     skipped_lines: int = 0
+    # steps logged again after a restart (`--max-restarts`): their first rows, which `steps` no longer holds
+    superseded: list[dict[str, object]] = field(default_factory=list)
 
     def losses(self) -> dict[int, float]:
         return {int(row["step"]): float(row["loss"]) for row in self.steps if "loss" in row}
@@ -119,6 +124,7 @@ def parse_lines(lines) -> ParsedLog:
         if not row:  # Phase 3
             parsed.skipped_lines += 1
         elif tag == "opt_step":
+            supersede_from(parsed, step)
             parsed.steps.append(row)
         elif tag in ("rank", "zero", "model"):
             getattr(parsed, tag).update(row)
@@ -126,6 +132,16 @@ def parse_lines(lines) -> ParsedLog:
             {"phase": parsed.phases, "collective": parsed.collectives, "comm": parsed.comm,
              "ckpt": parsed.checkpoints}[tag].append(row)
     return parsed
+
+
+def supersede_from(parsed: ParsedLog, step: int) -> None:
+    """A step logged again (a restarted attempt resumed from an earlier checkpoint): the rows of it and
+    of every later step move to `superseded`, and their `[phase]` rows go, so `steps` is the final run."""
+    if not parsed.steps or int(parsed.steps[-1]["step"]) < step:
+        return
+    parsed.superseded += [row for row in parsed.steps if int(row["step"]) >= step]
+    parsed.steps = [row for row in parsed.steps if int(row["step"]) < step]
+    parsed.phases = [row for row in parsed.phases if not is_number(row.get("step")) or int(row["step"]) < step]
 
 
 def parse_text(text: str) -> ParsedLog:

@@ -282,7 +282,13 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
 
 def status_text(row: dict) -> str:
     """A run's status in a table; a cell that never started says why ("needs 2 GPUs (1 visible)")."""
-    return row["error"] if row["status"] == "not_run" else row["status"]
+    return row["error"] if row["status"] == "not_run" else row["status"] + restarts_text(row)
+
+
+def restarts_text(row: dict) -> str:
+    """', 1 restart' after the status of a run torchrun restarted (`--max-restarts`), else nothing."""
+    count = row.get("restarts") or 0
+    return f", {count} restart{'s' if count > 1 else ''}" if count else ""
 
 
 def run_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:

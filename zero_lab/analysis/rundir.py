@@ -37,6 +37,7 @@ from pathlib import Path
 
 from zero_lab.analysis.logparse import STEP_FIELDS, ParsedLog, is_number, parse_file
 from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
+from zero_lab.analysis.restarts import restart_record
 from zero_lab.analysis.step_phases import last_step_phases
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.log_lines import MB
@@ -85,15 +86,26 @@ def holds_a_run(directory: Path) -> bool:
 
 
 def collect_rank_logs(torchrun_log_dir: Path, destination: Path) -> list[Path]:
-    """Move torchrun's `<job>/attempt_<a>/<rank>/std{out,err}.log` to `logs/rank<k>.<stream>.log`."""
+    """Move torchrun's `<job>/attempt_<a>/<rank>/std{out,err}.log` to `logs/rank<k>.<stream>.log`; after
+    a restart (`--max-restarts`) each rank's file holds its attempts one after another, in order."""
     destination.mkdir(parents=True, exist_ok=True)
     moved = []
-    for source in sorted(torchrun_log_dir.glob("*/attempt_*/*/std*.log")):
+    for source in sorted(torchrun_log_dir.glob("*/attempt_*/*/std*.log"), key=attempt_order):
         target = destination / f"rank{source.parent.name}.{source.stem}.log"
+        if target in moved:  # a later attempt of the same rank
+            with open(target, "ab") as sink, open(source, "rb") as attempt:
+                shutil.copyfileobj(attempt, sink)
+            continue
         shutil.move(str(source), target)
         moved.append(target)
     shutil.rmtree(torchrun_log_dir, ignore_errors=True)
     return moved
+
+
+def attempt_order(path: Path) -> tuple:
+    """Sort key of a torchrun log `<job>/attempt_<a>/<rank>/<stream>.log`: attempt 10 after attempt 9."""
+    return (path.parent.parent.parent.name, int(path.parent.parent.name.removeprefix("attempt_")),
+            path.parent.name, path.name)
 
 
 def write_metrics_csv(path: Path, parsed: ParsedLog) -> None:
@@ -265,6 +277,8 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
         "losses": {str(step): loss for step, loss in parsed.losses().items()},
         # every step's time, for the step-time intervals of `compare` (analysis.step_times)
         "step_times_ms": {str(row["step"]): row["step_ms"] for row in parsed.steps if is_number(row.get("step_ms"))},
+        # torchrun's restarts of the workers (--max-restarts): how many, each one, the steps run twice
+        **restart_record((run_dir / "console.log").read_text(errors="replace"), parsed),
     }
 
 

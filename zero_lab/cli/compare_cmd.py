@@ -23,6 +23,8 @@ Phase 3: rows, deltas, step times and verdict (analysis.comparison), printed as 
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -62,6 +64,8 @@ def compare(
     script: Annotated[Optional[Path], typer.Option(help="Your own DeepSpeed training script instead of the built-in "
                                                          "workload: run under torchrun with `--deepspeed_config PATH` "
                                                          "appended; the arguments after `--` are the script's.")] = None,
+    save_every: Annotated[int, typer.Option(help="With --max-restarts: each cell saves a checkpoint every K steps "
+                                                 "(in its directory), where a restart resumes.", metavar="K")] = 0,
     *,
     common: options.Common,
 ) -> None:
@@ -85,6 +89,7 @@ def compare(
                        "pass one of the impls compared")
     baseline_impl = baseline or "official"
     shared = common.shared
+    shared.workload = cells_save_every(shared, save_every, impl_list)
     if script is not None:  # the arguments after `--` are the script's, not torchrun's
         if warmup_steps or resume_check:
             raise BadInput("--warmup-steps and --resume-check need the built-in workload, not --script",
@@ -141,6 +146,18 @@ def compare(
     report_problems(summaries)
     hint(compare_dir)
     raise typer.Exit(exit_code_of(summaries, interrupted_by) or comparison["verdict"]["exit_code"])
+
+
+def cells_save_every(shared: jobs.SharedSettings, save_every: int, impls: list[str]):
+    """The workload with compare's --save-every K, which only a restart reads (each cell's checkpoints
+    go to its own directory: `jobs.with_restarts`)."""
+    check_not_negative(save_every, "--save-every")
+    if save_every and not shared.max_restarts:
+        raise BadInput("--save-every on compare keeps checkpoints for restarts only", "add --max-restarts N")
+    if save_every and "fsdp2" in impls:
+        raise BadInput("--save-every saves DeepSpeed checkpoints, which are not part of --impl fsdp2",
+                       "drop --save-every, or drop fsdp2 from --impls")
+    return dataclasses.replace(shared.workload, save_every=save_every)
 
 
 def repeat_name(cell: str, run: int) -> str:

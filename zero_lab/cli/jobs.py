@@ -43,6 +43,7 @@ class SharedSettings:
     stall_timeout_s: float = 0.0
     device_memory_gb: float | None = None
     script: torchrun.UserScript | None = None  # compare --script: the user's script trains, not the harness
+    max_restarts: int = 0  # torchrun --max-restarts (docs/restarts.md)
 
 
 def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> None:
@@ -91,6 +92,8 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     spec = input_checks.make_spec(impl, stage, nproc, shared.device, run_dir, shared.workload, shared.multi_node,
                           shared.extra_torchrun_args, steps=steps, stall_timeout_s=shared.stall_timeout_s,
                           host_memory_limit=host_memory_limit(shared), script=shared.script)
+    spec = with_restarts(spec, shared.max_restarts, run_dir)
+    spec = with_elastic_global_batch(spec, staged, source)
     config = input_checks.received_config(staged, spec, source)
     official = input_checks.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     world_size = shared.multi_node.world_size(nproc) or nproc
@@ -99,6 +102,41 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     note = note or ("warm-up" if steps is not None else None)
     label = f"{impl} w{world_size} s{stage}" + (f" ({note})" if note else "")
     return Job(spec, run_dir, config, official, label)
+
+
+def with_restarts(spec: torchrun.LaunchSpec, max_restarts: int, run_dir: Path) -> torchrun.LaunchSpec:
+    """The launch with torchrun's --max-restarts; a run that saves every K steps without a --save-dir of
+    its own (compare's cells) keeps its checkpoints in <run_dir>/checkpoints, where a restart resumes."""
+    if not max_restarts:
+        return spec
+    workload = spec.workload
+    if workload.save_every and not workload.save_dir:
+        workload = replace(workload, save_dir=str((run_dir / "checkpoints").resolve()))
+    return replace(spec, workload=workload, max_restarts=max_restarts)
+
+
+def with_elastic_global_batch(spec: torchrun.LaunchSpec, staged: dict, source: Path) -> torchrun.LaunchSpec:
+    """With --max-restarts and an elastic range `--nnodes MIN:MAX`, a restart may come back with fewer
+    nodes: the global batch stays the one of MAX nodes (the harness's --global-batch-size), each rank
+    accumulating more micro-steps. BadInput when some node count in the range cannot split it evenly,
+    or for official DeepSpeed, which cannot load a checkpoint saved at another world size."""
+    low, _, high = (spec.multi_node.nnodes or "1").partition(":")
+    if not spec.max_restarts or not high or low == high:
+        return spec
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+        raise BadInput(f"--nnodes {spec.multi_node.nnodes} is not an elastic range MIN:MAX", "give e.g. --nnodes 1:2")
+    if spec.impl != "nano":
+        raise BadInput(f"--impl {spec.impl} cannot resume a checkpoint at another world size, as a restart with "
+                       f"fewer nodes of --nnodes {spec.multi_node.nnodes} would", "use --impl nano, or a fixed --nnodes")
+    micro = spec.workload.batch_size or int(staged.get("train_micro_batch_size_per_gpu") or 1)
+    per_rank = micro * int(staged.get("gradient_accumulation_steps") or 1)
+    global_batch = per_rank * spec.nproc * int(high)
+    uneven = [nodes for nodes in range(int(low), int(high) + 1) if global_batch % (micro * spec.nproc * nodes)]
+    if uneven:
+        raise BadInput(f"the global batch of {high} nodes ({global_batch} samples, from {source}) does not split "
+                       f"into whole micro-batches on {uneven[0]} node(s)", "pick a --nnodes range or a batch size "
+                       "whose node counts all divide it")
+    return replace(spec, workload=replace(spec.workload, global_batch_size=global_batch))
 
 
 # ZeRO++ keys official DeepSpeed 0.19.8 accepts but cannot run on CPU: their quantizer kernels are

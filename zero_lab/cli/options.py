@@ -19,6 +19,7 @@ from zero_lab.analysis.activation_memory import ATTENTION_IMPLEMENTATIONS
 from zero_lab.launch import torchrun
 from zero_lab.cli.environment import DEVICES, resolve_device_name
 from zero_lab.cli.errors import check_choice, check_not_negative, check_positive
+from zero_lab.cli.errors import BadInput
 from zero_lab.cli.jobs import SharedSettings
 from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
 
@@ -56,6 +57,9 @@ RanksPerNode = Annotated[Optional[int], typer.Option(
          "launcher node.", metavar="K", rich_help_panel=LAUNCH)]
 Force = Annotated[bool, typer.Option(help="Run even when a run is predicted not to fit in memory.",
                                      rich_help_panel=LAUNCH)]
+MaxRestarts = Annotated[int, typer.Option(
+    help="torchrun --max-restarts: when a rank dies, restart every rank up to N times, each time from the newest "
+         "complete checkpoint in --save-dir (docs/restarts.md).", metavar="N", rich_help_panel=LAUNCH)]
 
 DEFAULT_MODEL = "small"  # ~24M parameters: memory differences show, 4 runs x 20 steps fit in ~5 min on 2 cores
 DEFAULT_STEPS = 20
@@ -103,6 +107,7 @@ COMMON_OPTIONS = [
     _option("stall_timeout", StallTimeout, DEFAULT_STALL_TIMEOUT_S),
     _option("device_memory", DeviceMemory, None),
     _option("force", Force, False),
+    _option("max_restarts", MaxRestarts, 0),
 ]
 # Typer passes the context by its type; its extra arguments (after `--`) go to torchrun.
 CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
@@ -110,7 +115,7 @@ CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, 
 
 def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
            offload, attn_impl, gradient_checkpointing, ranks_per_node, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout, device_memory,
-           force) -> Common:
+           force, max_restarts=0) -> Common:
     """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, an
     --attn-impl Hugging Face does not name, a negative --stall-timeout, or a --device-memory that
     is not above 0."""
@@ -126,8 +131,20 @@ def common(context: typer.Context, device, config, model, steps, batch_size, seq
     check_positive(device_memory, "--device-memory")
     given = frozenset(parameter.name for parameter in COMMON_OPTIONS  # by name: Typer may carry its own Click
                       if getattr(context.get_parameter_source(parameter.name), "name", None) == "COMMANDLINE")
-    return Common(SharedSettings(config, device, work, node, list(context.args), stall_timeout, device_memory),
+    restarts = checked_max_restarts(max_restarts, list(context.args))
+    return Common(SharedSettings(config, device, work, node, list(context.args), stall_timeout, device_memory,
+                                 max_restarts=restarts),
                   out, name, force, given, requested_device)
+
+
+def checked_max_restarts(max_restarts: int, torchrun_arguments: list[str]) -> int:
+    """--max-restarts as given: 0 or more, and not also among the torchrun arguments after `--`."""
+    check_not_negative(max_restarts, "--max-restarts")
+    if max_restarts and any(argument.split("=")[0] in ("--max-restarts", "--max_restarts")
+                            for argument in torchrun_arguments):
+        raise BadInput("--max-restarts is given twice: as zero-lab's option and after `--` for torchrun",
+                       "give it once, as --max-restarts N")
+    return max_restarts
 
 
 def common_options(command):

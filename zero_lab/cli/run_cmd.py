@@ -67,6 +67,15 @@ def report_problems(summaries: list[dict]) -> None:
                 output.stderr.print(summary["log_tail"], markup=False, highlight=False)
 
 
+def check_restart_save_dir(shared: jobs.SharedSettings) -> None:
+    """A restart resumes from the `latest` of --save-dir: one left there by an earlier run would be
+    resumed instead of this run's own start, so a fresh run that may restart needs a fresh directory."""
+    work = shared.workload
+    if shared.max_restarts and work.save_dir and work.resume is None and (Path(work.save_dir) / "latest").is_file():
+        raise BadInput(f"--save-dir {work.save_dir} already holds a checkpoint (`latest`), which a restart would "
+                       "resume from instead of this run's own", "give an empty --save-dir, or add --resume")
+
+
 @one_line_errors
 @options.common_options
 def run(
@@ -99,6 +108,7 @@ def run(
     shared.workload = dataclasses.replace(
         shared.workload, save_dir=str(save_dir.resolve()) if save_dir else None, save_every=save_every,
         resume=(resume_tag or "latest") if resume or resume_tag else None)
+    check_restart_save_dir(shared)
     jobs.check(shared, [impl], [gpus])
     config = shared.config_path
     if stage is None:

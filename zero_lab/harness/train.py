@@ -66,6 +66,8 @@ from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Ph
 from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
 from zero_lab.workload.run_config import build_parser, check_launch, passed_to_official, precision_of
 from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
+from zero_lab.workload import rank_pause
+from zero_lab.workload import restarts
 
 
 def checkpoint_fields(action: str, step: int, save_dir: str, tag: str, seconds: float) -> dict:
@@ -91,13 +93,15 @@ def resume(engine, args, rank: int, comm: CommMeter) -> int:
 
 
 def save(engine, args, rank: int, comm: CommMeter, step: int) -> None:
-    """--save-dir: every rank saves (DeepSpeed's default tag global_step<N>); rank 0 says so."""
+    """--save-dir: every rank saves (DeepSpeed's default tag global_step<N>), then `latest` moves once
+    all have (`restarts.commit_latest`); rank 0 says so."""
     started = time.perf_counter()
+    tag = f"global_step{engine.global_steps}"
     with comm.paused():
-        engine.save_checkpoint(args.save_dir)
-        dist.barrier()
-    emit(rank, "ckpt", checkpoint_fields("save", step, args.save_dir, f"global_step{engine.global_steps}",
-                                         time.perf_counter() - started))
+        engine.save_checkpoint(args.save_dir, tag=tag, save_latest=False)
+        rank_pause.reached(rank, "save", step)
+        restarts.commit_latest(args.save_dir, tag, rank, dist.barrier)
+    emit(rank, "ckpt", checkpoint_fields("save", step, args.save_dir, tag, time.perf_counter() - started))
 
 
 def model_state_formula(impl: str, model: torch.nn.Module, settings, world_size: int,
@@ -118,6 +122,7 @@ def dist_backend(device: torch.device) -> str:
 def prepare(argv: list[str] | None):
     """Every check that needs no engine: flags, config, model name, dataset (Phase 1)."""
     args = build_parser().parse_args(argv)
+    args.resume = restarts.resume_tag(args.save_dir, args.resume)  # a restarted attempt: from `latest`
     default_single_process_env()
     world_size = int(os.environ["WORLD_SIZE"])
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -237,6 +242,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         phase.enter(Phase.BETWEEN_STEPS)
         tokens = batch["input_ids"].numel() * accumulation * world_size
         fields = opt_step_fields(engine, metrics.end(tokens), breakdown)
+        fields["attempt"] = rank_pause.restart_attempt()
         emit(rank, "opt_step", fields, step)
         for sample in metrics.phases:
             emit(rank, "phase", sample.fields(step))
@@ -245,6 +251,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
             emit(rank, "warn", warning)
         if args.save_dir and (step == args.steps or (args.save_every and step % args.save_every == 0)):
             save(engine, args, rank, comm, step)
+        rank_pause.reached(rank, "step", step)
 
     # Phase 5: totals per collective type over the training steps; no rank tears its process
     # group down while another still works.

@@ -40,6 +40,7 @@ class Workload:
     ranks_per_node: int | None = None  # the harness's --ranks-per-node K (None: the launcher's)
     attn_impl: str | None = None  # the harness's --attn-impl (None: Hugging Face's choice, sdpa where it runs)
     gradient_checkpointing: bool = False  # the harness's --gradient-checkpointing
+    global_batch_size: int | None = None  # the harness's --global-batch-size N (an elastic range keeps it)
 
 
 @dataclass
@@ -88,6 +89,7 @@ class LaunchSpec:
     stall_timeout_s: float = 0.0  # the CLI stops the run after this long without a step (0: never)
     host_memory_limit: int | None = None  # bytes the ranks may hold on this host (--device-memory on CPU)
     script: UserScript | None = None  # a user's training script instead of the harness (compare --script)
+    max_restarts: int = 0  # torchrun --max-restarts: restarts of every worker when one dies (docs/restarts.md)
 
 
 
@@ -108,8 +110,11 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
             ("rdzv-endpoint", node.rdzv_endpoint),
             ("rdzv-id", node.rdzv_id),
         ) if value is not None]
+    elif spec.max_restarts:
+        command += single_node_elastic_rendezvous(spec.port)
     else:
         command += ["--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(spec.port)]
+    command += ["--max-restarts", str(spec.max_restarts)] if spec.max_restarts else []
     # Every rank's stdout and stderr go to files; rank 0's stdout is also shown (for progress).
     command += ["--log-dir", str(spec.log_dir), "--redirects", "3", "--tee", "1"]
     command += ["--local-ranks-filter", "0", *spec.extra_torchrun_args]
@@ -117,6 +122,18 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
         return command + [str(spec.script.path), *spec.script.arguments, "--deepspeed_config", str(engine_config_path(spec))]
     command += [str(TRAIN_SCRIPT), *train_arguments(spec)]
     return command
+
+
+def single_node_elastic_rendezvous(port: int) -> list[str]:
+    """A restartable job on one node: torchrun's c10d rendezvous on 127.0.0.1:port, which every attempt
+    joins again (the static one of `--master-port` is made once, for the first attempt)."""
+    return ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+
+
+def restart_environment(spec: LaunchSpec) -> dict[str, str]:
+    """With --max-restarts, rank 0 of each attempt hosts a new TCP store for its process group instead
+    of the ranks sharing the agent's rendezvous store, which lives through every attempt."""
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}
 
 
 def engine_config_path(spec: LaunchSpec) -> Path:
@@ -165,7 +182,8 @@ def workload_arguments(work: Workload) -> list[str]:
     optional = (("--batch-size", work.batch_size), ("--seq-len", work.seq_len), ("--dataset-path", work.dataset_path),
                 ("--offload", None if work.offload == "none" else work.offload), ("--save-dir", work.save_dir),
                 ("--save-every", work.save_every or None), ("--resume", work.resume),
-                ("--ranks-per-node", work.ranks_per_node), ("--attn-impl", work.attn_impl))
+                ("--ranks-per-node", work.ranks_per_node), ("--attn-impl", work.attn_impl),
+                ("--global-batch-size", work.global_batch_size))
     for flag, value in optional:
         if value is not None:
             arguments += [flag, str(value)]

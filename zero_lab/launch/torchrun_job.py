@@ -106,6 +106,7 @@ def execute(
     if spec.script is not None:  # its `import deepspeed` is the impl's, and the engine prints the log contract
         child_env = impl_environment(child_env, spec.impl, spec.device, log_contract=True)
     child_env[RECORD_DIRECTORY_ENVIRONMENT] = str(run_dir.resolve() / "logs")  # each rank's flight record
+    child_env.update(torchrun.restart_environment(spec))
     total_steps = spec.workload.steps if spec.script is None else None  # a script decides its own
     task = progress.add_task(label, total=total_steps, loss="-") if progress is not None else None
     # Phase 2

@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--resume", nargs="?", const="latest", default=None, metavar="TAG",
         help="load the checkpoint in --save-dir first (TAG, default the one `latest` names) and continue "
              "from its step up to --steps")
+    add("--global-batch-size", type=int, default=None, metavar="N",
+        help="keep the global batch at N samples per step whatever the world size (the config's train_batch_size; "
+             "gradient accumulation follows): a restart with fewer ranks trains on the same batches")
     # DeepSpeed's launcher passes these; accepted and ignored (torchrun's env is what counts).
     add("--deepspeed", action="store_true", help=argparse.SUPPRESS)
     add("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -143,6 +146,7 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict:
     if args.batch_size is not None:
         config["train_micro_batch_size_per_gpu"] = args.batch_size
         config.pop("train_batch_size", None)  # re-inferred from micro x accumulation x world
+    keep_global_batch(config, getattr(args, "global_batch_size", None))
     for section in OFFLOAD_SECTIONS[args.offload]:
         zero[section] = {**zero.get(section, {}), "device": "cpu"}
     checked = without_official_only_keys(config) if args.impl == "official" else config
@@ -152,6 +156,15 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict:
         raise WorkloadError.from_nano(error, where=f"{path}: ") from None
     check_value_types(checked, where=f"{path}: ")
     return config
+
+
+def keep_global_batch(config: dict, global_batch_size: int | None) -> None:
+    """--global-batch-size N: train_batch_size N, and gradient accumulation left for the engine to infer
+    (N / (micro batch x world size)), so fewer ranks each accumulate more micro-steps (docs/restarts.md)."""
+    if global_batch_size is None:
+        return
+    config["train_batch_size"] = global_batch_size
+    config.pop("gradient_accumulation_steps", None)
 
 
 def passed_to_official(impl: str, config: dict) -> str | None:

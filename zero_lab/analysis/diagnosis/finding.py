@@ -16,6 +16,8 @@ SEVERITY_OF = {
     "stage3-everything-gathered": INFO,
     "buckets-dominate": INFO,
     "dtype-difference": INFO,
+    "rank-restarted": INFO,
+    "restart-not-reproduced": WARNING,
     "estimate-gap": WARNING,
     "materialized-before-partition": WARNING,
     "no-16bit-weights-on-save": WARNING,
