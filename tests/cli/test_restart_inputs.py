@@ -61,8 +61,6 @@ def test_a_cell_that_saves_for_its_restarts_keeps_its_checkpoints_in_its_directo
     (["run", "--max-restarts", "-1"], "--max-restarts -1 is negative"),
     (["compare", "--max-restarts", "1", "--", "--max-restarts", "2"], "--max-restarts is given twice"),
     (["compare", "--save-every", "2"], "--save-every on compare keeps checkpoints for restarts only"),
-    (["compare", "--max-restarts", "1", "--save-every", "2", "--impls", "nano,fsdp2"],
-     "not part of --impl fsdp2"),
 ])
 def test_bad_restart_input_is_one_line_and_exit_2(arguments, words, monkeypatch):
     from zero_lab.launch import torchrun_job

@@ -5,7 +5,7 @@ Per impl, two real `zero-lab run` launches of the tiny model (W=2, 6 steps, a ch
 never fails, the reference, and one whose ranks are killed twice with SIGKILL from this test, at named
 moments (`zero_lab.workload.rank_pause`, no sleeps): rank 1 inside step 4's save (its files written, `latest`
 not yet moved), then, in the restarted attempt, rank 0 after step 5. The restarts resume from step 2 and then
-from step 4. nano's restarted run is a cell of `zero-lab compare`, official's a `zero-lab run`. A stand-in
+from step 4. nano's restarted run is a cell of `zero-lab compare`, official's and FSDP2's a `zero-lab run`. A stand-in
 training script shows the restarts running out.
 """
 
@@ -98,7 +98,14 @@ def tensors_of(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 def checkpoint_tensors(save_dir: Path, tag: str) -> dict[str, torch.Tensor]:
-    """Every tensor of every file of one checkpoint (module, fp32 masters, Adam moments), by file and path."""
+    """Every tensor of every file of one checkpoint (module, fp32 masters, Adam moments), by file and path;
+    FSDP2's DCP checkpoint read whole by torch's own converter."""
+    if (save_dir / tag / ".metadata").is_file():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        whole = save_dir.with_name(f"{save_dir.name}-{tag}.pt")
+        dcp_to_torch_save(save_dir / tag, whole)
+        return tensors_of(torch.load(whole, weights_only=False))
     found = {}
     for path in sorted((save_dir / tag).glob("*.pt")):
         found.update(tensors_of(files.read_file(str(path)), path.name))
@@ -112,8 +119,8 @@ def nano_reference(tmp_path_factory) -> tuple[dict, Path]:
     return finish(start(root / "runs", "reference", root / "ckpt", "nano")), root / "ckpt"
 
 
-# nano's restarted run is a `compare` cell, official's a `run`: both commands, one launch each.
-@pytest.fixture(scope="module", params=["nano", pytest.param("official", marks=pytest.mark.official)])
+# nano's restarted run is a `compare` cell, official's and FSDP2's a `run`: both commands, one launch each.
+@pytest.fixture(scope="module", params=["nano", pytest.param("official", marks=pytest.mark.official), "fsdp2"])
 def runs(request, tmp_path_factory):
     """(reference summary, its checkpoints, restarted summary, its checkpoints, what the test saw at each pause,
     the impl)."""

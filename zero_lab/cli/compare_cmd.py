@@ -89,7 +89,7 @@ def compare(
                        "pass one of the impls compared")
     baseline_impl = baseline or "official"
     shared = common.shared
-    shared.workload = cells_save_every(shared, save_every, impl_list)
+    shared.workload = cells_save_every(shared, save_every)
     if script is not None:  # the arguments after `--` are the script's, not torchrun's
         if warmup_steps or resume_check:
             raise BadInput("--warmup-steps and --resume-check need the built-in workload, not --script",
@@ -148,15 +148,12 @@ def compare(
     raise typer.Exit(exit_code_of(summaries, interrupted_by) or comparison["verdict"]["exit_code"])
 
 
-def cells_save_every(shared: jobs.SharedSettings, save_every: int, impls: list[str]):
+def cells_save_every(shared: jobs.SharedSettings, save_every: int):
     """The workload with compare's --save-every K, which only a restart reads (each cell's checkpoints
     go to its own directory: `jobs.with_restarts`)."""
     check_not_negative(save_every, "--save-every")
     if save_every and not shared.max_restarts:
         raise BadInput("--save-every on compare keeps checkpoints for restarts only", "add --max-restarts N")
-    if save_every and "fsdp2" in impls:
-        raise BadInput("--save-every saves DeepSpeed checkpoints, which are not part of --impl fsdp2",
-                       "drop --save-every, or drop fsdp2 from --impls")
     return dataclasses.replace(shared.workload, save_every=save_every)
 
 

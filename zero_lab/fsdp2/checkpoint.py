@@ -56,8 +56,10 @@ def train_state(engine) -> dict:
     return state
 
 
-def save(engine, save_dir: str, tag: str | None = None) -> str:
-    """Every rank calls it; returns the tag's directory."""
+def save(engine, save_dir: str, tag: str | None = None, save_latest: bool = True) -> str:
+    """Every rank calls it; returns the tag's directory. `save_latest=False` (DeepSpeed's keyword)
+    leaves `latest` to the caller (the harness moves it once every rank is past a barrier:
+    `workload/restarts.commit_latest`)."""
     tag = tag or f"global_step{engine.global_steps}"
     rank = dist.get_rank()
     # Phase 1
@@ -72,7 +74,8 @@ def save(engine, save_dir: str, tag: str | None = None) -> str:
     dist.barrier()
     if rank == 0:
         files.finish_directory(save_dir, tag)
-        files.write_latest(save_dir, tag)
+        if save_latest:
+            files.write_latest(save_dir, tag)
     dist.barrier()
     return os.path.join(save_dir, tag)
 

@@ -107,11 +107,11 @@ class Fsdp2Engine:
     def get_lr(self) -> list[float]:
         return [float(group["lr"]) for group in self.optimizer.param_groups]
 
-    def save_checkpoint(self, save_dir: str, tag: str | None = None, **_ignored: Any) -> str:
+    def save_checkpoint(self, save_dir: str, tag: str | None = None, save_latest: bool = True, **_ignored: Any) -> str:
         """A DCP checkpoint of the sharded module, optimizer, schedule and counters (`checkpoint.save`)."""
         from zero_lab.fsdp2 import checkpoint
 
-        return checkpoint.save(self, save_dir, tag)
+        return checkpoint.save(self, save_dir, tag, save_latest)
 
     def load_checkpoint(self, load_dir: str, tag: str | None = None, **_ignored: Any):
         """(path, client state) as DeepSpeed returns them, or (None, None) without `latest`."""
