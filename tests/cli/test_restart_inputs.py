@@ -27,11 +27,11 @@ def following(command: list[str], flag: str) -> str | None:
     return command[command.index(flag) + 1] if flag in command else None
 
 
-def test_a_restartable_launch_uses_c10d_rendezvous_and_a_fresh_store_per_attempt():
+def test_a_restartable_launch_uses_c10d_rendezvous_and_the_agents_store():
     command = torchrun.torchrun_command(spec(3))
     assert (following(command, "--rdzv-backend"), following(command, "--rdzv-endpoint")) == ("c10d", "127.0.0.1:29500")
     assert following(command, "--max-restarts") == "3" and "--master-port" not in command
-    assert torchrun.restart_environment(spec(3)) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert torchrun.restart_environment(spec(3)) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
 
 
 def test_without_restarts_the_launch_is_unchanged():

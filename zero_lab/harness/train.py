@@ -180,6 +180,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     engine_module = load_engine_module(args.impl, device)
     # Named, not left to the engine: nano (like DeepSpeed) defaults to nccl whenever CUDA exists,
     # which breaks `--device cpu` on a GPU host.
+    restarts.join_attempt_group(dist_backend(device), datetime.timedelta(seconds=args.dist_timeout))
     engine_module.init_distributed(dist_backend=dist_backend(device),
                                    timeout=datetime.timedelta(seconds=args.dist_timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()

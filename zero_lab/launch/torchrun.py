@@ -131,9 +131,11 @@ def single_node_elastic_rendezvous(port: int) -> list[str]:
 
 
 def restart_environment(spec: LaunchSpec) -> dict[str, str]:
-    """With --max-restarts, rank 0 of each attempt hosts a new TCP store for its process group instead
-    of the ranks sharing the agent's rendezvous store, which lives through every attempt."""
-    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}
+    """With --max-restarts, the ranks share the agent's store (torch's default, said here so a caller's
+    environment cannot turn it off): it is bound once, by the agent, while a store of each attempt's own
+    would need a port picked free and bound seconds later, which another process can take in between.
+    The harness keeps each attempt's keys apart in it (`workload.restarts.join_attempt_group`)."""
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"} if spec.max_restarts else {}
 
 
 def engine_config_path(spec: LaunchSpec) -> Path:

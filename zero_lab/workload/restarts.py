@@ -11,6 +11,9 @@ worker starts from nothing, so the harness makes it continue where the job left 
              step number selects (`workload.data.Batches`), so no batch is skipped or seen twice
              in the final run; the steps between the checkpoint and the loss are repeated, each
              `[opt_step k]` line saying its `attempt`.
+    Phase 0 (`join_attempt_group`): each attempt's ranks meet in torchrun's agent store, which lives
+             through every attempt, under a key prefix of their own (`attempt<k>/`): the keys a
+             failed attempt left there (its ranks' addresses) are never read by the next.
     Phase 3 (`commit_latest`): a save moves `latest` only after a barrier that every rank reaches
              with its files written, so a rank killed during a save leaves `latest` naming the
              previous checkpoint. (Official DeepSpeed's own save writes `latest` on rank 0 as
@@ -19,6 +22,8 @@ worker starts from nothing, so the harness makes it continue where the job left 
 
 from __future__ import annotations
 
+import datetime
+import importlib
 import os
 
 from zero_lab.nano.checkpoint.files import LATEST, write_latest
@@ -39,3 +44,18 @@ def commit_latest(save_dir: str, tag: str, rank: int, barrier) -> None:
     barrier()
     if rank == 0:
         write_latest(save_dir, tag)
+
+
+def join_attempt_group(backend: str, timeout: datetime.timedelta) -> None:
+    """Phase 0, under torchrun with --max-restarts and its agent's shared store: the default process
+    group on that store, prefixed by the attempt (nano's and DeepSpeed's `init_distributed` then find
+    it initialised). Elsewhere nothing: the engine's `init_distributed` makes the group as always."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) == 0 or \
+            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
+        return
+    importlib.import_module("torch._dynamo")  # before the group exists, as nano's init_distributed does
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{restart_attempt()}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
