@@ -1,0 +1,68 @@
+"""Per-rank bodies of tests/nano/test_muon.py: nano's Muon against the single-process reference,
+against official DeepSpeed, and its bytes against the layout's arithmetic."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import zero_lab.nano as nano
+from tests.nano.muon_reference import ADAM_LR, MUON_LR, WEIGHT_DECAY, MuonReference
+from tests.nano.reference import build_model, loss_of, max_difference, micro_batch
+
+MICRO_SIZE, STEPS = 2, 3
+TOLERANCE = 2e-6  # measured: at most 3.5e-7 (W=3, where the ranks' sums round differently)
+
+
+def muon_config(stage: int, accumulation: int = 1, clipping: float = 0.0, ns_method: str = "gram") -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": MICRO_SIZE, "gradient_accumulation_steps": accumulation,
+        "gradient_clipping": clipping, "steps_per_print": 10_000,
+        "optimizer": {"type": "Muon", "params": {"muon_lr": MUON_LR, "adam_lr": ADAM_LR,
+                                                 "weight_decay": WEIGHT_DECAY, "ns_method": ns_method}},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 64, "stage3_param_persistence_threshold": 0},
+    }
+
+
+def muon_cases() -> list[dict]:
+    """Stages 1-3; clipping off and on (the norm is then the updates'); accumulation; the standard method."""
+    return [dict(stage=stage, accumulation=1, clipping=0.0) for stage in (1, 2, 3)] + [
+        dict(stage=2, accumulation=2, clipping=0.05), dict(stage=3, accumulation=1, clipping=0.05),
+        dict(stage=1, accumulation=1, clipping=0.0, ns_method="standard")]
+
+
+def train(model: torch.nn.Module, config: dict, rank: int, on_step=None, module=nano) -> list[float]:
+    engine, *_ = module.initialize(model=model, model_parameters=model.parameters(), config=config)
+    losses = []
+    for step in range(STEPS):
+        for micro in range(config["gradient_accumulation_steps"]):
+            loss = loss_of(engine, micro_batch(step, micro, rank, MICRO_SIZE))
+            losses.append(loss.item())
+            engine.backward(loss)
+            engine.step()
+        if on_step is not None:
+            on_step(step, engine)
+    return losses
+
+
+def reference_worker(rank: int, world_size: int) -> list[str]:
+    """After every step every parameter matches the reference within TOLERANCE."""
+    failures, initial = [], build_model()
+    for case in muon_cases():
+        ns_method = case.get("ns_method", "gram")
+        reference = MuonReference(initial, case["clipping"], ns_method)
+        model, worst = copy.deepcopy(initial), [0.0]
+
+        def compare(step: int, engine) -> None:
+            reference.step(step, world_size, case["accumulation"], MICRO_SIZE)
+            with nano.zero.GatheredParameters(list(model.parameters())):  # stage 3: whole while compared
+                worst[0] = max(worst[0], max_difference(model, reference.model))
+
+        train(model, muon_config(case["stage"], case["accumulation"], case["clipping"], ns_method), rank, compare)
+        with nano.zero.GatheredParameters(list(model.parameters())):
+            moved = max_difference(initial, model)
+        print(f"[muon] W={world_size} {case} max |nano - reference| = {worst[0]:.3g}, moved {moved:.3g}", flush=True)
+        if not worst[0] <= TOLERANCE or moved < 1e-3:
+            failures.append(f"W={world_size} {case}: max |nano - reference| = {worst[0]:.3g} (moved {moved:.3g})")
+    return failures

@@ -1,0 +1,104 @@
+"""Muon over ZeRO's partitions: whole matrices where Newton-Schulz needs them, partitions elsewhere.
+
+Every other optimizer nano runs is element-wise, so a rank can update any cut of the flat buffer
+from the same cut of the gradient. Muon's update of one element reads the whole matrix, so this
+optimizer adds one phase to the shared step (`ZeroOptimizer.step`'s Phase 2b, `prepare_updates`)
+and keeps, per Muon flat buffer, the momentum of every matrix its partition touches.
+
+Phase 2b (whole matrices, after the gradients are reduced and unscaled, before the norm):
+    1. gather:  each Muon buffer's fp32 gradient partitions are all-gathered into one whole
+                gradient (one `all_gather_into_tensor` per buffer and step; none where a rank's
+                partition is the whole buffer, at one rank or stage 0);
+    2. update:  this rank runs `muon_update` on every matrix its partition touches: the matrices
+                cut by a partition boundary are orthogonalised by both ranks that own a piece, as
+                official DeepSpeed's owners both orthogonalise them; the momentum of those
+                matrices is this rank's state (a staged copy until the step survives the norm);
+    3. write:   its partition's piece of each update replaces the gradient partition, so the
+                global norm and clipping then see updates, as official's do.
+Phase 4 (`step`): the staged momentum becomes the state; a Muon master moves by
+    master * (1 - lr * weight_decay) - lr * update; an AdamW master takes nano's AdamW (`adamw.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zero_lab.nano.adamw import PartitionedAdam
+from zero_lab.nano.collectives import labelled
+from zero_lab.nano.muon.newton_schulz import muon_update
+
+
+class PartitionedMuon(PartitionedAdam):
+    """The optimizer `initialize` puts in place of Adam when the config's optimizer is Muon: the
+    same masters and groups (`groups.split_groups`' halves), Muon for the halves with `use_muon`."""
+
+    def __init__(self, zero_optimizer, decoupled_weight_decay: bool):
+        self.buffers = zero_optimizer.buffers
+        self.collectives = zero_optimizer.collectives
+        self.pending: dict[int, torch.Tensor] = {}  # master id -> momentum staged by this step's Phase 2b
+        groups = zero_optimizer.adam.param_groups  # the groups' own dicts, masters already in place
+        for group in groups:
+            group.setdefault("decoupled_weight_decay", decoupled_weight_decay)
+        torch.optim.Optimizer.__init__(self, groups, {})
+        self.master_of_buffer = list(zero_optimizer.master_partitions)
+
+    def owned_matrices(self, index: int) -> list[int]:
+        """Buffer `index`'s matrices (their positions in the buffer) that this rank's partition touches."""
+        buffer = self.buffers[index]
+        return [piece.parameter_index for piece in buffer.layout.pieces(buffer.partition_start, buffer.partition_end)]
+
+    def momentum_numel(self, index: int) -> int:
+        """Elements of the momentum this rank keeps for buffer `index`: its matrices, whole."""
+        numels = self.buffers[index].layout.parameter_numels
+        return sum(numels[position] for position in self.owned_matrices(index))
+
+    def _whole_gradient(self, index: int, partition: torch.Tensor) -> torch.Tensor:
+        """Step 1: the buffer's whole fp32 gradient on this rank."""
+        layout = self.buffers[index].layout
+        if layout.partition_count == 1 or self.collectives.alone:
+            return partition
+        whole = torch.empty(layout.padded_numel, dtype=partition.dtype, device=partition.device)
+        with labelled("muon_gather"):
+            self.collectives.all_gather_into_tensor(whole, partition)
+        return whole
+
+    @torch.no_grad()
+    def prepare_updates(self, partitions: list[torch.Tensor]) -> None:
+        """Phase 2b: each Muon buffer's gradient partition becomes its piece of the Muon updates."""
+        self.pending.clear()
+        for index, buffer in enumerate(self.buffers):
+            group = self.param_groups[buffer.group_index]
+            if not group["use_muon"]:
+                continue
+            master, owned = self.master_of_buffer[index], self.owned_matrices(index)
+            whole = self._whole_gradient(index, partitions[index])
+            state = self.state[master]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros(self.momentum_numel(index), dtype=torch.float32,
+                                                       device=master.device)
+            staged = state["momentum_buffer"].clone()
+            layout, momentum_offset = buffer.layout, 0
+            for position in owned:  # step 2, then step 3 for the piece inside this partition
+                offset, numel = layout.offsets[position], layout.parameter_numels[position]
+                shape = buffer.parameters[position].shape
+                gradient = whole[offset:offset + numel].clone().view(shape)
+                momentum = staged[momentum_offset:momentum_offset + numel].view(shape)
+                update = muon_update(gradient, momentum, group["momentum"], group["ns_method"]).reshape(-1)
+                momentum_offset += numel
+                low, high = buffer.own_range(offset, offset + numel)
+                partitions[index][low - buffer.partition_start:high - buffer.partition_start].copy_(
+                    update[low - offset:high - offset])
+            self.pending[id(master)] = staged
+            del whole
+
+    @torch.no_grad()
+    def step(self, gradients: list[list[torch.Tensor]]) -> None:  # type: ignore[override]
+        """Phase 4: commit the staged momentum; Muon masters take their updates, AdamW's their Adam step."""
+        for group, group_updates in zip(self.param_groups, gradients):
+            for master, update in zip(group["params"], group_updates):
+                if not group["use_muon"]:
+                    self._update(master, update, group)
+                    continue
+                self.state[master]["momentum_buffer"].copy_(self.pending.pop(id(master)))
+                master.mul_(1 - float(group["lr"]) * group["weight_decay"])
+                master.add_(update, alpha=-float(group["lr"]))
