@@ -66,3 +66,24 @@ def reference_worker(rank: int, world_size: int) -> list[str]:
         if not worst[0] <= TOLERANCE or moved < 1e-3:
             failures.append(f"W={world_size} {case}: max |nano - reference| = {worst[0]:.3g} (moved {moved:.3g})")
     return failures
+
+
+def official_worker(rank: int, world_size: int) -> list[str]:
+    """nano and official DeepSpeed (its Newton-Schulz run eagerly: TORCHDYNAMO_DISABLE's switch), same
+    model, data and Muon config, stages 1-3 with clipping on: every loss equal, bit for bit."""
+    import torch._dynamo.config
+
+    from tests.nano.official_workers import import_official_deepspeed
+    from zero_lab.nano.official_config import to_official_config
+
+    torch._dynamo.config.disable = True  # what TORCHDYNAMO_DISABLE=1 sets: official's @torch.compile runs eagerly
+    deepspeed = import_official_deepspeed(world_size)
+    failures, initial = [], build_model(seed=3)
+    for stage in (1, 2, 3):
+        config = muon_config(stage, clipping=1.0)
+        ours = train(copy.deepcopy(initial), config, rank)
+        theirs = train(copy.deepcopy(initial), to_official_config(config, device="cpu"), rank, module=deepspeed)
+        print(f"[muon-official] W={world_size} stage {stage} nano {ours} official {theirs}", flush=True)
+        if ours != theirs:
+            failures.append(f"stage {stage}: nano's losses {ours}, official's {theirs}")
+    return failures

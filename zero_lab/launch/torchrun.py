@@ -40,6 +40,7 @@ class Workload:
     ranks_per_node: int | None = None  # the harness's --ranks-per-node K (None: the launcher's)
     attn_impl: str | None = None  # the harness's --attn-impl (None: Hugging Face's choice, sdpa where it runs)
     gradient_checkpointing: bool = False  # the harness's --gradient-checkpointing
+    optimizer: str | None = None  # the harness's --optimizer adamw|muon (None: the config's)
 
 
 @dataclass
@@ -169,6 +170,7 @@ def workload_arguments(work: Workload) -> list[str]:
     for flag, value in optional:
         if value is not None:
             arguments += [flag, str(value)]
+    arguments += ["--optimizer", work.optimizer] if work.optimizer else []
     return arguments + (["--gradient-checkpointing"] if work.gradient_checkpointing else [])
 
 
