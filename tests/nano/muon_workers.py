@@ -87,3 +87,39 @@ def official_worker(rank: int, world_size: int) -> list[str]:
         if ours != theirs:
             failures.append(f"stage {stage}: nano's losses {ours}, official's {theirs}")
     return failures
+
+
+
+def bytes_worker(rank: int, world_size: int) -> list[str]:
+    """Muon's states and Phase 2b's gathers, measured (live tensors; nano's collective counters around
+    `prepare_updates`) against the layout's prediction (`predicted_bytes`), at stages 1-3."""
+    from zero_lab.nano.muon.partitioned_muon import predicted_bytes
+
+    failures = []
+    for stage in (1, 2, 3):
+        model = build_model()
+        engine, *_ = nano.initialize(model=model, model_parameters=model.parameters(), config=muon_config(stage))
+        optimizer, gathered = engine.optimizer, []
+        muon, prepare = optimizer.adam, optimizer.adam.prepare_updates
+
+        def counted(partitions):
+            before = optimizer.collectives.stats().get("all_gather", {"calls": 0, "bytes": 0})
+            prepare(partitions)
+            after = optimizer.collectives.stats().get("all_gather", {"calls": 0, "bytes": 0})
+            gathered.append((after["calls"] - before["calls"], after["bytes"] - before["bytes"]))
+
+        muon.prepare_updates = counted
+        for step in range(2):
+            engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE)))
+            engine.step()
+        flags = [optimizer.param_groups[buffer.group_index]["use_muon"] for buffer in optimizer.buffers]
+        predicted = predicted_bytes([buffer.layout for buffer in optimizer.buffers], flags, rank, world_size)
+        measured = engine.memory_breakdown()["optimizer_states"]
+        expected = predicted["momentum"] + predicted["adam_states"]
+        per_step = (predicted["gathers_per_step"], predicted["gather_bytes_per_step"])
+        print(f"[muon-bytes] W={world_size} stage {stage} rank {rank}: states {measured} B (predicted {expected}), "
+              f"gathers per step {gathered} (predicted {per_step})", flush=True)
+        if measured != expected or gathered != [per_step, per_step]:
+            failures.append(f"W={world_size} stage {stage} rank {rank}: states {measured} B, predicted {expected}; "
+                            f"gathers {gathered}, predicted {per_step} per step")
+    return failures

@@ -102,3 +102,21 @@ class PartitionedMuon(PartitionedAdam):
                 self.state[master]["momentum_buffer"].copy_(self.pending.pop(id(master)))
                 master.mul_(1 - float(group["lr"]) * group["weight_decay"])
                 master.add_(update, alpha=-float(group["lr"]))
+
+
+def predicted_bytes(layouts: list, use_muon: list[bool], rank: int, world_size: int) -> dict[str, int]:
+    """What Muon holds and sends on rank `rank`, from the layout arithmetic alone (`layout.py`), one
+    layout per flat buffer: the momentum (4 B per element of every matrix its partition touches),
+    the AdamW half's states (8 B per partition element), and Phase 2b's gathers per step (one per
+    Muon buffer cut in partitions, 4 B per element of the whole buffer, counted as nano's
+    collectives count an all-gather: its output)."""
+    momentum = adam = gathered = gathers = 0
+    for layout, muon in zip(layouts, use_muon):
+        if not muon:
+            adam += 8 * layout.partition_numel
+            continue
+        start, end = layout.partition_range(rank)
+        momentum += 4 * sum(layout.parameter_numels[piece.parameter_index] for piece in layout.pieces(start, end))
+        if layout.partition_count > 1 and world_size > 1:
+            gathered, gathers = gathered + 4 * layout.padded_numel, gathers + 1
+    return {"momentum": momentum, "adam_states": adam, "gather_bytes_per_step": gathered, "gathers_per_step": gathers}
