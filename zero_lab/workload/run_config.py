@@ -214,14 +214,12 @@ def check_fsdp2(args: argparse.Namespace, config: dict, world_size: int) -> None
 
 
 def check_muon(args: argparse.Namespace, config: dict) -> None:
-    """Muon's runs: no checkpoints (nano does not save Muon's momentum), and not under FSDP2."""
+    """Muon's runs: no checkpoints (nano does not save Muon's momentum)."""
     if not uses_muon(config):
         return
     if args.save_dir or args.resume is not None:
         raise WorkloadError("--save-dir and --resume are not supported with Muon (nano's checkpoints do not hold "
                             "Muon's momentum)", "Drop them, or use --optimizer adamw")
-    if args.impl == "fsdp2":
-        raise WorkloadError("--impl fsdp2 does not run Muon here", "Use --impl nano or official, or --optimizer adamw")
 
 
 def check_launch(args: argparse.Namespace, world_size: int, local_world_size: int):
