@@ -31,8 +31,8 @@ def prepare_environment(device_type: str) -> None:
     os.environ["DS_ACCELERATOR"] = "cpu" if device_type == "cpu" else "cuda"
     if device_type == "cpu":
         os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        # Official's Muon wraps Newton-Schulz in torch.compile, which on CPU compiles for minutes
-        # at the first step; dynamo's own switch runs it eagerly, with the same fp32 numbers (docs/muon.md).
+        # Official's Muon wraps Newton-Schulz in torch.compile, compiled at the first step; dynamo's
+        # own switch runs it eagerly, with the same losses (docs/muon.md).
         os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".torch_extensions"))
 
