@@ -93,7 +93,7 @@ def official_worker(rank: int, world_size: int) -> list[str]:
 def bytes_worker(rank: int, world_size: int) -> list[str]:
     """Muon's states and Phase 2b's gathers, measured (live tensors; nano's collective counters around
     `prepare_updates`) against the layout's prediction (`predicted_bytes`), at stages 1-3."""
-    from zero_lab.nano.muon.partitioned_muon import predicted_bytes
+    from zero_lab.nano.muon.memory import predicted_bytes
 
     failures = []
     for stage in (1, 2, 3):

@@ -32,7 +32,8 @@ Layers, each importing only those listed before it:
     errors, stages, dtypes, fetch_trace, config.keys, config.zeropp -> layout, fetch_policy, unit_policy ->
     config.schema, spanning_layout -> config.loading -> config -> official_config, memory_formula ->
     collectives, distributed, placement, units, gradient_collection, external_parameters ->
-    flat_buffer, gradient_buckets, adamw, loss_scaler, lr_schedules, client_optimizers, muon.newton_schulz ->
+    flat_buffer, gradient_buckets, adamw, loss_scaler, lr_schedules, client_optimizers, muon.newton_schulz,
+    muon.memory ->
     gradient_reduction, sharded_flat_buffer -> coalesced_gather -> unit_gathering, optimizer_memory ->
     zero_optimizer -> stage0 -> stage1 -> stage2 -> persistent_reduction -> stage3, stage1_fp32_accumulation ->
     init, init.partitions, offload, offload.placement, zeropp, zeropp.quantization, muon.groups,

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.muon.groups import split_groups, tag_parameters
-from zero_lab.nano.muon.partitioned_muon import PartitionedMuon
 
-__all__ = ["check", "install", "split_groups", "tag_parameters", "PartitionedMuon"]
+__all__ = ["check", "install", "split_groups", "tag_parameters"]
 
 
 def check(config, client_optimizer) -> None:
@@ -37,7 +36,10 @@ def check(config, client_optimizer) -> None:
             raise NanoConfigError(f"nano's Muon does not run with {what}; {fix}, or use AdamW")
 
 
-def install(zero_optimizer, config) -> PartitionedMuon:
-    """Phase 5: Muon in the place of the ZeRO optimizer's Adam; returns it (the LR schedule's optimizer)."""
+def install(zero_optimizer, config):
+    """Phase 5: Muon in the place of the ZeRO optimizer's Adam; returns it (the LR schedule's optimizer).
+    Imported here: the room's pure part (`groups`) serves `explain`, which loads no torch."""
+    from zero_lab.nano.muon.partitioned_muon import PartitionedMuon
+
     zero_optimizer.adam = PartitionedMuon(zero_optimizer, config.optimizer.decoupled_weight_decay)
     return zero_optimizer.adam

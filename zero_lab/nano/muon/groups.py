@@ -14,10 +14,14 @@ Phase 2 (split): each incoming group becomes a Muon half and an AdamW half. A ha
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from zero_lab.nano.config.schema import MuonParams
 from zero_lab.nano.errors import NanoConfigError
+
+if TYPE_CHECKING:  # pure arithmetic for `explain`, which loads no torch
+    import torch
+
+    from zero_lab.nano.config.schema import MuonParams
 
 NOT_HIDDEN = ("embed", "lm_head")  # name parts of matrices that are not hidden layers
 MUON_KEYS = ("lr", "momentum", "weight_decay", "ns_method")
@@ -26,10 +30,20 @@ MUON_DEFAULTS = {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.0, "ns_method":
 ADAM_DEFAULTS = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-10, "weight_decay": 0.0}
 
 
+def is_hidden_matrix(name: str, shape: tuple[int, ...]) -> bool:
+    """Phase 1's rule for one parameter: two or more dimensions, and neither "embed" nor "lm_head"."""
+    return len(shape) >= 2 and not any(part in name.lower() for part in NOT_HIDDEN)
+
+
+def largest_first(shapes: list[tuple[int, ...]]) -> list[int]:
+    """The positions of the Muon half's parameters in official's order: largest shape first (stable)."""
+    return sorted(range(len(shapes)), key=lambda position: tuple(shapes[position]), reverse=True)
+
+
 def tag_parameters(model: torch.nn.Module) -> None:
     """Phase 1: `use_muon` on every parameter of the model."""
     for name, parameter in model.named_parameters():
-        parameter.use_muon = parameter.dim() >= 2 and not any(part in name.lower() for part in NOT_HIDDEN)
+        parameter.use_muon = is_hidden_matrix(name, tuple(parameter.shape))
 
 
 def _half_settings(params: MuonParams, keys: tuple[str, ...], defaults: dict, own_lr: str) -> dict:
@@ -58,7 +72,7 @@ def split_groups(groups: list[dict], params: MuonParams) -> list[dict]:
             if not members:
                 continue
             if use_muon:
-                members = sorted(members, key=lambda parameter: parameter.size(), reverse=True)
+                members = [members[position] for position in largest_first([tuple(p.shape) for p in members])]
             prefix = overrides.get("name") or (f"group{index}" if len(groups) > 1 else None)
             half = {**settings, **{key: value for key, value in overrides.items() if key in keys}}
             split.append({"params": members, "use_muon": use_muon,

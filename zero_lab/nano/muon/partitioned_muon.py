@@ -25,6 +25,7 @@ import torch
 
 from zero_lab.nano.adamw import PartitionedAdam
 from zero_lab.nano.collectives import labelled
+from zero_lab.nano.muon.memory import momentum_numel, touched_matrices
 from zero_lab.nano.muon.newton_schulz import muon_update
 
 
@@ -44,13 +45,7 @@ class PartitionedMuon(PartitionedAdam):
 
     def owned_matrices(self, index: int) -> list[int]:
         """Buffer `index`'s matrices (their positions in the buffer) that this rank's partition touches."""
-        buffer = self.buffers[index]
-        return [piece.parameter_index for piece in buffer.layout.pieces(buffer.partition_start, buffer.partition_end)]
-
-    def momentum_numel(self, index: int) -> int:
-        """Elements of the momentum this rank keeps for buffer `index`: its matrices, whole."""
-        numels = self.buffers[index].layout.parameter_numels
-        return sum(numels[position] for position in self.owned_matrices(index))
+        return touched_matrices(self.buffers[index].layout, self.collectives.rank)
 
     def _whole_gradient(self, index: int, partition: torch.Tensor) -> torch.Tensor:
         """Step 1: the buffer's whole fp32 gradient on this rank."""
@@ -74,8 +69,8 @@ class PartitionedMuon(PartitionedAdam):
             whole = self._whole_gradient(index, partitions[index])
             state = self.state[master]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros(self.momentum_numel(index), dtype=torch.float32,
-                                                       device=master.device)
+                state["momentum_buffer"] = torch.zeros(momentum_numel(buffer.layout, self.collectives.rank),
+                                                       dtype=torch.float32, device=master.device)
             staged = state["momentum_buffer"].clone()
             layout, momentum_offset = buffer.layout, 0
             for position in owned:  # step 2, then step 3 for the piece inside this partition
@@ -103,20 +98,3 @@ class PartitionedMuon(PartitionedAdam):
                 master.mul_(1 - float(group["lr"]) * group["weight_decay"])
                 master.add_(update, alpha=-float(group["lr"]))
 
-
-def predicted_bytes(layouts: list, use_muon: list[bool], rank: int, world_size: int) -> dict[str, int]:
-    """What Muon holds and sends on rank `rank`, from the layout arithmetic alone (`layout.py`), one
-    layout per flat buffer: the momentum (4 B per element of every matrix its partition touches),
-    the AdamW half's states (8 B per partition element), and Phase 2b's gathers per step (one per
-    Muon buffer cut in partitions, 4 B per element of the whole buffer, counted as nano's
-    collectives count an all-gather: its output)."""
-    momentum = adam = gathered = gathers = 0
-    for layout, muon in zip(layouts, use_muon):
-        if not muon:
-            adam += 8 * layout.partition_numel
-            continue
-        start, end = layout.partition_range(rank)
-        momentum += 4 * sum(layout.parameter_numels[piece.parameter_index] for piece in layout.pieces(start, end))
-        if layout.partition_count > 1 and world_size > 1:
-            gathered, gathers = gathered + 4 * layout.padded_numel, gathers + 1
-    return {"momentum": momentum, "adam_states": adam, "gather_bytes_per_step": gathered, "gathers_per_step": gathers}
