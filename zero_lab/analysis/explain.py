@@ -237,9 +237,9 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_af
                                                 offload_optimizer=zero.offload_optimizer.device == "cpu",
                                                 offload_parameters=zero.offload_param.device == "cpu",
                                                 grad_accum_dtype=config.data_types.grad_accum_dtype,
-                                                hpz_partition_size=zero.zero_hpz_partition_size)
-            if buffer.muon:  # the momentum of the matrices rank 0's partition touches, not Adam's two states
-                places["device"]["optimizer_states"] = FP32_BYTES * momentum_numel(buffer.layout, 0)
+                                                hpz_partition_size=zero.zero_hpz_partition_size,
+                                                # Muon: the momentum of the matrices rank 0's partition touches
+                                                momentum_numel=momentum_numel(buffer.layout, 0) if buffer.muon else None)
             for place, categories in places.items():
                 for category, nbytes in categories.items():
                     total[place][category] += nbytes
