@@ -27,7 +27,7 @@ def test_muon_keeps_the_configs_adamw_settings_for_its_adamw_half():
 
 @pytest.mark.parametrize("flags,named", [
     (["--save-dir", "runs/x"], "--save-dir and --resume are not supported with Muon"),
-    (["--impl", "fsdp2"], "--impl fsdp2 does not run Muon"),
+    (["--resume", "--save-dir", "runs/x"], "--save-dir and --resume are not supported with Muon"),
 ])
 def test_muon_runs_refuse_what_they_do_not_support(flags, named):
     args = build_parser().parse_args(["--optimizer", "muon", "--device", "cpu", *flags])
