@@ -38,12 +38,14 @@ def test_muons_measured_step_is_the_predicted_one(stage):
 def test_the_docs_qwen3_figures_are_explains():
     flags = ("--model", "qwen3-0.6b", "--stage", "2", "--gpus", "4", "--dtype", "bfloat16")
     page = read(REPO / "docs" / "muon.md")
+    summary = read(REPO / "docs" / "nano.md").split("## Muon:")[1].split("\n## ")[0]
     for optimizer, gathers in (("muon", 1), ("adamw", 0)):
         result = explain_json(*flags, optimizer=optimizer)
         states = next(moment for moment in result["moments"] if moment["name"] == "between_steps")["bytes"]
-        assert f"{states['optimizer_states'] / MB:,.2f} MB" in page
+        assert f"{states['optimizer_states'] / MB:,.2f} MB" in page and f"{states['optimizer_states'] / MB:,.2f} MB" in summary
         assert f"{result['peak']['bytes'] / MB:,.2f} MB" in page
         found = [item for item in result["collectives"] if item["phase"] == "muon_gather"]
         assert len(found) == gathers
         for gather in found:
             assert f"{gather['payload_bytes'] / MB:,.2f} MB" in page and f"{gather['wire_bytes'] / MB:,.2f} MB" in page
+            assert f"{gather['payload_bytes'] / MB:,.2f} MB" in summary
