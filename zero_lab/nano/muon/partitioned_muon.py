@@ -33,6 +33,9 @@ class PartitionedMuon(PartitionedAdam):
     """The optimizer `initialize` puts in place of Adam when the config's optimizer is Muon: the
     same masters and groups (`groups.split_groups`' halves), Muon for the halves with `use_muon`."""
 
+    checkpoint_refusal = ("nano's checkpoint files do not hold Muon's momentum; train Muon without "
+                          "save_checkpoint/load_checkpoint, or use AdamW")
+
     def __init__(self, zero_optimizer, decoupled_weight_decay: bool):
         self.buffers = zero_optimizer.buffers
         self.collectives = zero_optimizer.collectives
