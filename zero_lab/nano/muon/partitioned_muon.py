@@ -79,7 +79,7 @@ class PartitionedMuon(PartitionedAdam):
             for position in owned:  # step 2, then step 3 for the piece inside this partition
                 offset, numel = layout.offsets[position], layout.parameter_numels[position]
                 shape = buffer.parameters[position].shape
-                gradient = whole[offset:offset + numel].clone().view(shape)
+                gradient = whole[offset:offset + numel].view(shape)  # the Nesterov blend is written into it
                 momentum = staged[momentum_offset:momentum_offset + numel].view(shape)
                 update = muon_update(gradient, momentum, group["momentum"], group["ns_method"]).reshape(-1)
                 momentum_offset += numel
@@ -97,7 +97,7 @@ class PartitionedMuon(PartitionedAdam):
                 if not group["use_muon"]:
                     self._update(master, update, group)
                     continue
-                self.state[master]["momentum_buffer"].copy_(self.pending.pop(id(master)))
+                self.state[master]["momentum_buffer"] = self.pending.pop(id(master))  # the staged copy, kept
                 master.mul_(1 - float(group["lr"]) * group["weight_decay"])
                 master.add_(update, alpha=-float(group["lr"]))
 
