@@ -241,11 +241,18 @@ def muon_worker(rank: int, world_size: int) -> list[str]:
                                 f"{difference:.3g}")
 
         engine_model = build_model()
+        shapes = [tuple(parameter.shape) for parameter in engine_model.parameters()]
         engine, *_ = fsdp2.initialize(model=engine_model, model_parameters=engine_model.parameters(), config=config)
         for step in range(STEPS):
             engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE)))
             engine.step()
             compare(step, engine_model)
+        held = sum((value.to_local() if hasattr(value, "to_local") else value).untyped_storage().nbytes()
+                   for state in engine.optimizer.state.values() for value in state.values()
+                   if isinstance(value, torch.Tensor))
+        predicted = layout_bytes(shapes, world_size, rank, [len(shape) >= 2 for shape in shapes])["optimizer_states"]
+        if held != predicted:
+            failures.append(f"stage {stage} rank {rank}: optimizer states {held} B, the formula says {predicted}")
     moved = max((whole(ours) - start.detach()).abs().max().item()
                 for ours, start in zip(engine_model.parameters(), build_model().parameters()))
     print(f"[fsdp2-muon] W={world_size} max |fsdp2 - torch.optim.Muon reference| = {worst:.3g}, moved {moved:.3g}",
