@@ -25,14 +25,15 @@ def explain_json(*flags: str, optimizer: str = "muon") -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 3])
 def test_muons_measured_step_is_the_predicted_one(stage):
-    """3 ranks, so partitions cut matrices (stage 1) and every rank keeps every matrix's momentum (stage 3)."""
+    """3 ranks, so partitions cut matrices (stage 1), and stage 3 gathers its partitioned momentum too."""
     result = explain_json("--model", "tiny", "--stage", str(stage), "--gpus", "3", "--dtype", "float32", "--measure")
     measurement = result["measurement"]
     assert measurement["agrees"] is True and measurement["disagreements"] == []
     gathers = [item for item in measurement["prediction"]["collectives"] if item["phase"] == "muon_gather"]
     muon_buffers = [buffer for buffer in measurement["prediction"]["buffers"] if buffer["name"].endswith("-muon")]
-    assert gathers and len(gathers) == len(muon_buffers)
-    assert [item["payload_bytes"] for item in gathers] == [4 * buffer["padded_numel"] for buffer in muon_buffers]
+    calls = 2 if stage == 3 else 1  # stage 3 keeps the momentum partitioned: it is gathered too
+    assert gathers and [item["payload_bytes"] for item in gathers] == \
+        [4 * buffer["padded_numel"] for buffer in muon_buffers for _ in range(calls)]
 
 
 def test_the_docs_qwen3_figures_are_explains():

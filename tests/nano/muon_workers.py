@@ -113,7 +113,8 @@ def bytes_worker(rank: int, world_size: int) -> list[str]:
             engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE)))
             engine.step()
         flags = [optimizer.param_groups[buffer.group_index]["use_muon"] for buffer in optimizer.buffers]
-        predicted = predicted_bytes([buffer.layout for buffer in optimizer.buffers], flags, rank, world_size)
+        predicted = predicted_bytes([buffer.layout for buffer in optimizer.buffers], flags, rank, world_size,
+                                    partitioned=stage == 3)  # official's policy: stage 3 partitions the momentum
         measured = engine.memory_breakdown()["optimizer_states"]
         expected = predicted["momentum"] + predicted["adam_states"]
         per_step = (predicted["gathers_per_step"], predicted["gather_bytes_per_step"])

@@ -24,7 +24,8 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
     reduce_gradients  stages 0 and 1, the step's first phase: every bucket is packed from
                       `param.grad` and reduced, once per optimizer step (stage 0 all-reduces);
     muon_gather       with Muon (`nano.muon`): each Muon buffer's fp32 gradient partitions are
-                      all-gathered, one call per buffer (none with one partition);
+                      all-gathered, one call per buffer (none with one partition); at stage 3 its
+                      momentum partitions too, a second call;
     unscale_clip      stages 1-3: the squared gradient norm is summed over ranks (4 bytes);
     adam              nothing moves;
     all_gather        stages 1 and 2, and stage 3's persistent buffers (one per persistent
@@ -227,6 +228,7 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_af
     """Phase 2: bytes per place and category at each moment. Nothing is gathered at the end of
     backward, in the step or between steps; at the end of forward the units the policy left whole are."""
     zero = config.zero_optimization
+    partitioned = config.stage_facts.partitions_parameters  # where Muon keeps its momentum (`nano.muon.memory`)
     figures = {}
     for name, formula_moment in MOMENTS.items():
         total = {place: dict.fromkeys(CATEGORIES, 0) for place in ("device", "host")}
@@ -239,7 +241,8 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_af
                                                 grad_accum_dtype=config.data_types.grad_accum_dtype,
                                                 hpz_partition_size=zero.zero_hpz_partition_size,
                                                 # Muon: the momentum of the matrices rank 0's partition touches
-                                                momentum_numel=momentum_numel(buffer.layout, 0) if buffer.muon else None)
+                                                momentum_numel=momentum_numel(buffer.layout, 0, partitioned)
+                                                if buffer.muon else None)
             for place, categories in places.items():
                 for category, nbytes in categories.items():
                     total[place][category] += nbytes
@@ -360,10 +363,12 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
             found += reductions("backward", buffers)
     else:  # once, at the boundary
         found += reductions("reduce_gradients", buffers)
-    for buffer in buffers:  # Muon's whole gradients: its temporary is the gathered buffer (`nano.muon.memory`)
-        if buffer.muon and muon_gathers(buffer.layout, world_size):
-            payload = buffer.layout.padded_numel * FP32_BYTES
-            found.append(moved("muon_gather", "all_gather", payload, buffer.name, temporary=payload))
+    partitioned = config.stage_facts.partitions_parameters
+    for buffer in buffers:  # Muon's whole gradients (and momentum at stage 3), held while the matrices update
+        payload = buffer.layout.padded_numel * FP32_BYTES
+        for call in range(muon_gathers(buffer.layout, world_size, partitioned) if buffer.muon else 0):
+            what = f"{buffer.name} {'momentum' if call else 'gradient'}"
+            found.append(moved("muon_gather", "all_gather", payload, what, temporary=(call + 1) * payload))
     if stage >= 1:
         found.append(moved("unscale_clip", "all_reduce", FP32_BYTES, "squared gradient norm"))
     for buffer in buffers:

@@ -57,7 +57,8 @@ def momentum_numels(model: torch.nn.Module, settings: NanoConfig, world_size: in
             continue
         layout = FlatLayout.for_stage(tuple(parameter.numel() for parameter in parameters),
                                       settings.zero_optimization.stage, settings.precision, world_size)
-        found.append(max(momentum_numel(layout, rank) for rank in range(world_size)))
+        partitioned = settings.stage_facts.partitions_parameters  # stage 3: the momentum's partition
+        found.append(max(momentum_numel(layout, rank, partitioned) for rank in range(world_size)))
     return found
 
 

@@ -41,5 +41,7 @@ def install(zero_optimizer, config):
     Imported here: the room's pure part (`groups`) serves `explain`, which loads no torch."""
     from zero_lab.nano.muon.partitioned_muon import PartitionedMuon
 
-    zero_optimizer.adam = PartitionedMuon(zero_optimizer, config.optimizer.decoupled_weight_decay)
+    # Where the momentum lives, as official keeps it: partitioned where the parameters are (stage 3).
+    zero_optimizer.adam = PartitionedMuon(zero_optimizer, config.optimizer.decoupled_weight_decay,
+                                          partitioned_momentum=zero_optimizer.stage_facts.partitions_parameters)
     return zero_optimizer.adam

@@ -2,17 +2,20 @@
 
 Every other optimizer nano runs is element-wise, so a rank can update any cut of the flat buffer
 from the same cut of the gradient. Muon's update of one element reads the whole matrix, so this
-optimizer adds one phase to the shared step (`ZeroOptimizer.step`'s Phase 2b, `prepare_updates`)
-and keeps, per Muon flat buffer, the momentum of every matrix its partition touches.
+optimizer adds one phase to the shared step (`ZeroOptimizer.step`'s Phase 2b, `prepare_updates`).
+Where the momentum lives is a policy `initialize` decides once, as official DeepSpeed keeps it at
+the stage (`muon.memory`): stages 0-2 keep, per Muon flat buffer, the momentum of every matrix the
+rank's partition touches, whole; stage 3 keeps the momentum's partition, as ZeRO keeps Adam's.
 
 Phase 2b (whole matrices, after the gradients are reduced and unscaled, before the norm):
     1. gather:  each Muon buffer's fp32 gradient partitions are all-gathered into one whole
                 gradient (one `all_gather_into_tensor` per buffer and step; none where a rank's
-                partition is the whole buffer, at one rank or stage 0);
+                partition is the whole buffer, at one rank or stage 0); a partitioned momentum
+                is gathered whole the same way;
     2. update:  this rank runs `muon_update` on every matrix its partition touches: the matrices
                 cut by a partition boundary are orthogonalised by both ranks that own a piece, as
-                official DeepSpeed's owners both orthogonalise them; the momentum of those
-                matrices is this rank's state (a staged copy until the step survives the norm);
+                official DeepSpeed's owners both orthogonalise them; the new momentum is staged
+                (kept aside until the step survives the norm), whole or its partition's slice;
     3. write:   its partition's piece of each update replaces the gradient partition, so the
                 global norm and clipping then see updates, as official's do.
 Phase 4 (`step`): the staged momentum becomes the state; a Muon master moves by
@@ -36,7 +39,8 @@ class PartitionedMuon(PartitionedAdam):
     checkpoint_refusal = ("nano's checkpoint files do not hold Muon's momentum; train Muon without "
                           "save_checkpoint/load_checkpoint, or use AdamW")
 
-    def __init__(self, zero_optimizer, decoupled_weight_decay: bool):
+    def __init__(self, zero_optimizer, decoupled_weight_decay: bool, partitioned_momentum: bool = False):
+        self.partitioned_momentum = partitioned_momentum  # the policy: see the module docstring
         self.buffers = zero_optimizer.buffers
         self.collectives = zero_optimizer.collectives
         self.pending: dict[int, torch.Tensor] = {}  # master id -> momentum staged by this step's Phase 2b
@@ -50,8 +54,8 @@ class PartitionedMuon(PartitionedAdam):
         """Buffer `index`'s matrices (their positions in the buffer) that this rank's partition touches."""
         return touched_matrices(self.buffers[index].layout, self.collectives.rank)
 
-    def _whole_gradient(self, index: int, partition: torch.Tensor) -> torch.Tensor:
-        """Step 1: the buffer's whole fp32 gradient on this rank."""
+    def _whole(self, index: int, partition: torch.Tensor) -> torch.Tensor:
+        """Step 1: buffer `index`'s whole fp32 tensor (gradient or momentum) on this rank, from its partitions."""
         layout = self.buffers[index].layout
         if layout.partition_count == 1 or self.collectives.alone:
             return partition
@@ -68,24 +72,31 @@ class PartitionedMuon(PartitionedAdam):
             group = self.param_groups[buffer.group_index]
             if not group["use_muon"]:
                 continue
-            master, owned = self.master_of_buffer[index], self.owned_matrices(index)
-            whole = self._whole_gradient(index, partitions[index])
+            master, owned, layout = self.master_of_buffer[index], self.owned_matrices(index), buffer.layout
+            whole = self._whole(index, partitions[index])
             state = self.state[master]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros(momentum_numel(buffer.layout, self.collectives.rank),
-                                                       dtype=torch.float32, device=master.device)
-            staged = state["momentum_buffer"].clone()
-            layout, momentum_offset = buffer.layout, 0
-            for position in owned:  # step 2, then step 3 for the piece inside this partition
+                state["momentum_buffer"] = torch.zeros(
+                    momentum_numel(layout, self.collectives.rank, self.partitioned_momentum), dtype=torch.float32,
+                    device=master.device)
+            if self.partitioned_momentum:  # the whole momentum, indexed as the buffer is
+                gathered = self._whole(index, state["momentum_buffer"])
+                staged = gathered.clone() if gathered is state["momentum_buffer"] else gathered
+                momentum_offsets = [layout.offsets[position] for position in owned]
+            else:  # the touched matrices' momentum, end to end
+                staged = state["momentum_buffer"].clone()
+                momentum_offsets = [sum(layout.parameter_numels[p] for p in owned[:k]) for k in range(len(owned))]
+            for position, momentum_offset in zip(owned, momentum_offsets):  # step 2, then step 3
                 offset, numel = layout.offsets[position], layout.parameter_numels[position]
                 shape = buffer.parameters[position].shape
                 gradient = whole[offset:offset + numel].view(shape)  # the Nesterov blend is written into it
                 momentum = staged[momentum_offset:momentum_offset + numel].view(shape)
                 update = muon_update(gradient, momentum, group["momentum"], group["ns_method"]).reshape(-1)
-                momentum_offset += numel
                 low, high = buffer.own_range(offset, offset + numel)
                 partitions[index][low - buffer.partition_start:high - buffer.partition_start].copy_(
                     update[low - offset:high - offset])
+            if self.partitioned_momentum:
+                staged = buffer.partition_of(staged).clone()
             self.pending[id(master)] = staged
             del whole
 
