@@ -169,6 +169,9 @@ def estimate(
                             "moments (the turn to backward with the activations, the end of backward, the step), each "
                             "with the states held then, when fewer blocks are gathered, so it can be the smaller",
                             markup=False)
+    if optimizer == "muon":
+        output.stderr.print("note: --optimizer muon: nano states MB counts Muon's momentum (docs/muon.md); the paper's "
+                            "and official's columns, and the predicted peak, still count Adam's states", markup=False)
     if device == "cpu":
         output.stderr.print("note: fits: a row's ranks share the host's memory (its world size times the predicted "
                             "peak); `run` and `compare` refuse \"will not fit\" without --force", markup=False)
