@@ -23,7 +23,7 @@ endif
 # Official DeepSpeed JIT-builds ops into this folder; one per checkout keeps builds out of $HOME.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: setup test test-fast demo bench gpu-wheels gpu-check clean
+.PHONY: setup test test-fast demo bench gpu-wheels gpu-check gpu-check-muon clean
 
 setup: $(VENV)/.installed
 
@@ -58,6 +58,10 @@ bench: setup
 # lacks from .whl/, then qwen3-0.6b bf16 on one GPU, stages 1-3, both impls (docs/cli.md).
 gpu-check:
 	$(PYTHON) bench/gpu_check.py
+
+# Muon side by side on the GPU (opt-in: its six runs would not fit gpu-check's budget; docs/muon.md).
+gpu-check-muon:
+	$(PYTHON) bench/gpu_check.py --only muon
 
 # Here, where pip reaches PyPI: the wheels gpu-check carries (official DeepSpeed's pure-Python
 # wheel, pydantic, hjson, ...), at the versions this venv tests with.

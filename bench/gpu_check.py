@@ -6,6 +6,7 @@ DeepSpeed and FSDP2 on qwen3-0.6b (bf16, one GPU) and print one compact table to
     make gpu-check                   # there: python3 bench/gpu_check.py
     python3 bench/gpu_check.py --dry-run    # the plan and its budget: what is missing, the commands; runs nothing
     python3 bench/gpu_check.py --only three-way    # a rerun of one step (gpu-tests, three-way, offload)
+    python3 bench/gpu_check.py --only muon    # opt-in, not in the default plan: Muon, nano and official
 
 Phase 1 (`--build-wheels`, run with the venv that passes the tests; bench/gpu_wheels.py): build
          official DeepSpeed's pure-Python wheel from its sdist (no op is compiled: DeepSpeed
@@ -24,7 +25,8 @@ Phase 3: official DeepSpeed's FusedAdam JIT-builds in the background from here o
          exact bytes at phase boundaries, offload with pinned memory, zero.Init, FSDP2 on CUDA),
          the three-way `zero-lab compare --impls nano,official,fsdp2` at stages 2 and 3 (FSDP2
          has no stage 1), then nano and official with the optimizer offloaded, pinned and
-         overlapped (`offload_overlap.json`) at stages 2 and 3. The comparisons run with
+         overlapped (`offload_overlap.json`) at stages 2 and 3 (with `--only muon`, opt-in: nano and
+         official with `--optimizer muon` in fp32 at stages 1-3). The comparisons run with
          ZERO_LAB_COLLECTIVES_AT_WORLD_ONE=1, so nano's every collective goes through NCCL on the
          one GPU (FSDP2 at world size 1 copies instead of communicating: torch's own shortcut, so
          its comm MB are 0). Without the toolkit official runs torch's AdamW (the table's
@@ -93,6 +95,12 @@ ESTIMATE_S = {
     "offload-step": 5.0,  # the same with Adam on the host: 596M fp32 parameters on 16 cores
 }
 STEPS = ("gpu-tests", "three-way", "offload")
+# Steps only `--only` runs (not in the default plan): Muon side by side, nano and official (docs/muon.md).
+OPT_IN_STEPS = ("muon",)
+# fp32, so that both engines orthogonalise the same gradients; official's Newton-Schulz runs eagerly
+# (TORCHDYNAMO_DISABLE), as on CPU, so no compile eats the budget.
+MUON_WORKLOAD = {"--stages": "1,2,3", "--steps": "5", "--impls": "nano,official", "--dtype": "float32",
+                 "--optimizer": "muon"}
 
 
 class Step(NamedTuple):
@@ -137,6 +145,11 @@ def plan(python: str, stamp: str, only: tuple[str, ...] = STEPS) -> list[Step]:
                  {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}, ESTIMATE_S["gpu-tests"])
     steps = [tests, Step("three-way", three_way, at_world_one, comparison_estimate(three_way), compare_dir=compare_dir),
              Step("offload", offload, at_world_one, comparison_estimate(offload), compare_dir=offload_dir)]
+    if "muon" in only:
+        muon_dir = RUN_DIR.with_name(f"{RUN_DIR.name}-muon-{stamp}")
+        muon = compare_command(python, muon_dir, REPORT.with_name("gpu-check-muon.md"), MUON_WORKLOAD)
+        steps.append(Step("muon", muon, at_world_one | {"TORCHDYNAMO_DISABLE": "1"}, comparison_estimate(muon),
+                          compare_dir=muon_dir))
     chosen = [step for step in steps if step.label in only]
     return [step._replace(share_s=None if index == len(chosen) - 1 else MARGIN * step.estimate_s)
             for index, step in enumerate(chosen)]
@@ -420,12 +433,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-wheels", action="store_true", help="Phase 1: fill .whl/ (where pip reaches PyPI)")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python, for --build-wheels")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="stop every step after this many seconds in all")
-    parser.add_argument("--only", default=",".join(STEPS), help=f"the steps to run, of {','.join(STEPS)} (a rerun)")
+    parser.add_argument("--only", default=",".join(STEPS), help=f"the steps to run, of {','.join(STEPS)} (a rerun), "
+                        f"or the opt-in {','.join(OPT_IN_STEPS)}")
     args = parser.parse_args(argv)
     args.only = tuple(label.strip() for label in args.only.split(",") if label.strip())
-    unknown = [label for label in args.only if label not in STEPS]
+    unknown = [label for label in args.only if label not in STEPS + OPT_IN_STEPS]
     if unknown or not args.only:
-        return fail(f"--only {','.join(unknown) or '(none)'} is not a step. Pick from {','.join(STEPS)}")
+        return fail(f"--only {','.join(unknown) or '(none)'} is not a step. Pick from {','.join(STEPS)} "
+                    f"(opt-in: {','.join(OPT_IN_STEPS)})")
     if args.build_wheels:
         versions = {name: importlib.metadata.version(name) for name in (*NEEDED.values(), *ALSO_CARRIED)}
         for command in wheel_build_commands(sys.executable, args.python_version, versions, WHEEL_DIR):

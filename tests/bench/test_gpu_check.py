@@ -189,7 +189,8 @@ def test_only_names_steps(gpu_check, capsys):
     out = capsys.readouterr().out
     assert "three-way: " in out and "offload: " in out and "gpu-tests: " not in out
     assert gpu_check.main(["--only", "tests"]) == 2
-    assert capsys.readouterr().err == "error: --only tests is not a step. Pick from gpu-tests,three-way,offload\n"
+    assert capsys.readouterr().err == ("error: --only tests is not a step. Pick from gpu-tests,three-way,offload "
+                                       "(opt-in: muon)\n")
 
 
 def test_no_step_may_run_so_long_that_it_could_not_be_stopped_in_budget(gpu_check):
@@ -320,3 +321,14 @@ def test_docs_cli_shows_the_plan_as_the_dry_run_prints_it(gpu_check):
     start = section.index("```\n") + 4
     block = section[start:section.index("\n```", start)]
     assert block.splitlines() == gpu_check.budget_lines(gpu_check.plan("python3", "1"), True, True, gpu_check.BUDGET_S)
+
+
+def test_the_muon_step_is_opt_in(gpu_check):
+    """Issue 37: `--only muon` compares nano and official with Muon (fp32, stages 1-3, official's
+    Newton-Schulz eager); the default plan leaves it out."""
+    assert "muon" not in [step.label for step in gpu_check.plan("python3", "1")]
+    [step] = gpu_check.plan("python3", "1", ("muon",))
+    flags = dict(zip(step.command[4::2], step.command[5::2]))
+    assert (flags["--optimizer"], flags["--stages"], flags["--impls"], flags["--dtype"]) == \
+        ("muon", "1,2,3", "nano,official", "float32")
+    assert step.env["TORCHDYNAMO_DISABLE"] == "1" and step.share_s is None

@@ -129,3 +129,26 @@ def parse_param_count(text: str) -> int | None:
     except ValueError:
         return None
     return int(value) if value >= 1 else None
+
+
+def muon_nano_bytes(buffers: list, stage: int, precision: str, world_size: int) -> dict[str, int] | None:
+    """nano's peak model-state bytes per rank with Muon, from explain's flat buffers of the model
+    (`explain.flat_buffers`: the Muon and AdamW halves, each laid out as the engine lays it out): a
+    Muon buffer holds the momentum of the matrices a rank's partition touches (the most any rank
+    holds, `nano.muon.memory`) instead of Adam's two states. None for a stage nano does not run."""
+    from zero_lab.nano.muon.memory import momentum_numel
+
+    if stages.refusal(stage):
+        return None
+    partitioned = stages.of(stage).partitions_parameters  # stage 3 partitions the momentum too
+    momentum = [max(momentum_numel(buffer.layout, rank, partitioned) for rank in range(world_size)) if buffer.muon
+                else None for buffer in buffers]
+    if stage == 3:
+        roles = [(buffer.layout.numel, "persistent" if not buffer.sharded else "root" if buffer.unit == "root"
+                  else "block") for buffer in buffers]
+        return peak_model_state_bytes_by_place(3, precision, sum(numel for numel, _ in roles), world_size, roles,
+                                               momentum_numels=momentum)
+    figures = [peak_model_state_bytes_by_place(stage, precision, buffer.layout.numel, world_size,
+                                               momentum_numels=[numel])
+               for buffer, numel in zip(buffers, momentum)]
+    return {place: sum(figure[place] for figure in figures) for place in ("device", "host")}

@@ -23,6 +23,9 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
                       `reduce_bucket_size`;
     reduce_gradients  stages 0 and 1, the step's first phase: every bucket is packed from
                       `param.grad` and reduced, once per optimizer step (stage 0 all-reduces);
+    muon_gather       with Muon (`nano.muon`): each Muon buffer's fp32 gradient partitions are
+                      all-gathered, one call per buffer (none with one partition); at stage 3 its
+                      momentum partitions too, a second call;
     unscale_clip      stages 1-3: the squared gradient norm is summed over ranks (4 bytes);
     adam              nothing moves;
     all_gather        stages 1 and 2, and stage 3's persistent buffers (one per persistent
@@ -46,6 +49,8 @@ from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.zeropp.quantization import (block_count, gradient_chunk, gradient_exchange_temporary_bytes,
                                         weight_gather_temporary_bytes)
 from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
+from zero_lab.nano.muon.groups import is_hidden_matrix, largest_first
+from zero_lab.nano.muon.memory import gathers as muon_gathers, momentum_numel
 from zero_lab.nano.spanning_layout import SpanningLayout, plan_buckets
 from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
 from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units, traced_calls
@@ -70,6 +75,8 @@ PHASES = {
                  "gradients; stages 2-3 reduce each bucket as it fills, stage 3 gathers each freed unit again"),
     "reduce_gradients": ("engine.step()", "optimizer_step",
                          "stages 0-1: the buckets are packed from param.grad and reduced at the boundary"),
+    "muon_gather": ("engine.step()", "optimizer_step",
+                    "Muon: each Muon buffer's fp32 gradient gathered whole, its matrices orthogonalised"),
     "unscale_clip": ("engine.step()", "optimizer_step",
                      "unscale (fp16), the global gradient norm over ranks, clip"),
     "adam": ("engine.step()", "optimizer_step", "Adam on the fp32 master partitions"),
@@ -86,6 +93,7 @@ class Buffer:
     group: str
     layout: FlatLayout
     sharded: bool
+    muon: bool = False  # a Muon half's buffer (the config's optimizer is Muon: `nano.muon`)
 
     @property
     def name(self) -> str:
@@ -121,6 +129,7 @@ class Walkthrough:
 
     def phases(self) -> list[str]:
         skipped = {"reduce_gradients"} if self.stage >= 2 else set()
+        skipped |= set() if any(buffer.muon for buffer in self.buffers) else {"muon_gather"}
         return [phase for phase in PHASES if phase not in skipped]
 
     def moment_bytes(self, moment: str) -> dict[str, int]:
@@ -174,14 +183,24 @@ def flat_buffers(entries: list[ParameterEntry], blocks: list[str], config: NanoC
         units = plan_units(entries, blocks, zero.stage3_param_persistence_threshold,
                            zero.stage3_model_persistence_threshold)
     buffers = []
+    muon = config.optimizer is not None and config.optimizer.type == "Muon"
     for unit in units:
         for group in GROUP_NAMES:
-            numels = tuple(entries[index].numel for index in unit.members
-                           if decays(entries[index].shape) == (group == "decay"))
-            if numels:
-                layout = FlatLayout.for_stage(numels, zero.stage, config.precision, world_size)
-                buffers.append(Buffer(unit.name, group, layout, unit.sharded))
+            members = [index for index in unit.members if decays(entries[index].shape) == (group == "decay")]
+            for half, chosen in (muon_halves(entries, members) if muon else [("", members)]):
+                numels = tuple(entries[index].numel for index in chosen)
+                if numels:
+                    layout = FlatLayout.for_stage(numels, zero.stage, config.precision, world_size)
+                    buffers.append(Buffer(unit.name, group + half, layout, unit.sharded, half == "-muon"))
     return buffers
+
+
+def muon_halves(entries: list[ParameterEntry], members: list[int]) -> list[tuple[str, list[int]]]:
+    """A group's Muon half (its hidden matrices, largest shape first) and its AdamW half, as
+    `nano.muon.groups.split_groups` splits it."""
+    hidden = [index for index in members if is_hidden_matrix(entries[index].name, entries[index].shape)]
+    ordered = [hidden[position] for position in largest_first([entries[index].shape for index in hidden])]
+    return [("-muon", ordered), ("-adam", [index for index in members if index not in hidden])]
 
 
 def stage3_micro_step(model: str, entries: list[ParameterEntry], blocks: list[str], buffers: list[Buffer],
@@ -209,6 +228,7 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_af
     """Phase 2: bytes per place and category at each moment. Nothing is gathered at the end of
     backward, in the step or between steps; at the end of forward the units the policy left whole are."""
     zero = config.zero_optimization
+    partitioned = config.stage_facts.partitions_parameters  # where Muon keeps its momentum (`nano.muon.memory`)
     figures = {}
     for name, formula_moment in MOMENTS.items():
         total = {place: dict.fromkeys(CATEGORIES, 0) for place in ("device", "host")}
@@ -219,7 +239,10 @@ def moments(buffers: list[Buffer], config: NanoConfig, world_size: int, whole_af
                                                 offload_optimizer=zero.offload_optimizer.device == "cpu",
                                                 offload_parameters=zero.offload_param.device == "cpu",
                                                 grad_accum_dtype=config.data_types.grad_accum_dtype,
-                                                hpz_partition_size=zero.zero_hpz_partition_size)
+                                                hpz_partition_size=zero.zero_hpz_partition_size,
+                                                # Muon: the momentum of the matrices rank 0's partition touches
+                                                momentum_numel=momentum_numel(buffer.layout, 0, partitioned)
+                                                if buffer.muon else None)
             for place, categories in places.items():
                 for category, nbytes in categories.items():
                     total[place][category] += nbytes
@@ -340,6 +363,12 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
             found += reductions("backward", buffers)
     else:  # once, at the boundary
         found += reductions("reduce_gradients", buffers)
+    partitioned = config.stage_facts.partitions_parameters
+    for buffer in buffers:  # Muon's whole gradients (and momentum at stage 3), held while the matrices update
+        payload = buffer.layout.padded_numel * FP32_BYTES
+        for call in range(muon_gathers(buffer.layout, world_size, partitioned) if buffer.muon else 0):
+            what = f"{buffer.name} {'momentum' if call else 'gradient'}"
+            found.append(moved("muon_gather", "all_gather", payload, what, temporary=(call + 1) * payload))
     if stage >= 1:
         found.append(moved("unscale_clip", "all_reduce", FP32_BYTES, "squared gradient norm"))
     for buffer in buffers:

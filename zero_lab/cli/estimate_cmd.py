@@ -19,6 +19,7 @@ from zero_lab.analysis.estimate import MIB, OFFLOADS, estimate_rows, parse_param
 from zero_lab.analysis.markdown import fmt
 from zero_lab.cli import input_checks, output, preflight
 from zero_lab.cli.environment import cuda_devices
+from zero_lab.workload.optimizer_choice import OPTIMIZERS
 from zero_lab.cli.errors import (BadInput, check_choice, check_picture_path, check_positive, one_line_errors,
                                  parse_int_list)
 from zero_lab.cli.model_count import count_parameters
@@ -89,6 +90,7 @@ def estimate(
         help="Judge each row against this memory, in GB: per GPU, or the host's for CPU ranks "
              "(default: this machine's free GPU memory, else its available host memory).", metavar="GB")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Also draw the rows as grouped bars in a PNG.", metavar="FILE")] = None,
+    optimizer: Annotated[Optional[str], typer.Option(help="adamw, or muon: nano's states with Muon's momentum for the hidden matrices (docs/muon.md); needs a preset or model directory. Default: adamw.")] = None,
 ) -> None:
     """Model-state MB per rank (ZeRO paper formula, nano's formula, official DeepSpeed's estimator),
     and nano's predicted peak: model states, activations and the loss's temporaries.
@@ -127,6 +129,8 @@ def estimate(
     os.environ.setdefault("DS_ACCELERATOR", device)
     precision = PRECISION_OF_DTYPE_NAME[dtype]
     rows = estimate_rows(numel, world_sizes, stage_list, precision, largest, stage3_buffers=buffers, offload=offload)
+    if optimizer is not None and check_choice(optimizer, "--optimizer", OPTIMIZERS) == "muon":
+        muon_rows(rows, model, dtype, offload)
     note = activation_figures(model, precision, seq_len, micro_batch, attn_impl, gradient_checkpointing, rows)
     offered_name = preflight.add_row_verdicts(rows, device, device_memory, offload)
     with_fsdp2 = "fsdp2" in impl_list
@@ -165,6 +169,9 @@ def estimate(
                             "moments (the turn to backward with the activations, the end of backward, the step), each "
                             "with the states held then, when fewer blocks are gathered, so it can be the smaller",
                             markup=False)
+    if optimizer == "muon":
+        output.stderr.print("note: --optimizer muon: nano states MB counts Muon's momentum (docs/muon.md); the paper's "
+                            "and official's columns, and the predicted peak, still count Adam's states", markup=False)
     if device == "cpu":
         output.stderr.print("note: fits: a row's ranks share the host's memory (its world size times the predicted "
                             "peak); `run` and `compare` refuse \"will not fit\" without --force", markup=False)
@@ -177,3 +184,24 @@ def check_offload_stages(offload: str, stage_list: list[int]) -> None:
     if refused:
         raise BadInput(f"--offload {offload} does not apply at stage {refused[0]}",
                        f"use --stages {','.join(map(str, allowed))} with --offload {offload}")
+
+
+def muon_rows(rows: list[dict], model: str, dtype: str, offload: str) -> None:
+    """--optimizer muon: each row's nano figure becomes Muon's (`estimate.muon_nano_bytes`), from the
+    model's matrices as explain lays them out; the paper's and official's columns stay Adam's."""
+    from zero_lab.analysis.estimate import megabytes, muon_nano_bytes
+    from zero_lab.analysis.explain import flat_buffers
+    from zero_lab.cli.explain_cmd import explained_config, model_table
+
+    if parse_param_count(model) is not None:
+        raise BadInput("--optimizer muon needs the model's matrices, not a parameter count",
+                       "give a preset (tiny, small, qwen3-0.6b) or a Hugging Face model directory")
+    if offload != "none":
+        raise BadInput("nano's Muon does not run with CPU offload", "drop --offload, or use --optimizer adamw")
+    entries, blocks = model_table(model)
+    for row in rows:
+        _, typed, _ = explained_config(None, row["stage"], dtype, "none", row["world_size"], "muon")
+        figures = muon_nano_bytes(flat_buffers(entries, blocks, typed, row["world_size"]), row["stage"],
+                                  row["precision"], row["world_size"])
+        row["optimizer"] = "muon"
+        row["nano_mb"], row["nano_host_mb"] = megabytes(figures, "device"), megabytes(figures, "host")

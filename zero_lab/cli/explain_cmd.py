@@ -42,6 +42,7 @@ from zero_lab.cli import input_checks, output
 from zero_lab.cli.errors import (EXIT_GATE, EXIT_RUN_FAILED, BadInput, check_choice, check_picture_path,
                                  one_line_errors)
 from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
+from zero_lab.workload.optimizer_choice import OPTIMIZERS
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.nodes import RANKS_PER_NODE_FIX, ranks_per_node_problem
 
@@ -51,13 +52,15 @@ MEASURE_SEQ_LEN = 32
 MEASURE_TIMEOUT_S = 600
 
 
-def explained_config(config: Optional[Path], stage: int, dtype: str, offload: str, world_size: int):
+def explained_config(config: Optional[Path], stage: int, dtype: str, offload: str, world_size: int,
+                     optimizer: Optional[str] = None):
     """Phase 1: (the config dict, nano's typed config of it, where it came from)."""
     from zero_lab.nano.config import load_config
 
     source = config or input_checks.default_config_path(stage)
     staged = input_checks.config_for_stage(input_checks.load_config_file(source), stage)
     flags = ["--zero-stage", str(stage), "--model-dtype", dtype, "--offload", offload]
+    flags += ["--optimizer", optimizer] if optimizer else []
     built = input_checks.built_by_harness(staged, lambda path: ["--deepspeed_config", str(path), *flags], world_size,
                                           source)
     typed = load_config(built, world_size=world_size)
@@ -126,6 +129,7 @@ def explain(
     ranks_per_node: Annotated[Optional[int], typer.Option(help="Nodes of K consecutive ranks: split the wire bytes into intra- and inter-node (default: one node).", metavar="K")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Also draw the step as a PNG: who holds what per rank, what one rank holds at each moment, what it sends per phase.", metavar="FILE")] = None,
     show_reading_path: Annotated[bool, typer.Option("--reading-path", help="Print instead what to read to understand the stage's code: the modules zero_lab/nano/stage<N>.py imports, in reading order, with their lines.")] = False,
+    optimizer: Annotated[Optional[str], typer.Option(help="adamw, or muon: Muon's momentum and its gathers of whole matrices (docs/muon.md). Default: the config's optimizer.")] = None,
 ) -> None:
     """One optimizer step of nano as a sequence of phases: what one rank holds and what moves
     (payload and wire bytes), from nano's own formula and bucket layout. Nothing is launched
@@ -146,7 +150,9 @@ def explain(
         raise BadInput(problem, RANKS_PER_NODE_FIX)
     if plot is not None:
         check_picture_path(plot, "--plot")
-    built, typed, source = explained_config(config, stage, dtype, offload, gpus)
+    if optimizer is not None:
+        check_choice(optimizer, "--optimizer", OPTIMIZERS)
+    built, typed, source = explained_config(config, stage, dtype, offload, gpus, optimizer)
     entries, blocks = model_table(model)
     walk = walk_through(model, entries, blocks, typed, gpus, ranks_per_node)
     if plot is not None:

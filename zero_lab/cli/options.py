@@ -22,6 +22,7 @@ from zero_lab.cli.errors import check_choice, check_not_negative, check_positive
 from zero_lab.cli.errors import BadInput
 from zero_lab.cli.jobs import SharedSettings
 from zero_lab.nano.config.keys import OFFLOAD_SECTIONS
+from zero_lab.workload.optimizer_choice import OPTIMIZERS
 
 WORKLOAD = "Workload (identical for every impl)"
 LAUNCH = "Launch (torchrun)"
@@ -60,6 +61,9 @@ Force = Annotated[bool, typer.Option(help="Run even when a run is predicted not 
 MaxRestarts = Annotated[int, typer.Option(
     help="torchrun --max-restarts: when a rank dies, restart every rank up to N times, each time from the newest "
          "complete checkpoint in --save-dir (docs/restarts.md).", metavar="N", rich_help_panel=LAUNCH)]
+OptimizerOption = Annotated[Optional[str], typer.Option(
+    "--optimizer", help="adamw, or muon: official DeepSpeed's Muon for the 2-D hidden weights, AdamW for the rest "
+    "(nano and official; docs/muon.md). Default: the config's optimizer.", rich_help_panel=WORKLOAD)]
 
 DEFAULT_MODEL = "small"  # ~24M parameters: memory differences show, 4 runs x 20 steps fit in ~5 min on 2 cores
 DEFAULT_STEPS = 20
@@ -108,6 +112,7 @@ COMMON_OPTIONS = [
     _option("device_memory", DeviceMemory, None),
     _option("force", Force, False),
     _option("max_restarts", MaxRestarts, 0),
+    _option("optimizer", OptimizerOption, None),
 ]
 # Typer passes the context by its type; its extra arguments (after `--`) go to torchrun.
 CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
@@ -115,7 +120,7 @@ CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, 
 
 def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
            offload, attn_impl, gradient_checkpointing, ranks_per_node, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout, device_memory,
-           force, max_restarts=0) -> Common:
+           force, max_restarts=0, optimizer=None) -> Common:
     """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, an
     --attn-impl Hugging Face does not name, a negative --stall-timeout, or a --device-memory that
     is not above 0."""
@@ -124,6 +129,7 @@ def common(context: typer.Context, device, config, model, steps, batch_size, seq
                            ranks_per_node=ranks_per_node, gradient_checkpointing=gradient_checkpointing,
                            attn_impl=None if attn_impl is None else check_choice(attn_impl, "--attn-impl",
                                                                                    ATTENTION_IMPLEMENTATIONS))
+    work.optimizer = None if optimizer is None else check_choice(optimizer, "--optimizer", OPTIMIZERS)
     node = torchrun.MultiNode(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     requested_device = check_choice(device, "--device", DEVICES)
     device = resolve_device_name(requested_device)

@@ -13,7 +13,8 @@ exp_avg and exp_avg_sq are DTensors shaped like the sharded parameter.
              parameters and casts them to param_dtype for compute); buffers stay as built.
     Phase 3: fully_shard each decoder block, then the root (`sharding.shard_model`).
     Phase 4: the torch optimizer over the new (sharded) parameters, in the caller's groups
-             (matched by name: fully_shard replaces every parameter object), and the schedule.
+             (matched by name: fully_shard replaces every parameter object), and the schedule;
+             with Muon, torch.optim.Muon and AdamW (`muon.py`, its parameters named before Phase 3).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.distributed as dist
 
 from zero_lab.fsdp2.config_map import Fsdp2ConfigError, map_config, not_applicable_message
 from zero_lab.fsdp2.engine import Fsdp2Engine
+from zero_lab.fsdp2.muon import MuonAndAdamW, muon_names
 from zero_lab.nano.distributed import init_distributed
 from zero_lab.nano.lr_schedules import build_scheduler
 
@@ -49,6 +51,7 @@ def initialize(model: torch.nn.Module, model_parameters: Any = None, config: dic
     plan = map_config(config or {}, world_size=world_size)  # Phase 1
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     groups = _named_groups(model, model_parameters)
+    tagged = muon_names(model) if plan.optimizer == "Muon" else set()  # before fully_shard replaces them
     model.to(device)  # Phase 2
     for parameter in model.parameters():
         if parameter.is_floating_point() and parameter.dtype != torch.float32:
@@ -57,8 +60,11 @@ def initialize(model: torch.nn.Module, model_parameters: Any = None, config: dic
     sharded = dict(model.named_parameters())  # Phase 4
     torch_groups = [{**group, "params": [sharded[name] for name in group["params"]]} for group in groups]
     torch_groups = [group for group in torch_groups if group["params"]]
-    optimizer_class = getattr(torch.optim, plan.optimizer)
-    optimizer = optimizer_class(torch_groups, **plan.optimizer_params)
+    if plan.optimizer == "Muon":  # torch.optim.Muon and AdamW (`muon.py`)
+        optimizer = MuonAndAdamW(torch_groups, tagged, {value: key for key, value in sharded.items()},
+                                 plan.optimizer_params["muon_params"])
+    else:
+        optimizer = getattr(torch.optim, plan.optimizer)(torch_groups, **plan.optimizer_params)
     scheduler = build_scheduler(*plan.scheduler, optimizer) if plan.scheduler else None
     message = not_applicable_message(plan)
     samples_per_step = int((config or {}).get("train_micro_batch_size_per_gpu", 0)) \

@@ -88,7 +88,7 @@ class Fsdp2Plan:
     pin_memory: bool  # CPUOffloadPolicy(pin_memory=...)
     gradient_accumulation_steps: int  # micro-steps per optimizer step
     gradient_clipping: float  # max global gradient norm; 0: no clipping
-    optimizer: str  # "AdamW" or "Adam" (torch.optim's class)
+    optimizer: str  # "AdamW" or "Adam" (torch.optim's class), or "Muon" (`muon.py`: torch's Muon and AdamW)
     optimizer_params: dict  # lr, betas, eps, weight_decay; fused=True (memory_formula.step_temporary_bytes)
     scheduler: Optional[tuple[str, dict]]  # DeepSpeed schedule name and its params
     precision: str  # "fp32" or "bf16", the run's DeepSpeed precision
@@ -172,9 +172,10 @@ def map_config(config: dict, world_size: int = 1) -> Fsdp2Plan:
         pin_memory=any(section.pin_memory for section in offloads),
         gradient_accumulation_steps=settings.gradient_accumulation_steps,
         gradient_clipping=settings.gradient_clipping,
-        optimizer="AdamW" if adam.adam_w_mode else "Adam",
-        optimizer_params={"lr": adam.lr, "betas": tuple(adam.betas), "eps": adam.eps,
-                          "weight_decay": adam.weight_decay, "fused": True},
+        optimizer="Muon" if settings.optimizer.type == "Muon" else "AdamW" if adam.adam_w_mode else "Adam",
+        optimizer_params={"muon_params": adam} if settings.optimizer.type == "Muon" else {
+            "lr": adam.lr, "betas": tuple(adam.betas), "eps": adam.eps, "weight_decay": adam.weight_decay,
+            "fused": True},
         scheduler=(settings.scheduler.type, dict(settings.scheduler.params)) if settings.scheduler else None,
         precision=precision)
     rows = tuple(MappingRow(key, value, _equivalent(key, plan)) for key, value in _leaves(config))  # Phase 4

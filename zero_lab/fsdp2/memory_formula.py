@@ -35,22 +35,27 @@ def chunk_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
     return max(0, min(chunk, rows - rank * chunk)), chunk
 
 
-def layout_bytes(shapes: Iterable[tuple[int, ...]], world_size: int, rank: int = 0) -> dict[str, int]:
-    """Bytes per role on one rank for parameters of these shapes: parameters, gradients, states."""
+def layout_bytes(shapes: Iterable[tuple[int, ...]], world_size: int, rank: int = 0,
+                 muon_flags: list[bool] | None = None) -> dict[str, int]:
+    """Bytes per role on one rank for parameters of these shapes: parameters, gradients, states.
+    With Muon (`muon.py`), a parameter flagged in `muon_flags` holds torch.optim.Muon's momentum
+    (fp32, like its chunk) instead of Adam's two states and step."""
     parameters = gradients = states = 0
-    for shape in shapes:
+    shapes = list(shapes)
+    for shape, muon in zip(shapes, muon_flags or [False] * len(shapes)):
         rows, rest = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
         held, padded = chunk_rows(rows, world_size, rank)
         parameters += FP32 * padded * rest
         gradients += FP32 * padded * rest
-        states += 2 * FP32 * held * rest + FP32
+        states += FP32 * held * rest if muon else 2 * FP32 * held * rest + FP32  # Muon: its momentum, no step
     return {"parameters": parameters, "gradients": gradients, "optimizer_states": states,
             "device_mesh": INT32 * world_size}
 
 
-def moment_bytes(shapes: Iterable[tuple[int, ...]], world_size: int, moment: str, rank: int = 0) -> int:
+def moment_bytes(shapes: Iterable[tuple[int, ...]], world_size: int, moment: str, rank: int = 0,
+                 muon_flags: list[bool] | None = None) -> int:
     """Model-state bytes at a moment: "between_steps" or "backward" (see the module docstring)."""
-    roles = layout_bytes(list(shapes), world_size, rank)
+    roles = layout_bytes(list(shapes), world_size, rank, muon_flags)
     between = roles["parameters"] + roles["optimizer_states"] + roles["device_mesh"]
     return between if moment == "between_steps" else between + roles["gradients"]
 
@@ -87,8 +92,14 @@ def peak_bytes(model, settings, world_size: int, device_type: str = "cpu") -> di
     optimizer's step adds nothing to it), as the harness's `[model]` line reports every impl's
     formula; CPU offload puts it all on the host, and on an accelerator the mesh's rank map is on
     the host too."""
-    shapes = [tuple(parameter.shape) for parameter in model.parameters() if parameter.requires_grad]
-    total = moment_bytes(shapes, world_size, "backward")
+    named = [(name, tuple(parameter.shape)) for name, parameter in model.named_parameters() if parameter.requires_grad]
+    shapes = [shape for _, shape in named]
+    muon = None
+    if settings.optimizer is not None and settings.optimizer.type == "Muon":
+        from zero_lab.nano.muon.groups import is_hidden_matrix
+
+        muon = [is_hidden_matrix(name, shape) for name, shape in named]
+    total = moment_bytes(shapes, world_size, "backward", muon_flags=muon)
     zero = settings.zero_optimization
     offloaded = zero.offload_optimizer.device == "cpu" or zero.offload_param.device == "cpu"
     if offloaded or device_type == "cpu":

@@ -41,6 +41,7 @@ class Workload:
     attn_impl: str | None = None  # the harness's --attn-impl (None: Hugging Face's choice, sdpa where it runs)
     gradient_checkpointing: bool = False  # the harness's --gradient-checkpointing
     global_batch_size: int | None = None  # the harness's --global-batch-size N (an elastic range keeps it)
+    optimizer: str | None = None  # the harness's --optimizer adamw|muon (None: the config's)
 
 
 @dataclass
@@ -189,6 +190,7 @@ def workload_arguments(work: Workload) -> list[str]:
     for flag, value in optional:
         if value is not None:
             arguments += [flag, str(value)]
+    arguments += ["--optimizer", work.optimizer] if work.optimizer else []
     return arguments + (["--gradient-checkpointing"] if work.gradient_checkpointing else [])
 
 

@@ -32,11 +32,13 @@ Layers, each importing only those listed before it:
     errors, stages, dtypes, fetch_trace, config.keys, config.zeropp -> layout, fetch_policy, unit_policy ->
     config.schema, spanning_layout -> config.loading -> config -> official_config, memory_formula ->
     collectives, distributed, placement, units, gradient_collection, external_parameters ->
-    flat_buffer, gradient_buckets, adamw, loss_scaler, lr_schedules, client_optimizers ->
+    flat_buffer, gradient_buckets, adamw, loss_scaler, lr_schedules, client_optimizers, muon.newton_schulz,
+    muon.memory ->
     gradient_reduction, sharded_flat_buffer -> coalesced_gather -> unit_gathering, optimizer_memory ->
     zero_optimizer -> stage0 -> stage1 -> stage2 -> persistent_reduction -> stage3, stage1_fp32_accumulation ->
-    init, init.partitions, offload, offload.placement, zeropp, zeropp.quantization ->
-    stage3_units, zeropp.hierarchical_partition -> zeropp.quantized_weights -> zeropp.quantized_gradients ->
+    init, init.partitions, offload, offload.placement, zeropp, zeropp.quantization, muon.groups,
+    muon.partitioned_muon -> stage3_units, zeropp.hierarchical_partition, muon -> zeropp.quantized_weights ->
+    zeropp.quantized_gradients ->
     checkpoint -> checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
     checkpoint.load, checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
     sub-package goes by its dotted name (`config.keys` is keys.py in the package config/), and the
@@ -44,7 +46,8 @@ Layers, each importing only those listed before it:
 The stage path (what `stageN.py` imports, docs/nano.md "Reading path", `zero-lab explain --stage N
 --reading-path`) is the top of the package; what only the engine facade (`initialize`, `engine`)
 imports, policies of a later stage or of an optional feature, sits beside it or in its own room:
-`offload/`, `init/` (`zero.Init`), `zeropp/` (ZeRO++), `checkpoint/`, `config/`.
+`offload/`, `init/` (`zero.Init`), `zeropp/` (ZeRO++), `checkpoint/`, `config/`, `muon/` (the Muon
+optimizer: whole matrices gathered for Newton-Schulz, docs/muon.md).
 Checkpoints (the `checkpoint` package, off the step's path; docs/checkpoints.md):
 `engine.save_checkpoint`/`load_checkpoint` write and read official DeepSpeed's files, and load them
 at any world size (partition -> whole parameter -> partition, `checkpoint/reshard.py`).

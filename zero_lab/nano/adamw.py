@@ -1,12 +1,12 @@
-"""AdamW (and Adam) over fp32 master partitions: the one place nano's optimizer math lives.
+"""AdamW (and Adam) over fp32 master partitions: the one place nano's Adam math lives (Muon's: `muon/`).
 
 The update is torch.optim.AdamW's single-tensor algorithm, operation for operation, so a nano run
-can be compared element by element with a single-process torch.optim.AdamW reference.
-Per flat buffer the optimizer sees one tensor: this rank's fp32 master partition; its exp_avg
-and exp_avg_sq (the optimizer-state partition) are created at the first step.
-The update runs over the partition in chunks, so its temporaries (the denominator) stay a chunk in
-size instead of a partition: small chunks on CPU, large ones on GPUs where each chunk costs kernel
-launches. The arithmetic is elementwise, so chunking does not change a single bit.
+can be compared element by element with a single-process torch.optim.AdamW reference. Per flat
+buffer the optimizer sees one tensor: this rank's fp32 master partition; its exp_avg and exp_avg_sq
+(the optimizer-state partition) are created at the first step. The update runs over the partition
+in chunks, so its temporaries (the denominator) stay a chunk in size instead of a partition: small
+chunks on CPU, large ones on GPUs where each chunk costs kernel launches. The arithmetic is
+elementwise, so chunking does not change a single bit.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ class PartitionedAdam(torch.optim.Optimizer):
             group["params"] = masters
         super().__init__(groups, defaults)
 
+    def prepare_updates(self, partitions: list[torch.Tensor]) -> None:
+        """Step Phase 2b: nothing, Adam is element-wise (Muon gathers whole matrices here: `muon/`)."""
+
     @torch.no_grad()
     def step(self, gradients: list[list[torch.Tensor]]) -> None:  # type: ignore[override]
         for group, group_gradients in zip(self.param_groups, gradients):
@@ -67,12 +70,9 @@ class PartitionedAdam(torch.optim.Optimizer):
     def _update(self, master: torch.Tensor, gradient: torch.Tensor, group: dict) -> None:
         state = self.state[master]
         if not state:
-            state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(master)
-            state["exp_avg_sq"] = torch.zeros_like(master)
+            state.update(step=0, exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
         state["step"] += 1
-        size = chunk_numel(master.device)
-        for start in range(0, master.numel(), size):
+        for start in range(0, master.numel(), size := chunk_numel(master.device)):
             piece = slice(start, start + size)
             adam_update(master[piece], gradient[piece], state["exp_avg"][piece], state["exp_avg_sq"][piece],
                         state["step"], float(group["lr"]), group["betas"], group["eps"], group["weight_decay"],

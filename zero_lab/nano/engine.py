@@ -24,7 +24,7 @@ from zero_lab.nano import stages
 from zero_lab.nano.checkpoint import load, save
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig
-from zero_lab.nano.errors import EngineUsageError
+from zero_lab.nano.errors import CheckpointError, EngineUsageError
 from zero_lab.nano.optimizer_memory import memory_breakdown
 from zero_lab.nano.zero_optimizer import ZeroOptimizer
 
@@ -129,9 +129,16 @@ class NanoEngine(torch.nn.Module):
         self.optimizer.destroy()
 
     # DeepSpeed's checkpoints (checkpoint/save.py, checkpoint/load.py): its calls, its files, any world size
+    def _check_checkpoints_supported(self) -> None:
+        """An optimizer whose states the checkpoint files cannot hold says so (Muon's momentum: `muon/`)."""
+        refusal = getattr(self.optimizer.adam, "checkpoint_refusal", None)
+        if refusal:
+            raise CheckpointError(refusal)
+
     def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict = {},  # noqa: B006 (DeepSpeed's; read only)
                         save_latest: bool = True) -> bool:
         """Every rank calls it; writes `<save_dir>/<tag>/` and then `latest`. True, as DeepSpeed returns."""
+        self._check_checkpoints_supported()
         self.last_checkpoint = save.save_checkpoint(self, save_dir, tag, dict(client_state), save_latest)
         return True
 
@@ -139,6 +146,7 @@ class NanoEngine(torch.nn.Module):
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False) -> tuple[Optional[str], Optional[dict]]:
         """(path of the model-states file, client_state); (None, None) when `load_dir` has no `latest`."""
+        self._check_checkpoints_supported()
         return load.load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
                                          load_lr_scheduler_states, load_module_only)
 

@@ -12,7 +12,9 @@
     Phase 5: decide the policies (which parameters share a flat buffer: `units`; where tensors
              live: `placement`, `offload/`; where a `zero.Init` parameter's values come from:
              `init/`), build the stage's ZeRO optimizer (flattening the parameters), the LR
-             schedule and, with `training_data`, a distributed data loader.
+             schedule and, with `training_data`, a distributed data loader. With the config's
+             optimizer Muon, Phases 4 and 5 each call `muon/` once: tag and split the groups,
+             then put Muon in Adam's place.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.fetch_policy import FetchRules
 from zero_lab.nano.flat_buffer import WholeParameters
 from zero_lab.nano.init import partitions as init_partitions
+from zero_lab.nano import muon
 from zero_lab.nano.lr_schedules import build_scheduler
 from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.nano.offload.placement import OffloadPlacement, host_threads
@@ -165,6 +168,11 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
                 parameter.data = parameter.data.to(dtype)
     # Phase 4
     groups = adopt_groups(optimizer) if optimizer is not None else _parameter_groups(model, model_parameters)
+    uses_muon = nano_config.optimizer is not None and nano_config.optimizer.type == "Muon"
+    if uses_muon:  # official's tagging rule and its two halves (`muon/`)
+        muon.check(nano_config, optimizer)
+        muon.tag_parameters(model)
+        groups = muon.split_groups(groups, nano_config.optimizer.params)
     names = {parameter: name for name, parameter in model.named_parameters()}
     owned = {parameter for group in groups for parameter in group["params"]}
     for parameter in names:
@@ -180,6 +188,8 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
     zero_optimizer = stage_optimizer(nano_config, collectives.world_size)(
         model, units, groups, nano_config, collectives, _placement(nano_config, device), names,
         **_policies(nano_config, collectives, owned))
+    if uses_muon:
+        muon.install(zero_optimizer, nano_config)
     scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
     dataloader = _dataloader(training_data, nano_config, collate_fn)
     engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader, raw_config)

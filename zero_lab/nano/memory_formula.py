@@ -38,7 +38,7 @@ MOMENTS = ("forward", "backward", "step", "between_steps")
 def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_size: int, moment: str = "step",
                                sharded: bool = False, gathered: bool = False, offload_optimizer: bool = False,
                                offload_parameters: bool = False, grad_accum_dtype: str | None = None,
-                               hpz_partition_size: int = 1) -> dict[str, dict[str, int]]:
+                               hpz_partition_size: int = 1, momentum_numel: int | None = None) -> dict[str, dict[str, int]]:
     """Bytes per rank of one flat buffer at one moment, per place ("device", "host") and category:
 
     forward:       inside the first micro-step's forward: no gradient buffer yet.
@@ -60,6 +60,8 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
     while a bucket is being reduced. With hpZ (`hpz_partition_size` K > 1) a sharded buffer also
     holds its secondary partition, padded / K elements on the device, from its first gather to the
     end of the step (dropped after Adam: none between steps); it counts with the parameters.
+    A Muon buffer (`momentum_numel` given: the elements of the matrices the rank's partition touches,
+    `nano.muon.memory`) holds Muon's fp32 momentum of those elements instead of Adam's two states.
     """
     facts = stages.for_run(stage, precision, grad_accum_dtype, offload_optimizer)  # ValueError: not run by nano
     if precision not in BYTES_OF_PRECISION:
@@ -86,7 +88,8 @@ def model_state_bytes_by_place(stage: int, precision: str, numel: int, world_siz
     figures["device"]["gradients"] = (numel * width if holds_full_gradients else
                                       padded * FP32_BYTES if holds_fp32_gradients else 0)
     figures[optimizer_place]["fp32_master_partition"] = partition * FP32_BYTES if has_master else 0
-    figures[optimizer_place]["optimizer_states"] = partition * FP32_BYTES * ADAM_STATE_COUNT
+    figures[optimizer_place]["optimizer_states"] = (partition * FP32_BYTES * ADAM_STATE_COUNT if momentum_numel is None
+                                                    else momentum_numel * FP32_BYTES)
     figures[optimizer_place]["gradient_partition"] = partition * FP32_BYTES if holds_gradient_partition else 0
     return figures
 
@@ -111,7 +114,7 @@ def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, worl
                                     stage3_buffers: list[tuple[int, str]] | None = None,
                                     offload_optimizer: bool = False, offload_parameters: bool = False,
                                     grad_accum_dtype: str | None = None,
-                                    hpz_partition_size: int = 1) -> dict[str, int]:
+                                    hpz_partition_size: int = 1, momentum_numels: list | None = None) -> dict[str, int]:
     """What a rank must fit besides activations, per place: {"device": bytes, "host": bytes}, each
     the larger of the backward and step moments (the two places may peak at different moments).
     In the fp32-accumulation variant the last backward's bf16 gradients coexist with the fp32
@@ -122,11 +125,14 @@ def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, worl
     with every gradient partition allocated and the root and the largest block gathered. Without
     the list, stage 3 counts the whole model as one block gathered (an upper bound). With hpZ
     (`hpz_partition_size` > 1) every sharded buffer adds its secondary partition at both moments.
+    With Muon, `momentum_numels` gives each buffer's momentum elements (None: an Adam buffer): one
+    entry below stage 3 (the one buffer), one per entry of `stage3_buffers` at stage 3.
     """
     offload = {"offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters}
     if not stages.of(stage).partitions_parameters:
+        momentum = (momentum_numels or [None])[0]
         moments = [model_state_bytes_by_place(stage, precision, numel, world_size, moment,
-                                              grad_accum_dtype=grad_accum_dtype, **offload)
+                                              grad_accum_dtype=grad_accum_dtype, **offload, momentum_numel=momentum)
                    for moment in ("backward", "step")]
         if stages.for_run(stage, precision, grad_accum_dtype, offload_optimizer).holds_fp32_gradients:
             before_moving = {place: dict(figures) for place, figures in moments[0].items()}
@@ -134,16 +140,20 @@ def peak_model_state_bytes_by_place(stage: int, precision: str, numel: int, worl
             moments.append(before_moving)
     else:
         buffers = stage3_buffers or [(numel, "block")]
+        momentum = momentum_numels or [None] * len(buffers)
         largest = max((size for size, role in buffers if role == "block"), default=0)
         largest_index = next((index for index, (size, role) in enumerate(buffers)
                               if role == "block" and size == largest), None)
         inside_backward = [model_state_bytes_by_place(3, precision, size, world_size, "backward",
                                                       sharded=role != "persistent",
                                                       gathered=role == "root" or index == largest_index, **offload,
-                                                      hpz_partition_size=hpz_partition_size)
+                                                      hpz_partition_size=hpz_partition_size,
+                                                      momentum_numel=momentum[index])
                            for index, (size, role) in enumerate(buffers)]
         step = [model_state_bytes_by_place(3, precision, size, world_size, "step", sharded=role != "persistent",
-                                           **offload, hpz_partition_size=hpz_partition_size) for size, role in buffers]
+                                           **offload, hpz_partition_size=hpz_partition_size,
+                                           momentum_numel=momentum[index])
+                for index, (size, role) in enumerate(buffers)]
         moments = [{place: total([figure[place] for figure in figures]) for place in ("device", "host")}
                    for figures in (inside_backward, step)]
     return {place: max(sum(moment[place].values()) for moment in moments) for place in ("device", "host")}

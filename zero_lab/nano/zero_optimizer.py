@@ -33,6 +33,7 @@ comments are the rows below (stage 3 is stage 2 plus the rows `stage3.py`'s docs
                                                      reduce-scatter at 1)
         stages 2/3                  stage2.py        `ArrivalPacking`: nothing, done in backward
       Phase 2 unscale               zero_optimizer   fp16: divide by the loss scale
+      Phase 2b updates              adamw.py, muon/  `prepare_updates`: Adam none; Muon whole matrices
       Phase 3 norm, skip, clip      zero_optimizer   `_global_norm`: partition sums of squares;
                                     stage0/stage1.py `_sum_over_ranks` is nothing at stage 0, an
                                                      all-reduce from stage 1 on. The norm is the
@@ -200,6 +201,8 @@ class ZeroOptimizer:
         if scale != 1.0:
             for partition in partitions:
                 partition.div_(scale)
+        # Phase 2b: an optimizer reading whole matrices (Muon, `muon/`) turns gradients into updates.
+        self.adam.prepare_updates(partitions)
         # Phase 3: global norm; skip on non-finite; clip (torch.nn.utils.clip_grad_norm_'s coefficient).
         with labelled("unscale_clip"):
             self.global_grad_norm = self._global_norm(partitions)

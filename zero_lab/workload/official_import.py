@@ -33,6 +33,9 @@ def prepare_environment(device_type: str) -> None:
     os.environ["DS_ACCELERATOR"] = "cpu" if device_type == "cpu" else "cuda"
     if device_type == "cpu":
         os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        # Official's Muon wraps Newton-Schulz in torch.compile, compiled at the first step; dynamo's
+        # own switch runs it eagerly, with the same losses (docs/muon.md).
+        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".torch_extensions"))
     if device_type != "cpu" and os.environ.get("TORCH_CUDA_ARCH_LIST"):
         from zero_lab.workload.cuda_toolkit import deepspeed_arch_list

@@ -26,6 +26,7 @@ from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.nano.stages import IMPLEMENTED
 from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN, PRESETS, check_model_name
 from zero_lab.workload.nodes import RANKS_PER_NODE_FIX, ranks_per_node_problem
+from zero_lab.workload.optimizer_choice import OPTIMIZERS, uses_muon, with_optimizer
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "harness" / "configs"  # shipped in the package
 IMPLS = ("nano", "official", "fsdp2")
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--global-batch-size", type=int, default=None, metavar="N",
         help="keep the global batch at N samples per step whatever the world size (the config's train_batch_size; "
              "gradient accumulation follows): a restart with fewer ranks trains on the same batches")
+    add("--optimizer", choices=OPTIMIZERS, default=None,
+        help="adamw, or muon: official DeepSpeed's Muon for the 2-D hidden weights and AdamW for the rest "
+             "(default: the config's optimizer; docs/muon.md)")
     # DeepSpeed's launcher passes these; accepted and ignored (torchrun's env is what counts).
     add("--deepspeed", action="store_true", help=argparse.SUPPRESS)
     add("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -149,6 +153,7 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict:
     keep_global_batch(config, getattr(args, "global_batch_size", None))
     for section in OFFLOAD_SECTIONS[args.offload]:
         zero[section] = {**zero.get(section, {}), "device": "cpu"}
+    config = with_optimizer(config, getattr(args, "optimizer", None))
     checked = without_official_only_keys(config) if args.impl == "official" else config
     try:  # both impls get this config (official through to_official_config), so nano's rules hold
         load_config(checked, world_size=world_size)
@@ -218,6 +223,15 @@ def check_fsdp2(args: argparse.Namespace, config: dict, world_size: int) -> None
         raise WorkloadError.from_nano(error) from None
 
 
+def check_muon(args: argparse.Namespace, config: dict) -> None:
+    """Muon's runs: no checkpoints (nano does not save Muon's momentum)."""
+    if not uses_muon(config):
+        return
+    if args.save_dir or args.resume is not None:
+        raise WorkloadError("--save-dir and --resume are not supported with Muon (nano's checkpoints do not hold "
+                            "Muon's momentum)", "Drop them, or use --optimizer adamw")
+
+
 def check_launch(args: argparse.Namespace, world_size: int, local_world_size: int):
     """Phases 2-4: (device, nano config) of a run, or a WorkloadError naming the bad input."""
     if args.steps < 1 or args.seq_len < 2:
@@ -234,6 +248,7 @@ def check_launch(args: argparse.Namespace, world_size: int, local_world_size: in
         raise WorkloadError(problem, RANKS_PER_NODE_FIX)
     device = rank_device(args.device, local_world_size)
     config = build_config(args, world_size)
+    check_muon(args, config)
     if args.impl == "fsdp2":
         check_fsdp2(args, config, world_size)
     if args.impl == "official" and device.type == "cpu" and precision_of(config) == "fp16":

@@ -36,7 +36,7 @@ LEGACY_OFFLOAD_KEYS = {"cpu_offload": "offload_optimizer", "cpu_offload_param": 
 # Optimizer types official DeepSpeed accepts that nano does not implement.
 DEEPSPEED_ONLY_OPTIMIZERS = frozenset({
     "Adagrad", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam", "MuAdam", "MuAdamW", "MuSGD",
-    "Lion", "Muon", "AdaMuon",
+    "Lion", "AdaMuon",
 })
 
 # Scheduler types official DeepSpeed accepts that nano does not implement.

@@ -104,7 +104,7 @@ def _reject_unknown_keys(raw: dict) -> None:
         kind = raw.get(section, {}).get("type") if isinstance(raw.get(section), dict) else None
         if kind in names:
             raise NanoConfigError(f"{section}.type '{kind}' is known to official DeepSpeed but not implemented by "
-                                  f"nano; use {'AdamW or Adam' if section == 'optimizer' else 'WarmupLR, WarmupDecayLR or WarmupCosineLR'}")
+                                  f"nano; use {'AdamW, Adam or Muon' if section == 'optimizer' else 'WarmupLR, WarmupDecayLR or WarmupCosineLR'}")
 
 
 def _resolve_auto(raw: dict, hidden_size: Optional[int]) -> None:

@@ -11,7 +11,8 @@ import math
 import sys
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator,
+                      model_validator)
 
 from zero_lab.nano import stages
 from zero_lab.nano.stages import START_ALIGNMENT_FACTOR
@@ -43,16 +44,51 @@ class OptimizerParams(_Strict):
         return self
 
 
+class MuonParams(_Strict):
+    """Official DeepSpeed's Muon keys: Muon for the 2-D hidden weights, AdamW for the rest (`nano/muon/`).
+    Each half takes the shared key unless its own (`muon_lr`, `adam_lr`) is set; unset, its own default."""
+
+    lr: float = Field(0.02, gt=0, description="Both halves' learning rate, unless muon_lr/adam_lr (defaults 0.02/3e-4).")
+    muon_lr: Optional[float] = Field(None, gt=0, description="The Muon half's learning rate.")
+    adam_lr: Optional[float] = Field(None, gt=0, description="The AdamW half's learning rate.")
+    momentum: float = Field(0.95, ge=0, lt=1, description="Muon's momentum (Nesterov).")
+    ns_method: Literal["gram", "standard"] = Field("gram", description="Newton-Schulz on the Gram matrix, or on X.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="The AdamW half's (beta1, beta2).")
+    eps: float = Field(1e-10, gt=0, description="The AdamW half's epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled decay of both halves.")
+    adam_w_mode: StrictBool = Field(True, description="The AdamW half decouples its decay (false: Adam with L2 decay).")
+    torch_adam: StrictBool = Field(False, description="Official: torch.optim.AdamW for the AdamW half (nano's math).")
+
+
 class OptimizerConfig(_Strict):
-    type: Literal["Adam", "AdamW"] = Field(description="Adam or AdamW (case-insensitive, as in DeepSpeed).")
-    params: OptimizerParams = Field(default_factory=OptimizerParams, description="Hyper-parameters.")
+    type: Literal["Adam", "AdamW", "Muon"] = Field(description="Adam, AdamW or Muon (case-insensitive, as in DeepSpeed).")
+    params: Union[OptimizerParams, MuonParams] = Field(default_factory=OptimizerParams, description="Hyper-parameters.")
 
     @field_validator("type", mode="before")
     @classmethod
     def _canonical_name(cls, name: Any) -> Any:
         if isinstance(name, str):
-            return {"adam": "Adam", "adamw": "AdamW"}.get(name.lower(), name)
+            return {"adam": "Adam", "adamw": "AdamW", "muon": "Muon"}.get(name.lower(), name)
         return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _params_of_the_type(cls, data: Any) -> Any:
+        """Muon's params are read as `MuonParams`, Adam's as `OptimizerParams` (each rejects the other's
+        keys); a bad one is named by its whole path, as the loader names every field."""
+        if not (isinstance(data, dict) and isinstance(data.get("type"), str)):
+            return data
+        model = MuonParams if data["type"].lower() == "muon" else OptimizerParams
+        params = data.get("params", {})
+        try:
+            return {**data, "params": params if isinstance(params, BaseModel) else model.model_validate(params or {})}
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(["optimizer", "params", *(str(part) for part in first["loc"])])
+            if first["type"] == "extra_forbidden":
+                raise ValueError(f"unknown config key '{where}'; check its spelling against DeepSpeed's docs") from None
+            message = first["msg"].removeprefix("Value error, ")
+            raise ValueError(f"config field '{where}': {message} (got {first.get('input')!r})") from None
 
     @property
     def decoupled_weight_decay(self) -> bool:
