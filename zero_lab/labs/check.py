@@ -66,7 +66,9 @@ def check_losses(run: dict, nano: dict, tolerance: float, lab: Lab) -> Result:
         if not abs(mine - theirs) <= GRAD_NORM_RTOL * abs(theirs):
             ratio = mine / theirs if theirs else float("nan")
             hint = (f"your gradient norm is {ratio:.4g} x nano's: {lab.hints[0]}"
-                    if abs(ratio - world_size) < 0.01 * world_size else lab.hints[0])
+                    if abs(ratio - world_size) < 0.01 * world_size else
+                    "step 1 agrees and a later step does not: a step's gradients leak into the next (autograd adds "
+                    "into parameter.grad): release parameter.grad once it is used" if step > 1 else lab.hints[0])
             lines = (f"step {step}: gradient norm {mine:.6g}, nano's {theirs:.6g}",)
             return Result("losses", world_size, False, lines + tuple(divergence_lines(divergence) if divergence else ()),
                           hint)

@@ -1,0 +1,26 @@
+"""Common mistakes, each planted in a copy of a reference solution: (lab, name) -> the edit that plants it.
+
+Each is a pair of texts: the line of tests/labs/solutions/<lab>.py to replace, and what replaces it.
+"""
+
+MISTAKES = {
+    # ZeRO-1: the reduce-scatter sums over ranks; forgetting to average leaves every gradient N times too large
+    ("zero1", "no_divide"): ("    return partition.div_(comm.world_size)", "    return partition"),
+    # ZeRO-2: the full gradients kept after they landed in the bucket
+    ("zero2", "keeps_gradients"): ("    parameter.grad = None\n", ""),
+    # ZeRO-2: the bucket kept after its reduce-scatter
+    ("zero2", "keeps_bucket"): ("        group.bucket = None\n", ""),
+    # ZeRO-2: the bucket all-reduced whole, and this rank's slice taken from it
+    ("zero2", "all_reduce"): (
+        "        group.grad_partition = reduce_scatter_gradients(group.bucket, comm)",
+        "        comm.all_reduce(group.bucket)\n"
+        "        start, end = partition_bounds(group.padded_numel, comm.world_size, comm.rank)\n"
+        "        group.grad_partition = group.bucket[start:end].div(comm.world_size)"),
+}
+
+
+def planted(solution: str, lab: str, name: str) -> str:
+    """The solution's text with the mistake planted (the line must be there exactly once)."""
+    old, new = MISTAKES[(lab, name)]
+    assert solution.count(old) == 1, (lab, name)
+    return solution.replace(old, new)
