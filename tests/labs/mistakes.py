@@ -16,6 +16,14 @@ MISTAKES = {
         "        comm.all_reduce(group.bucket)\n"
         "        start, end = partition_bounds(group.padded_numel, comm.world_size, comm.rank)\n"
         "        group.grad_partition = group.bucket[start:end].div(comm.world_size)"),
+    # ZeRO-3: a unit never released after its use
+    ("zero3", "no_release"): ("    buffer.full.untyped_storage().resize_(0)", "    pass"),
+    # ZeRO-3: the whole buffer all-reduced (this rank's partition in place, zeros elsewhere) instead of gathered
+    ("zero3", "all_reduce"): (
+        "    comm.all_gather_into_tensor(buffer.full, buffer.partition)",
+        "    buffer.full.zero_()\n"
+        "    buffer.full.view(comm.world_size, -1)[comm.rank].copy_(buffer.partition)\n"
+        "    comm.all_reduce(buffer.full)"),
 }
 
 

@@ -47,6 +47,18 @@ LABS = (
          "Reduce-scatter the bucket (not all-reduce it): each rank needs only its partition's sums.",
          "Release the bucket once its partition is taken."),
         "docs/learn/3-zero-2.md"),
+    Lab("zero3", "ZeRO-3: gather each unit before its forward and backward, and release it after", 3,
+        "Each rank keeps only its partition of every parameter; a unit is gathered whole just before its forward "
+        "and its backward need it, and released right after.",
+        ("gather_unit", "release_unit"),
+        "parameters 4 B x P / N between uses (persistent small parameters whole) and optimizer states "
+        "2 x 4 B x P / N; no gathered parameters after forward's last unit, after backward and after the step. "
+        "Wire per step: all-gathers of (N-1)/N of each unit per use, and a reduce-scatter of (N-1)/N x 4 B x P",
+        ("Gather partitions, not whole buffers: all_gather_into_tensor(buffer.full, buffer.partition) sends (N-1)/N "
+         "of the buffer, an all-reduce of it twice that.",
+         "Give buffer.full its storage back before gathering into it (untyped_storage().resize_(buffer.full_nbytes)).",
+         "Release after use: a unit left whole holds 4 B x its padded size on every rank until the next step."),
+        "docs/learn/4-zero-3.md"),
 )
 
 BY_NAME = {lab.name: lab for lab in LABS}

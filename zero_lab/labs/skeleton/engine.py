@@ -2,7 +2,8 @@
 
 `zero-lab lab start` copied this package; `zero-lab lab check` runs it as an impl beside nano and
 official DeepSpeed. It works at stage 0 (plain data parallelism) as it is. At the lab's stage it
-calls the functions of lab.py, which you write.
+calls the functions of lab.py, which you write (lab zero3: stage3.py runs nano's stage-3 engine with
+your lab.py's gather and release).
 
 Vocabulary (the same words as nano's, zero_lab/nano/__init__.py):
     flat buffer          one parameter group's parameters, end to end, in one fp32 tensor padded to
@@ -13,7 +14,7 @@ Vocabulary (the same words as nano's, zero_lab/nano/__init__.py):
     optimizer states     Adam's exp_avg and exp_avg_sq, as large as what this rank updates
 
 One optimizer step, at every stage:
-    Phase 1 `engine(**batch)`: the module's forward (stage 3: each unit gathered first, released after).
+    Phase 1 `engine(**batch)`: the module's forward.
     Phase 2 `engine.backward(loss)`: autograd; stage 2 reduces each bucket as it fills (lab.gradient_ready).
     Phase 3 `engine.step()`: gradient partitions (stage 0: all-reduce; stage 1: lab.reduce_scatter_gradients),
             global gradient norm and clipping, Adam on this rank's partition, then every rank's
@@ -192,5 +193,9 @@ class LabEngine:
 
 def initialize(model=None, model_parameters=None, config=None, **_):
     """DeepSpeed's entry point: (engine, optimizer, dataloader, scheduler)."""
+    if lab.STAGE == 3 and int(config.get("zero_optimization", {}).get("stage", 0)) == 3:
+        from .stage3 import initialize as initialize_stage3  # lab zero3: nano's engine, your gather and release
+
+        return initialize_stage3(model, model_parameters, config)
     engine = LabEngine(model, model_parameters if model_parameters is not None else model.parameters(), config)
     return engine, engine.optimizer, None, engine.lr_scheduler
