@@ -24,6 +24,12 @@ MISTAKES = {
         "    buffer.full.zero_()\n"
         "    buffer.full.view(comm.world_size, -1)[comm.rank].copy_(buffer.partition)\n"
         "    comm.all_reduce(buffer.full)"),
+    # fp16: the scale halved at the first overflow, the hysteresis ignored
+    ("fp16", "no_hysteresis"): ("        if scaler.delayed_shift == 1 or scaler.cur_hysteresis == 1:",
+                                "        if True:"),
+    # fp16: the good steps since the last overflow counted one too many: the scale grows a step early
+    ("fp16", "early_growth"): ("        stable_interval = (scaler.cur_iter - scaler.last_overflow_iter) - 1",
+                               "        stable_interval = scaler.cur_iter - scaler.last_overflow_iter"),
 }
 
 

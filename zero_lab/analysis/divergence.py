@@ -23,13 +23,18 @@ from pathlib import Path
 GRAD_NORM_RTOL = 1e-4
 
 
-def per_step_grad_norms(run_dir: Path) -> dict[int, float]:
-    """{step: grad_norm} from the run's metrics.csv (nan where the engine reports none)."""
+def per_step(run_dir: Path, column: str) -> dict[int, float]:
+    """{step: value} of one column of the run's metrics.csv (nan where the run has none)."""
     path = Path(run_dir) / "metrics.csv"
     if not path.is_file():
         return {}
     with path.open(encoding="utf-8") as handle:
-        return {int(row["step"]): float(row.get("grad_norm") or "nan") for row in csv.DictReader(handle)}
+        return {int(row["step"]): float(row.get(column) or "nan") for row in csv.DictReader(handle)}
+
+
+def per_step_grad_norms(run_dir: Path) -> dict[int, float]:
+    """{step: grad_norm} from the run's metrics.csv (nan where the engine reports none)."""
+    return per_step(run_dir, "grad_norm")
 
 
 def per_step_collectives(run_dir: Path) -> dict[int, dict[str, tuple[int, int]]]:

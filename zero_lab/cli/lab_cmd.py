@@ -15,6 +15,7 @@ Phase 3: when all pass, official DeepSpeed runs too (kept like nano's), and one 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Annotated, Optional
@@ -69,10 +70,26 @@ def start(name: Name, directory: Directory = None) -> None:
                         f"{directory}", markup=False, highlight=False)
 
 
-def shared_settings(directory: Path, steps: int) -> jobs.SharedSettings:
+def lab_config(lab: Lab, runs: Path) -> Path | None:
+    """The lab's config, written into `runs` (None: the harness's zero<stage>.json as it is)."""
+    if not lab.config:
+        return None
+    from zero_lab.cli import input_checks
+
+    config = input_checks.load_config_file(input_checks.default_config_path(lab.stage))
+    for section, values in lab.config.items():
+        config[section] = {**config.get(section, {}), **values}
+    runs.mkdir(parents=True, exist_ok=True)
+    path = runs / "config.json"
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def shared_settings(lab: Lab, directory: Path, steps: int) -> jobs.SharedSettings:
     from zero_lab.launch import torchrun
 
-    return jobs.SharedSettings(config_path=None, device="cpu", workload=torchrun.Workload(model="tiny", steps=steps),
+    workload = torchrun.Workload(model="tiny", steps=steps, dtype=lab.dtype)
+    return jobs.SharedSettings(config_path=lab_config(lab, directory / RUNS), device="cpu", workload=workload,
                                multi_node=torchrun.MultiNode(), extra_torchrun_args=[], stall_timeout_s=600.0,
                                own_engines={LEARNER: directory})
 
@@ -113,7 +130,8 @@ def check(
     name: Name,
     directory: Directory = None,
     gpus: Annotated[str, typer.Option(help="World sizes (processes on CPU).")] = "2,3",
-    steps: Annotated[int, typer.Option(help="Optimizer steps of each run.")] = 3,
+    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps of each run (default: the lab's, 3; "
+                                                       "fp16's 6).")] = None,
     official: Annotated[bool, typer.Option(help="Once every check passes, run official DeepSpeed too and show its "
                                                 "figures beside yours and nano's.")] = True,
 ) -> None:
@@ -130,9 +148,14 @@ def check(
     if not (directory / "lab.py").is_file() or not (directory / "__init__.py").is_file():
         raise BadInput(f"{directory} holds no lab package (no lab.py and __init__.py)",
                        f"write one with: zero-lab lab start {lab.name} {directory}")
+    steps = lab.steps if steps is None else steps
     check_positive(steps, "--steps")
     world_sizes = parse_int_list(gpus, "--gpus")
-    shared = shared_settings(directory.resolve(), steps)
+    shared = shared_settings(lab, directory.resolve(), steps)
+    if official and lab.dtype == "float16":
+        output.stderr.print("note: official DeepSpeed rejects fp16 on CPU; your figures are shown beside nano's",
+                            markup=False, highlight=False)
+        official = False
     jobs.check(shared, [LEARNER, "nano"], world_sizes)
     runs = directory / RUNS
     tolerance = resolve_loss_tol(None, ["fp32"])

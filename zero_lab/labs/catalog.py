@@ -7,7 +7,7 @@ naming the lab); the engine around them is zero_lab/labs/skeleton/ (it runs stag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,9 @@ class Lab:
     formula: str  # the bytes a correct engine holds and sends, per rank (P: padded parameters, N: ranks)
     hints: tuple[str, ...]
     lesson: str  # the course's lesson that explains it (docs/learn/)
+    dtype: str = "float32"  # the workload's --dtype
+    config: dict = field(default_factory=dict)  # merged into the harness's zero<stage>.json, section by section
+    steps: int = 3  # optimizer steps per run: enough to meet every moment the lab is about
 
 
 LABS = (
@@ -59,6 +62,20 @@ LABS = (
          "Give buffer.full its storage back before gathering into it (untyped_storage().resize_(buffer.full_nbytes)).",
          "Release after use: a unit left whole holds 4 B x its padded size on every rank until the next step."),
         "docs/learn/4-zero-3.md"),
+    Lab("fp16", "Mixed precision: fp16 with dynamic loss scaling that skips a step on overflow, as DeepSpeed does", 2,
+        "The loss is scaled up before backward so that small fp16 gradients survive; a step whose gradients "
+        "overflow is skipped and the scale shrinks, after enough good steps it grows again.",
+        ("update_scale",),
+        "the loss scale after every step equal to DeepSpeed's rule: from 2^16, doubled after every 2 good steps "
+        "(loss_scale_window 2), an overflow first spending one of 2 units of hysteresis, then halving; the "
+        "same steps skipped; bytes and wire bytes of nano's stage 2 in fp16",
+        ("Count every step in cur_iter, skipped or not: the window is measured from the last overflow.",
+         "An overflow spends hysteresis before it shrinks the scale: with hysteresis 2 the first overflow leaves "
+         "the scale as it is.",
+         "Grow the scale only after loss_scale_window good steps since the last overflow."),
+        "docs/learn/5-precision.md", dtype="float16",
+        config={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 2,
+                         "hysteresis": 2, "min_loss_scale": 1}}, steps=6),
 )
 
 BY_NAME = {lab.name: lab for lab in LABS}

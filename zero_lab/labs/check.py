@@ -2,8 +2,9 @@
 
 For one world size the learner's run (the lab package as an impl) is held, in order, to:
     1. it runs: every step finished (else: the error, and the function still to write);
-    2. losses and gradient norms: every step's equal nano's at the same world size (nano is held to
-       a single-process torch AdamW by its own tests), within the loss tolerance and a relative 1e-4;
+    2. losses, gradient norms and loss scales: every step's equal nano's at the same world size (nano
+       is held to a single-process torch AdamW by its own tests), within the loss tolerance and a
+       relative 1e-4 (an overflowing step's infinite norm equals an infinite norm);
     3. bytes per rank by category: at the last step's phases (after forward, after backward, after
        the step), each category the engine counts equals nano's, which nano's tests hold to the
        formula of zero_lab/nano/memory_formula.py; and all that the rank holds after backward and
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from zero_lab.analysis.divergence import divergence_lines, first_divergence, per_step_grad_norms
+from zero_lab.analysis.divergence import divergence_lines, first_divergence, per_step, per_step_grad_norms
 from zero_lab.labs.catalog import Lab
 
 GRAD_NORM_RTOL = 1e-4
@@ -60,10 +61,18 @@ def check_runs(run: dict, lab: Lab) -> Result:
 def check_losses(run: dict, nano: dict, tolerance: float, lab: Lab) -> Result:
     world_size = run["world_size"]
     divergence = first_divergence(run, nano, tolerance)
+    scales, nano_scales = per_step(run["run_dir"], "loss_scale"), per_step(nano["run_dir"], "loss_scale")
     norms, nano_norms = per_step_grad_norms(run["run_dir"]), per_step_grad_norms(nano["run_dir"])
+    for step in sorted(nano_scales):
+        if scales.get(step) != nano_scales[step]:
+            overflowed = nano_norms.get(step) == float("inf")
+            return Result("losses", world_size, False,
+                          (f"step {step}{' (an overflow: skipped)' if overflowed else ''}: loss scale after the step "
+                           f"{scales.get(step, float('nan')):g}, nano's {nano_scales[step]:g}",),
+                          lab.hints[1] if overflowed else lab.hints[-1])
     for step in sorted(nano_norms):
         mine, theirs = norms.get(step, float("nan")), nano_norms[step]
-        if not abs(mine - theirs) <= GRAD_NORM_RTOL * abs(theirs):
+        if mine != theirs and not abs(mine - theirs) <= GRAD_NORM_RTOL * abs(theirs):
             ratio = mine / theirs if theirs else float("nan")
             hint = (f"your gradient norm is {ratio:.4g} x nano's: {lab.hints[0]}"
                     if abs(ratio - world_size) < 0.01 * world_size else
@@ -75,8 +84,8 @@ def check_losses(run: dict, nano: dict, tolerance: float, lab: Lab) -> Result:
     if divergence is not None:
         return Result("losses", world_size, False, tuple(divergence_lines(divergence)), lab.hints[-1])
     return Result("losses", world_size, True,
-                  (f"{len(nano_norms)} steps: losses within {tolerance:g} and gradient norms within a relative "
-                   f"{GRAD_NORM_RTOL:g} of nano's",))
+                  (f"{len(nano_norms)} steps: losses within {tolerance:g}, gradient norms within a relative "
+                   f"{GRAD_NORM_RTOL:g} and loss scales equal to nano's",))
 
 
 def phase_rows(run: dict) -> dict[str, dict]:

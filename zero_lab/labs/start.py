@@ -12,7 +12,7 @@ from pathlib import Path
 from zero_lab.labs.catalog import Lab
 
 LABS_ROOT = Path(__file__).resolve().parent
-SKELETON_FILES = ("__init__.py", "engine.py", "stage3.py")
+SKELETON_FILES = ("__init__.py", "engine.py", "on_nano.py")
 
 
 def lab_source(lab: Lab) -> str:

@@ -2,6 +2,7 @@
 
 LAB = "zero3"
 STAGE = 3
+ON_NANO = True
 
 
 def gather_unit(buffer, comm):

@@ -2,8 +2,8 @@
 
 `zero-lab lab start` copied this package; `zero-lab lab check` runs it as an impl beside nano and
 official DeepSpeed. It works at stage 0 (plain data parallelism) as it is. At the lab's stage it
-calls the functions of lab.py, which you write (lab zero3: stage3.py runs nano's stage-3 engine with
-your lab.py's gather and release).
+calls the functions of lab.py, which you write (labs zero3 and fp16: on_nano.py runs nano's own
+engine with your lab.py's functions in place of nano's).
 
 Vocabulary (the same words as nano's, zero_lab/nano/__init__.py):
     flat buffer          one parameter group's parameters, end to end, in one fp32 tensor padded to
@@ -193,9 +193,9 @@ class LabEngine:
 
 def initialize(model=None, model_parameters=None, config=None, **_):
     """DeepSpeed's entry point: (engine, optimizer, dataloader, scheduler)."""
-    if lab.STAGE == 3 and int(config.get("zero_optimization", {}).get("stage", 0)) == 3:
-        from .stage3 import initialize as initialize_stage3  # lab zero3: nano's engine, your gather and release
+    if getattr(lab, "ON_NANO", False) and int(config.get("zero_optimization", {}).get("stage", 0)) == lab.STAGE:
+        from .on_nano import initialize as initialize_on_nano  # labs zero3 and fp16: nano's engine, your functions
 
-        return initialize_stage3(model, model_parameters, config)
+        return initialize_on_nano(model, model_parameters, config)
     engine = LabEngine(model, model_parameters if model_parameters is not None else model.parameters(), config)
     return engine, engine.optimizer, None, engine.lr_scheduler

@@ -2,7 +2,7 @@
 
 At stage 3 a rank keeps only its partition of every parameter: 4 B x P / N, with Adam's states
 2 x 4 B x P / N. A unit (a module's own parameters, or a decoder layer's) is whole only while it
-is used. stage3.py runs nano's stage-3 engine, which decides when; these two functions are what
+is used. on_nano.py runs nano's stage-3 engine, which decides when; these two functions are what
 happens then. `buffer` is one unit's flat buffer (zero_lab/nano/sharded_flat_buffer.py):
     buffer.full          the whole flat buffer, padded; the unit's parameters are views of it. While
                          released its storage holds 0 bytes (buffer.full.untyped_storage().nbytes())
@@ -15,6 +15,7 @@ comm.all_gather_into_tensor(output, local), comm.all_reduce(tensor). Every call 
 
 LAB = "zero3"
 STAGE = 3
+ON_NANO = True  # engine.py runs nano's stage-3 engine with these two functions (on_nano.py)
 
 
 def gather_unit(buffer, comm) -> None:
