@@ -192,14 +192,11 @@ def check(
 
 
 def figure_row(world_size: int, impl: str, run: dict) -> list[str]:
+    """One row of the closing table: the last loss, the bytes held after the last step, the wire bytes per step."""
+    from zero_lab.labs.check import phase_rows
+
     if run.get("status") != "ok":
         return [str(world_size), impl, run.get("status", "?"), "", ""]
     wire = sum(int(line["wire_bytes_per_step"]) for line in run.get("comm") or [])
-    after_step = checks_phase_bytes(run)
+    after_step = int(phase_rows(run).get("after_step", {}).get("live_bytes", 0))
     return [str(world_size), impl, f"{run['loss_last']:.6f}", f"{after_step:,}", f"{wire:,}"]
-
-
-def checks_phase_bytes(run: dict) -> int:
-    from zero_lab.labs.check import phase_rows
-
-    return int(phase_rows(run).get("after_step", {}).get("live_bytes", 0))
