@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from zero_lab.analysis.divergence import collective_differences, first_grad_norm_step, first_loss_step
+from zero_lab.analysis.divergence import (collective_differences, divergence_lines, first_grad_norm_step,
+                                          first_loss_step)
 
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
-ENGINES = Path(__file__).resolve().parents[1] / "fixtures" / "own_engines"
+REPO = Path(__file__).resolve().parents[2]
+ENGINES = REPO / "tests" / "fixtures" / "own_engines"
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +70,10 @@ def test_the_wrong_engine_is_caught_with_its_first_divergence(own_compare):
     assert change["baseline_wire_bytes"] == 854_400 * 4 > change["wire_bytes"]
     saved = json.loads((compare_dir / "compare.json").read_text())
     assert saved["divergences"] == [record]
+    # what docs/cli.md shows under "First divergence", line for line
+    lines = "\n".join(divergence_lines(record))
+    shown = next(block for block in (REPO / "docs" / "cli.md").read_text().split("```") if "wrong vs plain" in block)
+    assert shown.strip() == lines, (shown, lines)
 
 
 def test_first_divergence_arithmetic():
