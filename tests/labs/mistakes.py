@@ -9,7 +9,7 @@ MISTAKES = {
     # ZeRO-2: the full gradients kept after they landed in the bucket
     ("zero2", "keeps_gradients"): ("    parameter.grad = None\n", ""),
     # ZeRO-2: the bucket kept after its reduce-scatter
-    ("zero2", "keeps_bucket"): ("        group.bucket = None\n", ""),
+    ("zero2", "keeps_bucket"): ("        free_storage(group.bucket)\n        group.bucket = None\n", ""),
     # ZeRO-2: the bucket all-reduced whole, and this rank's slice taken from it
     ("zero2", "all_reduce"): (
         "        group.grad_partition = reduce_scatter_gradients(group.bucket, comm)",

@@ -18,7 +18,7 @@ def lab(tmp_path_factory):
 
 def test_start_writes_a_package_whose_functions_name_the_lab(lab):
     names = sorted(path.name for path in lab.directory.iterdir())
-    assert names == ["README.md", "__init__.py", "engine.py", "lab.py"]
+    assert names == ["README.md", "__init__.py", "engine.py", "lab.py", "on_nano.py"]
     text = (lab.directory / "lab.py").read_text()
     for function in ("partition_bounds", "reduce_scatter_gradients", "all_gather_parameters"):
         assert f'raise NotImplementedError("lab zero1: write {function} in lab.py")' in text

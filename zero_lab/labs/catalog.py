@@ -48,7 +48,7 @@ LABS = (
         "Wire per step: as ZeRO-1 (reduce-scatter and all-gather, (N-1)/N x 4 B x P each)",
         ("Release parameter.grad as soon as it is in the bucket: ZeRO-2 holds no full gradients after backward.",
          "Reduce-scatter the bucket (not all-reduce it): each rank needs only its partition's sums.",
-         "Release the bucket once its partition is taken."),
+         "Release the bucket once its partition is taken: free its storage (free_storage), then drop it."),
         "docs/learn/3-zero-2.md"),
     Lab("zero3", "ZeRO-3: gather each unit before its forward and backward, and release it after", 3,
         "Each rank keeps only its partition of every parameter; a unit is gathered whole just before its forward "

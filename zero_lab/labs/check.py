@@ -102,7 +102,7 @@ def category_hint(category: str, mine: int, theirs: int, world_size: int, lab: L
     if category == "gradients" and mine and not theirs:
         return "full gradients are still held after backward: release parameter.grad once it is in the bucket"
     if category == "communication_buckets" and mine:
-        return "the gradient bucket outlives its reduce-scatter: release it (group.bucket = None)"
+        return "the gradient bucket outlives its reduce-scatter: release it (free_storage(group.bucket), then None)"
     if category == "gathered_parameters" and mine:
         return "a unit's gathered parameters outlive its use: release the unit after forward and after backward"
     return lab.hints[1]

@@ -2,6 +2,8 @@
 
 import torch
 
+from zero_lab.nano.collectives import free_storage
+
 LAB = "zero2"
 STAGE = 2
 
@@ -31,4 +33,5 @@ def gradient_ready(group, parameter, comm):
     group.arrived += 1
     if group.arrived == len(group.parameters):
         group.grad_partition = reduce_scatter_gradients(group.bucket, comm)
+        free_storage(group.bucket)
         group.bucket = None

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.nano.adamw import PartitionedAdam
-from zero_lab.nano.collectives import Collectives, labelled
+from zero_lab.nano.collectives import Collectives, free_storage, labelled
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.lr_schedules import build_scheduler
 
@@ -136,7 +136,10 @@ class LabEngine:
                     self.comm.all_reduce(group.grad_partition)
                     group.grad_partition.div_(self.comm.world_size)
                 elif self.stage == 1:
-                    group.grad_partition = lab.reduce_scatter_gradients(group.gradient_buffer(), self.comm)
+                    flat_gradient = group.gradient_buffer()
+                    group.grad_partition = lab.reduce_scatter_gradients(flat_gradient, self.comm)
+                    if group.grad_partition.untyped_storage().data_ptr() != flat_gradient.untyped_storage().data_ptr():
+                        free_storage(flat_gradient)  # freed, not just dropped: the backend's worker may still hold it
         partitions = [group.grad_partition for group in self.groups]
         with labelled("unscale_clip"):
             squares = torch.zeros(1, dtype=torch.float32)
@@ -151,6 +154,7 @@ class LabEngine:
         self.optimizer.step([[partition] for partition in partitions])
         del partitions
         for group in self.groups:
+            free_storage(group.grad_partition)
             group.grad_partition, group.arrived = None, 0
             if self.stage > 0:
                 with labelled("all_gather"):

@@ -39,7 +39,9 @@ def gradient_ready(group, parameter: torch.nn.Parameter, comm) -> None:
     group.offsets[p]:     where parameter p starts in the bucket
     group.arrived:        how many of group.parameters have landed this step (count them)
     group.grad_partition: set it when the bucket is full (every parameter arrived): the bucket
-                          reduce-scattered and averaged; then release the bucket (None)
+                          reduce-scattered and averaged; then release the bucket: free its storage
+                          (free_storage(group.bucket), from zero_lab.nano.collectives: the backend's
+                          worker may still hold the tensor after the call returns) and set it None
     Release `parameter.grad` (None) once it is in the bucket: ZeRO-2 keeps no full gradients.
     """
     raise NotImplementedError("lab zero2: write gradient_ready in lab.py")
