@@ -22,6 +22,7 @@ from zero_lab.cli.exec_cmd import exec_command
 from zero_lab.cli.estimate_cmd import estimate
 from zero_lab.cli.explain_cmd import explain
 from zero_lab.cli.inspect_cmd import parse, report
+from zero_lab.cli.lab_cmd import lab_app
 from zero_lab.cli.run_cmd import EXTRA_ARGS, run
 
 app = typer.Typer(
@@ -41,6 +42,7 @@ app.command()(explain)
 app.command()(doctor)
 app.add_typer(config_app, name="config")
 app.add_typer(checkpoint_app, name="checkpoint")
+app.add_typer(lab_app, name="lab")
 
 
 def main() -> None:

@@ -47,7 +47,8 @@ FORMATS = ("table", "json", "markdown")
 @options.common_options
 def compare(
     gpus: Annotated[str, typer.Option(help="World sizes, e.g. 2,8: GPUs per node on CUDA, processes on CPU.")] = "2",
-    impls: Annotated[str, typer.Option(help="Impls, any of nano, official, fsdp2 (FSDP2: docs/fsdp2.md).")] = "nano,official",
+    impls: Annotated[str, typer.Option(help="Impls, any of nano, official, fsdp2 (FSDP2: docs/fsdp2.md), and your own "
+                                            "engines as NAME=PATH (docs/labs.md).")] = "nano,official",
     baseline: Annotated[Optional[str], typer.Option(help="The impl every delta is relative to (default official; "
                                                          "without official in --impls, the second impl).")] = None,
     stages: Annotated[str, typer.Option(help="ZeRO stages, e.g. 1,2.")] = "1,2",
@@ -84,12 +85,14 @@ def compare(
     world_sizes = parse_int_list(gpus, "--gpus")
     stage_list = [input_checks.check_stage(stage, "--stages") for stage in parse_int_list(stages, "--stages")]
     impl_list = [impl.strip() for impl in impls.split(",") if impl.strip()]
+    impl_list, own_engines = input_checks.own_impls(impl_list)  # NAME=PATH: an own engine, named NAME
     if baseline is not None and baseline not in impl_list:
         raise BadInput(f"--baseline {baseline} is not one of --impls {','.join(impl_list)}",
                        "pass one of the impls compared")
     baseline_impl = baseline or "official"
     shared = common.shared
     shared.workload = cells_save_every(shared, save_every)
+    shared.own_engines = own_engines
     if script is not None:  # the arguments after `--` are the script's, not torchrun's
         if warmup_steps or resume_check:
             raise BadInput("--warmup-steps and --resume-check need the built-in workload, not --script",
@@ -135,6 +138,7 @@ def compare(
                                   resumed=[run for run in resumed if run["run_dir"].endswith("resumed")]
                                   if resume_check else None, baseline=baseline_impl)
     comparison.update(interrupted=interrupted_by is not None, compare_dir=str(compare_dir), environment=env)
+    comparison["divergences"] = find_divergences(summaries, impl_list, baseline_impl, comparison["verdict"]["loss_tol"])
     if shared.script is not None:
         comparison["script"] = {"path": str(script), "arguments": shared.script.arguments}
     rundir.write_json(compare_dir / rundir.COMPARE, output.json_safe(comparison))
@@ -143,6 +147,7 @@ def compare(
                  else f"zero-lab: {', '.join(impl_list)}" if len(impl_list) > 2 else None)
         write_report(comparison, summaries, report, *([title] if title else []))
     show(comparison, summaries, format)
+    show_divergences(comparison, format)
     report_problems(summaries)
     hint(compare_dir)
     raise typer.Exit(exit_code_of(summaries, interrupted_by) or comparison["verdict"]["exit_code"])
@@ -155,6 +160,25 @@ def cells_save_every(shared: jobs.SharedSettings, save_every: int):
     if save_every and not shared.max_restarts:
         raise BadInput("--save-every on compare keeps checkpoints for restarts only", "add --max-restarts N")
     return dataclasses.replace(shared.workload, save_every=save_every)
+
+
+def find_divergences(summaries: list[dict], impl_list: list[str], baseline_impl: str, tolerance: float) -> list[dict]:
+    """Each run whose losses part from the baseline's: the step, the gradients, the collectives (analysis.divergence)."""
+    from zero_lab.analysis.divergence import divergences
+
+    baseline = baseline_impl if baseline_impl in impl_list else impl_list[min(1, len(impl_list) - 1)]
+    return divergences(summaries, baseline, tolerance)
+
+
+def show_divergences(comparison: dict, format: str) -> None:
+    """Under the verdict, where each run that parts from the baseline parts first (JSON: `divergences`)."""
+    from zero_lab.analysis.divergence import divergence_lines
+
+    if format == "json":
+        return
+    for record in comparison["divergences"]:
+        for line in divergence_lines(record):
+            output.stdout.print(line, markup=False, highlight=False)
 
 
 def repeat_name(cell: str, run: int) -> str:

@@ -116,6 +116,24 @@ def check_impls(impls: list[str]) -> None:
             raise BadInput(f"unknown impl {impl!r}", f"choose from {', '.join(IMPLS)}")
 
 
+def own_impls(texts: list[str]) -> tuple[list[str], dict[str, Path]]:
+    """--impls/--impl items as (names, {name: engine path} of the own engines, NAME=PATH), or BadInput."""
+    from zero_lab.workload.own_engine import OWN_IMPL_FIX, impl_problem, split_impl
+
+    names, own = [], {}
+    for text in texts:
+        problem = impl_problem(text)
+        if problem:
+            raise BadInput(problem, OWN_IMPL_FIX if "=" in text else f"choose from {', '.join(IMPLS)}, or NAME=PATH")
+        name, path = split_impl(text)
+        if name in names:
+            raise BadInput(f"impl {name} is named twice", "give each impl once, each own engine its own name")
+        names.append(name)
+        if path is not None:
+            own[name] = path
+    return names, own
+
+
 def check_workload(workload: torchrun.Workload, device: str, impls: list[str], model_and_data: bool = True) -> None:
     """The workload's flags; model_and_data False (a user's script chooses its own): precision and batch only."""
     check_choice(workload.dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))

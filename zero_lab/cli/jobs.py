@@ -44,11 +44,13 @@ class SharedSettings:
     device_memory_gb: float | None = None
     script: torchrun.UserScript | None = None  # compare --script: the user's script trains, not the harness
     max_restarts: int = 0  # torchrun --max-restarts (docs/restarts.md)
+    own_engines: dict[str, Path] | None = None  # --impl(s) NAME=PATH: each own engine's name and path
 
 
 def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> None:
     """Before any config is read: known impls, processes the device can hold, a workload the harness accepts."""
-    input_checks.check_impls(impls)
+    input_checks.check_impls([impl for impl in impls if impl not in (shared.own_engines or {})])
+    check_own_engines(shared, impls)
     if "fsdp2" in impls and shared.script is not None:
         raise BadInput("--impl fsdp2 runs the built-in workload only (a script's `import deepspeed` cannot be FSDP2)",
                        "drop fsdp2 from the impls, or drop --script")
@@ -60,6 +62,17 @@ def check(shared: SharedSettings, impls: list[str], world_sizes: list[int]) -> N
     for world_size in world_sizes:
         input_checks.check_processes(world_size, shared.device, shared.multi_node)
     input_checks.check_workload(shared.workload, shared.device, impls, model_and_data=shared.script is None)
+
+
+def check_own_engines(shared: SharedSettings, impls: list[str]) -> None:
+    """Own engines (--impl NAME=PATH) run the built-in workload, without DeepSpeed checkpoints."""
+    own = [impl for impl in impls if impl in (shared.own_engines or {})]
+    if own and shared.script is not None:
+        raise BadInput(f"own engine {own[0]} runs the built-in workload only (a script imports deepspeed itself)",
+                       "drop it from the impls, or drop --script")
+    if own and (shared.workload.save_dir or shared.workload.resume):
+        raise BadInput(f"checkpoints (--save-dir, --resume, --resume-check) are not part of own engine {own[0]}",
+                       "drop them, or drop it from the impls")
 
 
 def split_by_visible_gpus(shared: SharedSettings, world_sizes: list[int]) -> tuple[list[int], dict[int, str]]:
@@ -94,6 +107,7 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
                           host_memory_limit=host_memory_limit(shared), script=shared.script)
     spec = with_restarts(spec, shared.max_restarts, run_dir)
     spec = with_elastic_global_batch(spec, staged, source)
+    spec.engine_path = (shared.own_engines or {}).get(impl)
     config = input_checks.received_config(staged, spec, source)
     official = input_checks.official_config(config, "cuda" if shared.device == "cuda" else "cpu") if impl == "official" else None
     world_size = shared.multi_node.world_size(nproc) or nproc

@@ -79,7 +79,8 @@ def check_restart_save_dir(shared: jobs.SharedSettings) -> None:
 @one_line_errors
 @options.common_options
 def run(
-    impl: Annotated[str, typer.Option(help="nano, official or fsdp2 (FSDP2: docs/fsdp2.md).")] = "nano",
+    impl: Annotated[str, typer.Option(help="nano, official, fsdp2 (FSDP2: docs/fsdp2.md), or your own engine as "
+                                           "NAME=PATH (docs/labs.md).")] = "nano",
     gpus: Annotated[int, typer.Option(help="Processes per node: GPUs on CUDA, processes on CPU.")] = 1,
     stage: Annotated[int | None, typer.Option(help="ZeRO stage; overrides the config's.")] = None,
     format: Annotated[str, typer.Option(help="table or json.")] = "table",
@@ -99,6 +100,7 @@ def run(
     """
     check_choice(format, "--format", FORMATS)
     shared = common.shared
+    (impl,), shared.own_engines = input_checks.own_impls([impl])  # NAME=PATH: an own engine, named NAME
     if (resume or save_every or resume_tag) and save_dir is None:
         raise BadInput("--resume, --resume-tag and --save-every need --save-dir", "add --save-dir DIR")
     check_not_negative(save_every, "--save-every")

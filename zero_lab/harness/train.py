@@ -57,6 +57,8 @@ from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.contract_lines import announce_rank, emit, model_header, opt_step_fields, zero_header
 from zero_lab.workload.impls import default_single_process_env, engine_config, load_engine_module
 from zero_lab.workload import state_formula
+from zero_lab.workload import own_engine
+from zero_lab.workload.own_engine import split_impl
 from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.nodes import resolve_ranks_per_node
 from zero_lab.nano.collectives import RANKS_PER_NODE_ENVIRONMENT
@@ -123,6 +125,7 @@ def prepare(argv: list[str] | None):
     """Every check that needs no engine: flags, config, model name, dataset (Phase 1)."""
     args = build_parser().parse_args(argv)
     args.resume = restarts.resume_tag(args.save_dir, args.resume)  # a restarted attempt: from `latest`
+    args.impl, args.engine_path = split_impl(args.impl)  # NAME=PATH: an engine of the user's own
     default_single_process_env()
     world_size = int(os.environ["WORLD_SIZE"])
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -177,12 +180,13 @@ def train(args, device: torch.device, config: dict, batches) -> None:
 def train_with_meters(args, device: torch.device, config: dict, batches, comm: CommMeter,
                       memory: MemoryMeter, phase: StepPhase) -> None:
     """Phases 3-5, measured by the meters Phase 2 installed; phase follows where the step is."""
-    engine_module = load_engine_module(args.impl, device)
+    engine_module = (load_engine_module(args.impl, device) if args.engine_path is None
+                     else own_engine.load_module(args.engine_path))
     # Named, not left to the engine: nano (like DeepSpeed) defaults to nccl whenever CUDA exists,
     # which breaks `--device cpu` on a GPU host.
     restarts.join_attempt_group(dist_backend(device), datetime.timedelta(seconds=args.dist_timeout))
-    engine_module.init_distributed(dist_backend=dist_backend(device),
-                                   timeout=datetime.timedelta(seconds=args.dist_timeout))
+    own_engine.init_distributed(engine_module, dist_backend=dist_backend(device),
+                                timeout=datetime.timedelta(seconds=args.dist_timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     # Every rank says who it is (the only line ranks other than 0 print): on a node without
     # global rank 0, the CLI learns the world size and where the [opt_step] lines are.
@@ -198,6 +202,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     impl_config, notes = engine_config(args.impl, config, device)
     engine, _, _, _ = engine_module.initialize(
         model=model, model_parameters=parameter_groups(model, weight_decay), config=impl_config)
+    if args.engine_path is not None:  # only DeepSpeed's core calls are asked of it; the rest is optional
+        engine = own_engine.OwnEngine(engine, impl_config)
     emit(rank, "zero", zero_header(args.impl, engine.zero_optimization_stage(), world_size, settings,
                                    engine.gradient_accumulation_steps()))
     emit(rank, "model", model_header(args.model_name, engine, settings.precision, device, args.seq_len,
@@ -219,7 +225,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     memory.freeze_survivors()  # each sample's garbage collection then walks only what the steps create
     metrics = StepMetrics(memory, comm, device, world_size)
     # nano names the buffers it holds; official DeepSpeed's `memory_breakdown` is a config flag.
-    breakdown = getattr(engine, "memory_breakdown", None) if args.impl == "nano" else None
+    breakdown = getattr(engine, "memory_breakdown", None) if args.impl == "nano" or args.engine_path else None
     accumulation = engine.gradient_accumulation_steps()
     for step in range(first, args.steps + 1):
         metrics.begin()

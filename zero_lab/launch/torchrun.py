@@ -91,6 +91,7 @@ class LaunchSpec:
     host_memory_limit: int | None = None  # bytes the ranks may hold on this host (--device-memory on CPU)
     script: UserScript | None = None  # a user's training script instead of the harness (compare --script)
     max_restarts: int = 0  # torchrun --max-restarts: restarts of every worker when one dies (docs/restarts.md)
+    engine_path: Path | None = None  # an own engine's file or package (--impl NAME=PATH); None: a built-in impl
 
 
 
@@ -164,7 +165,7 @@ def watched_stall_timeout_s(spec: LaunchSpec) -> float:
 def train_arguments(spec: LaunchSpec) -> list[str]:
     """harness/train.py's own flags (the seed's names)."""
     arguments = [
-        "--impl", spec.impl,
+        "--impl", impl_argument(spec),
         "--deepspeed_config", str(spec.config_path),
         "--zero-stage", str(spec.stage),
         "--device", spec.device,
@@ -172,6 +173,11 @@ def train_arguments(spec: LaunchSpec) -> list[str]:
     ]
     timeout_s = process_group_timeout_s(spec.stall_timeout_s)
     return arguments + (["--dist-timeout", f"{timeout_s:g}"] if timeout_s is not None else [])
+
+
+def impl_argument(spec: LaunchSpec) -> str:
+    """The harness's --impl: the impl's name, or NAME=PATH for an own engine (its path absolute)."""
+    return spec.impl if spec.engine_path is None else f"{spec.impl}={Path(spec.engine_path).resolve()}"
 
 
 def workload_arguments(work: Workload) -> list[str]:

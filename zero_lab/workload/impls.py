@@ -27,7 +27,8 @@ def default_single_process_env() -> None:
 
 
 def load_engine_module(impl: str, device: torch.device) -> ModuleType:
-    """`zero_lab.nano`, `zero_lab.fsdp2` or `deepspeed`, ready for `init_distributed` on this device."""
+    """`zero_lab.nano`, `zero_lab.fsdp2` or `deepspeed`, ready for `init_distributed` on this device
+    (an own engine, --impl NAME=PATH: `own_engine.load_module`)."""
     if impl == "nano":
         import zero_lab.nano as nano
 
@@ -47,7 +48,7 @@ def engine_config(impl: str, config: dict, device: torch.device) -> tuple[dict, 
     """The config dict the impl's `initialize` receives (nano's as is, official's converted) and
     the notes to log about it: official on CUDA without the toolkit FusedAdam needs runs torch's
     AdamW instead of failing."""
-    if impl in ("nano", "fsdp2"):  # fsdp2 maps the nano config itself (zero_lab.fsdp2.config_map)
+    if impl != "official":  # fsdp2 maps the nano config itself (zero_lab.fsdp2.config_map); own engines read it
         return config, []
     from zero_lab.nano.official_config import to_official_config
     from zero_lab.workload import cuda_toolkit
@@ -71,6 +72,8 @@ def optimizer_name(engine) -> str:
     while getattr(optimizer, "optimizer", None) is not None and id(optimizer) not in seen:
         seen.add(id(optimizer))
         optimizer = optimizer.optimizer
+    if optimizer is None:  # an own engine without one (its optimizer is its own business)
+        return "none"
     cls = type(optimizer)
     return f"torch.optim.{cls.__name__}" if cls.__module__.startswith("torch.optim") else cls.__name__
 

@@ -1,0 +1,60 @@
+"""Lab zero1 end to end: the untouched skeleton, the reference solution, and a common mistake.
+
+The references are nano's runs (held to a single-process torch AdamW by tests/nano) and official
+DeepSpeed's, at 2 and 3 ranks on the tiny model; one lab directory serves every test of the module.
+"""
+
+import pytest
+
+from tests.labs.lab_runs import LabDirectory
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    return LabDirectory.start("zero1", tmp_path_factory.mktemp("labs"))
+
+
+def test_start_writes_a_package_whose_functions_name_the_lab(lab):
+    names = sorted(path.name for path in lab.directory.iterdir())
+    assert names == ["README.md", "__init__.py", "engine.py", "lab.py", "on_nano.py"]
+    text = (lab.directory / "lab.py").read_text()
+    for function in ("partition_bounds", "reduce_scatter_gradients", "all_gather_parameters"):
+        assert f'raise NotImplementedError("lab zero1: write {function} in lab.py")' in text
+    readme = (lab.directory / "README.md").read_text()
+    assert "docs/learn/2-zero-1.md" in readme and "2 x 4 B x P / N" in readme
+
+
+def test_the_untouched_skeleton_fails_on_its_first_item_naming_the_function(lab):
+    done = lab.check(None, "--gpus", "2")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("FAIL runs (world size 2)\n"), done.stdout
+    assert "lab zero1's partition_bounds is not written yet" in done.stdout
+    assert "hint: write partition_bounds in lab.py" in done.stdout
+
+
+@pytest.mark.official
+def test_the_reference_solution_passes_byte_for_byte_beside_nano_and_official(lab):
+    done = lab.check(lab.solution())
+    assert done.returncode == 0, done.stdout + done.stderr
+    for world_size in (2, 3):
+        for check in ("runs", "losses", "bytes", "wire"):
+            assert f"PASS {check} (world size {world_size})" in done.stdout
+    # ZeRO-1's wire: a reduce-scatter and an all-gather of (N-1)/N x 4 B x P each, P = 854,400 at N = 2
+    assert "reduce_scatter: 2 calls, 1,708,800 wire B per step, as nano" in done.stdout
+    assert "all_gather_single: 2 calls, 1,708,800 wire B per step, as nano" in done.stdout
+    rows = [line.split("│")[1:-1] for line in done.stdout.splitlines() if line.startswith("│")]
+    figures = {(row[0].strip(), row[1].strip()): [cell.strip() for cell in row[2:]] for row in rows}
+    for world_size in ("2", "3"):
+        assert figures[(world_size, "yours")] == figures[(world_size, "nano")]  # loss, bytes held, wire: identical
+        assert figures[(world_size, "yours")][0] == figures[(world_size, "official")][0]  # the same loss as official
+    assert "lab zero1: every check passed" in done.stdout
+
+
+def test_not_dividing_by_the_world_size_is_caught_at_the_gradient_norm(lab):
+    done = lab.check(lab.with_mistake("no_divide"), "--gpus", "2", "--no-official")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "PASS runs (world size 2)" in done.stdout and "FAIL losses (world size 2)" in done.stdout
+    assert "your gradient norm is 2 x nano's: A reduce-scatter sums: divide the partition by the world size" \
+        in done.stdout

@@ -1,0 +1,85 @@
+"""The labs, in course order: what each asks the learner to write, the formula it must meet, its hints.
+
+A lab is a row here; `start` writes its package from it and `check` holds the learner's engine to
+it. The functions to write live in zero_lab/labs/todo/<lab>.py (each raises NotImplementedError
+naming the lab); the engine around them is zero_lab/labs/skeleton/ (it runs stage 0 as it is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One lab: its name, the stage its engine runs, and what the learner reads."""
+
+    name: str
+    title: str
+    stage: int
+    goal: str
+    functions: tuple[str, ...]  # in the order the engine first calls them
+    formula: str  # the bytes a correct engine holds and sends, per rank (P: padded parameters, N: ranks)
+    hints: tuple[str, ...]
+    lesson: str  # the course's lesson that explains it (docs/learn/)
+    dtype: str = "float32"  # the workload's --dtype
+    config: dict = field(default_factory=dict)  # merged into the harness's zero<stage>.json, section by section
+    steps: int = 3  # optimizer steps per run: enough to meet every moment the lab is about
+
+
+LABS = (
+    Lab("zero1", "ZeRO-1: partition the Adam states, all-gather the parameters after the step", 1,
+        "Each rank updates only its partition of the parameters, so it holds only its partition of Adam's "
+        "states; after the step every rank gathers the others' updated partitions.",
+        ("partition_bounds", "reduce_scatter_gradients", "all_gather_parameters"),
+        "optimizer states 2 x 4 B x P / N; parameters 4 B x P; gradients 4 B x numel after backward. "
+        "Wire per step: reduce-scatter (N-1)/N x 4 B x P, all-gather (N-1)/N x 4 B x P, and the 4 B "
+        "all-reduce of the gradient norm the engine makes",
+        ("A reduce-scatter sums: divide the partition by the world size, or every gradient is N times too large.",
+         "Rank r owns [r x P/N, (r+1) x P/N); Adam's states take the size of what partition_bounds returns.",
+         "all_gather_into_tensor(flat, partition) fills the whole buffer from every rank's partition: "
+         "an all-reduce of the whole buffer moves twice the bytes."),
+        "docs/learn/2-zero-1.md"),
+    Lab("zero2", "ZeRO-2: reduce-scatter the gradients into partitions during backward, in buckets", 2,
+        "As backward produces each gradient it goes into a bucket; a full bucket is reduce-scattered, so each "
+        "rank keeps only its gradient partition, never the full gradients.",
+        ("partition_bounds", "reduce_scatter_gradients", "all_gather_parameters", "gradient_ready"),
+        "after backward: gradient partition 4 B x P / N and no full gradients; optimizer states 2 x 4 B x P / N. "
+        "Wire per step: as ZeRO-1 (reduce-scatter and all-gather, (N-1)/N x 4 B x P each)",
+        ("Release parameter.grad as soon as it is in the bucket: ZeRO-2 holds no full gradients after backward.",
+         "Reduce-scatter the bucket (not all-reduce it): each rank needs only its partition's sums.",
+         "Release the bucket once its partition is taken: free its storage (free_storage), then drop it."),
+        "docs/learn/3-zero-2.md"),
+    Lab("zero3", "ZeRO-3: gather each unit before its forward and backward, and release it after", 3,
+        "Each rank keeps only its partition of every parameter; a unit is gathered whole just before its forward "
+        "and its backward need it, and released right after.",
+        ("gather_unit", "release_unit"),
+        "parameters 4 B x P / N between uses (persistent small parameters whole) and optimizer states "
+        "2 x 4 B x P / N; no gathered parameters after forward's last unit, after backward and after the step. "
+        "Wire per step: all-gathers of (N-1)/N of each unit per use, and a reduce-scatter of (N-1)/N x 4 B x P",
+        ("Gather partitions, not whole buffers: all_gather_into_tensor(buffer.full, buffer.partition) sends (N-1)/N "
+         "of the buffer, an all-reduce of it twice that.",
+         "Give buffer.full its storage back before gathering into it (untyped_storage().resize_(buffer.full_nbytes)).",
+         "Release after use: a unit left whole holds 4 B x its padded size on every rank until the next step."),
+        "docs/learn/4-zero-3.md"),
+    Lab("fp16", "Mixed precision: fp16 with dynamic loss scaling that skips a step on overflow, as DeepSpeed does", 2,
+        "The loss is scaled up before backward so that small fp16 gradients survive; a step whose gradients "
+        "overflow is skipped and the scale shrinks, after enough good steps it grows again.",
+        ("update_scale",),
+        "the loss scale after every step equal to DeepSpeed's rule: from 2^16, doubled after every 2 good steps "
+        "(loss_scale_window 2), an overflow first spending one of 2 units of hysteresis, then halving; the "
+        "same steps skipped; bytes and wire bytes of nano's stage 2 in fp16",
+        ("Count every step in cur_iter, skipped or not: the window is measured from the last overflow.",
+         "An overflow spends hysteresis before it shrinks the scale: with hysteresis 2 the first overflow leaves "
+         "the scale as it is.",
+         "Grow the scale only after loss_scale_window good steps since the last overflow."),
+        "docs/learn/5-precision.md", dtype="float16",
+        config={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 2,
+                         "hysteresis": 2, "min_loss_scale": 1}}, steps=6),
+)
+
+BY_NAME = {lab.name: lab for lab in LABS}
+
+
+def lab_named(name: str) -> Lab | None:
+    return BY_NAME.get(name)

@@ -1,0 +1,156 @@
+"""`zero-lab lab check`'s four checks, over finished runs: pure, nothing started here.
+
+For one world size the learner's run (the lab package as an impl) is held, in order, to:
+    1. it runs: every step finished (else: the error, and the function still to write);
+    2. losses, gradient norms and loss scales: every step's equal nano's at the same world size (nano
+       is held to a single-process torch AdamW by its own tests), within the loss tolerance and a
+       relative 1e-4 (an overflowing step's infinite norm equals an infinite norm);
+    3. bytes per rank by category: at the last step's phases (after forward, after backward, after
+       the step), each category the engine counts equals nano's, which nano's tests hold to the
+       formula of zero_lab/nano/memory_formula.py; and all that the rank holds after backward and
+       after the step (the memory tracker's live bytes) is no more than nano's;
+    4. wire bytes per collective: per step, the same collective types, each with the same wire bytes.
+Each check gives a `Result`; the first that fails stops the check, with a hint that names the
+likely mistake when its figures match one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from zero_lab.analysis.divergence import divergence_lines, first_divergence, per_step, per_step_grad_norms
+from zero_lab.labs.catalog import Lab
+
+GRAD_NORM_RTOL = 1e-4
+CHECKED_PHASES = ("after_forward", "after_backward", "after_step")
+HELD_PHASES = ("after_backward", "after_step")
+
+
+@dataclass(frozen=True)
+class Result:
+    """One check at one world size: passed or not, what was compared, and a hint when it failed."""
+
+    check: str
+    world_size: int
+    ok: bool
+    lines: tuple[str, ...]
+    hint: str = ""
+
+
+def missing_function(log_tail: str, lab: Lab) -> str | None:
+    """The function the skeleton still asks for, from a failed run's NotImplementedError."""
+    found = re.findall(r"NotImplementedError: lab \w+: write (\w+)", log_tail or "")
+    return found[-1] if found else None
+
+
+def check_runs(run: dict, lab: Lab) -> Result:
+    world_size = run["world_size"]
+    if run.get("status") == "ok":
+        return Result("runs", world_size, True, (f"{run['steps']} steps finished",))
+    function = missing_function(run.get("log_tail", ""), lab)
+    if function:
+        return Result("runs", world_size, False, (f"the engine stopped: lab {lab.name}'s {function} is not written yet",),
+                      f"write {function} in lab.py: its docstring states the contract")
+    tail = [line for line in (run.get("error") or run.get("log_tail") or "").splitlines() if line.strip()]
+    return Result("runs", world_size, False, (f"the run ended {run.get('status')}: {tail[-1] if tail else 'no output'}",
+                                              f"logs: {run.get('run_dir')}"),
+                  "run it alone to see the whole traceback: zero-lab run --impl NAME=DIR --gpus 2 --device cpu --model tiny")
+
+
+def check_losses(run: dict, nano: dict, tolerance: float, lab: Lab) -> Result:
+    world_size = run["world_size"]
+    divergence = first_divergence(run, nano, tolerance)
+    scales, nano_scales = per_step(run["run_dir"], "loss_scale"), per_step(nano["run_dir"], "loss_scale")
+    norms, nano_norms = per_step_grad_norms(run["run_dir"]), per_step_grad_norms(nano["run_dir"])
+    for step in sorted(nano_scales):
+        if scales.get(step) != nano_scales[step]:
+            overflowed = nano_norms.get(step) == float("inf")
+            return Result("losses", world_size, False,
+                          (f"step {step}{' (an overflow: skipped)' if overflowed else ''}: loss scale after the step "
+                           f"{scales.get(step, float('nan')):g}, nano's {nano_scales[step]:g}",),
+                          lab.hints[1] if overflowed else lab.hints[-1])
+    for step in sorted(nano_norms):
+        mine, theirs = norms.get(step, float("nan")), nano_norms[step]
+        if mine != theirs and not abs(mine - theirs) <= GRAD_NORM_RTOL * abs(theirs):
+            ratio = mine / theirs if theirs else float("nan")
+            hint = (f"your gradient norm is {ratio:.4g} x nano's: {lab.hints[0]}"
+                    if abs(ratio - world_size) < 0.01 * world_size else
+                    "step 1 agrees and a later step does not: a step's gradients leak into the next (autograd adds "
+                    "into parameter.grad): release parameter.grad once it is used" if step > 1 else lab.hints[0])
+            lines = (f"step {step}: gradient norm {mine:.6g}, nano's {theirs:.6g}",)
+            return Result("losses", world_size, False, lines + tuple(divergence_lines(divergence) if divergence else ()),
+                          hint)
+    if divergence is not None:
+        return Result("losses", world_size, False, tuple(divergence_lines(divergence)), lab.hints[-1])
+    return Result("losses", world_size, True,
+                  (f"{len(nano_norms)} steps: losses within {tolerance:g}, gradient norms within a relative "
+                   f"{GRAD_NORM_RTOL:g} and loss scales equal to nano's",))
+
+
+def phase_rows(run: dict) -> dict[str, dict]:
+    """The last step's `[phase]` samples of a run, by phase."""
+    phases = run.get("phases") or []
+    last = max((sample["step"] for sample in phases), default=None)
+    return {sample["phase"]: sample for sample in phases if sample["step"] == last}
+
+
+def category_hint(category: str, mine: int, theirs: int, world_size: int, lab: Lab) -> str:
+    """The mistake the figures point at, when they point at one."""
+    if category == "optimizer_states" and mine == theirs * world_size:
+        return "Adam's states are whole: partition_bounds must give this rank only its slice (P/N elements)"
+    if category == "gradients" and mine and not theirs:
+        return "full gradients are still held after backward: release parameter.grad once it is in the bucket"
+    if category == "communication_buckets" and mine:
+        return "the gradient bucket outlives its reduce-scatter: release it (free_storage(group.bucket), then None)"
+    if category == "gathered_parameters" and mine:
+        return "a unit's gathered parameters outlive its use: release the unit after forward and after backward"
+    return lab.hints[1]
+
+
+def check_bytes(run: dict, nano: dict, lab: Lab) -> Result:
+    world_size = run["world_size"]
+    mine, theirs = phase_rows(run), phase_rows(nano)
+    lines = []
+    for phase in CHECKED_PHASES:
+        for key, expected in theirs.get(phase, {}).items():
+            if not key.endswith("_bytes") or key in ("live_bytes", "peak_bytes", "step"):
+                continue
+            measured = mine.get(phase, {}).get(key, 0)
+            if measured != expected:
+                category = key[:-len("_bytes")]
+                return Result("bytes", world_size, False,
+                              (f"{phase}: {category} {measured:,} B, the formula (nano's) {expected:,} B",),
+                              category_hint(category, measured, expected, world_size, lab))
+    for phase in HELD_PHASES:
+        held, nano_held = mine.get(phase, {}).get("live_bytes"), theirs.get(phase, {}).get("live_bytes")
+        if held is None or nano_held is None:
+            continue
+        if held > nano_held:
+            return Result("bytes", world_size, False,
+                          (f"{phase}: this rank holds {held:,} B, {held - nano_held:,} B more than nano's {nano_held:,} B "
+                           "(a tensor the engine's categories do not count)",),
+                          "something outlives its use: a temporary kept on an attribute, or a buffer never released")
+        lines.append(f"{phase}: holds {held:,} B (nano {nano_held:,} B)")
+    return Result("bytes", world_size, True, ("every category equals the formula", *lines))
+
+
+def wire_per_op(run: dict) -> dict[str, tuple[int, int]]:
+    """{op: (calls per step, wire bytes per step)} from the run's `[comm]` lines."""
+    steps = max(1, int(run.get("steps") or 1))
+    return {line["op"]: (int(line["calls"]) // steps, int(line["wire_bytes_per_step"])) for line in run.get("comm") or []}
+
+
+def check_wire(run: dict, nano: dict, lab: Lab) -> Result:
+    world_size = run["world_size"]
+    mine, theirs = wire_per_op(run), wire_per_op(nano)
+    differing = [op for op in sorted(set(mine) | set(theirs)) if mine.get(op, (0, 0))[1] != theirs.get(op, (0, 0))[1]]
+    if differing:
+        lines = tuple(f"{op}: {mine.get(op, (0, 0))[0]} calls, {mine.get(op, (0, 0))[1]:,} wire B per step; nano's "
+                      f"{theirs.get(op, (0, 0))[0]} calls, {theirs.get(op, (0, 0))[1]:,} B" for op in differing)
+        extra_all_reduce = mine.get("all_reduce", (0, 0))[1] > theirs.get("all_reduce", (0, 0))[1]
+        hint = ("you all-reduce where nano reduce-scatters or all-gathers: an all-reduce sends 2 (N-1)/N of the "
+                "buffer, a reduce-scatter or an all-gather (N-1)/N") if extra_all_reduce else lab.hints[-1]
+        return Result("wire", world_size, False, lines, hint)
+    return Result("wire", world_size, True,
+                  tuple(f"{op}: {calls} calls, {wire:,} wire B per step, as nano" for op, (calls, wire) in sorted(mine.items())))
