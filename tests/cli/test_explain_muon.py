@@ -25,8 +25,9 @@ def explain_json(*flags: str, optimizer: str = "muon") -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 3])
 def test_muons_measured_step_is_the_predicted_one(stage):
-    """3 ranks, so partitions cut matrices (stage 1), and stage 3 gathers its partitioned momentum too."""
-    result = explain_json("--model", "tiny", "--stage", str(stage), "--gpus", "3", "--dtype", "float32", "--measure")
+    """2 ranks (a partition boundary cuts one of tiny's matrices at stage 1; 3 ranks timed out once under
+    load), and stage 3 gathers its partitioned momentum too."""
+    result = explain_json("--model", "tiny", "--stage", str(stage), "--gpus", "2", "--dtype", "float32", "--measure")
     measurement = result["measurement"]
     assert measurement["agrees"] is True and measurement["disagreements"] == []
     gathers = [item for item in measurement["prediction"]["collectives"] if item["phase"] == "muon_gather"]
