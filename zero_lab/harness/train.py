@@ -66,6 +66,8 @@ from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Ph
 from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
 from zero_lab.workload.run_config import build_parser, check_launch, passed_to_official, precision_of
 from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
+from zero_lab.workload.timeline import start_tracing
+from zero_lab.workload.trace_settings import TraceRequest
 
 
 def checkpoint_fields(action: str, step: int, save_dir: str, tag: str, seconds: float) -> dict:
@@ -154,6 +156,7 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     record = collective_record.from_environment()
     if record is not None:
         comm.record_to(record, phase)
+    tracing = start_tracing(TraceRequest.from_environment(), comm, memory, phase, device, int(os.environ.get("RANK", 0)))
     try:
         train_with_meters(args, device, config, batches, comm, memory, phase)
     except Exception as error:
@@ -163,6 +166,8 @@ def train(args, device: torch.device, config: dict, batches) -> None:
         figures = allocator_figures(device, memory)
         raise OutOfMemory(out_of_memory_line(rank, phase.current, str(error), figures)) from None
     finally:
+        if tracing is not None:  # --trace: this rank's timeline and memory snapshot
+            tracing.close()
         memory.stop()
         comm.uninstall()
         if record is not None:

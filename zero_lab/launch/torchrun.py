@@ -40,6 +40,7 @@ class Workload:
     ranks_per_node: int | None = None  # the harness's --ranks-per-node K (None: the launcher's)
     attn_impl: str | None = None  # the harness's --attn-impl (None: Hugging Face's choice, sdpa where it runs)
     gradient_checkpointing: bool = False  # the harness's --gradient-checkpointing
+    trace_steps: str | None = None  # --trace: the steps each rank traces (None: no trace; workload.trace_settings)
 
 
 @dataclass
