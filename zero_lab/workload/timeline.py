@@ -3,7 +3,8 @@
 Perfetto, chrome://tracing and Holistic Trace Analysis open `trace-rank<N>.json`; docs/trace.md
 says what each track holds. Everything comes from the meters that already watch every impl the
 same way, plus nano's own moments:
-    step track         a span per traced optimizer step, inside it a span per engine call
+    step track         a span per traced optimizer step ("ProfilerStep#<k>", torch.profiler's name,
+                       by which HTA numbers iterations), inside it a span per engine call
                        (forward, backward, optimizer step: the `StepPhase` the training loop
                        moves), and inside those nano's labelled regions (`nano.step_events`: the
                        optimizer step's phases, each gradient bucket, each stage-3 gather);
@@ -43,6 +44,7 @@ from zero_lab.workload.out_of_memory import Phase, StepPhase
 from zero_lab.workload.trace_settings import TraceRequest, snapshot_path, trace_path
 
 SPAN_NAMES = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward", Phase.STEP: "optimizer step"}
+STEP_SPAN = "ProfilerStep#"  # torch.profiler's name for a step: HTA numbers its iterations by it
 BEFORE = "before"  # the memory category of storages that existed when tracing began
 MEMORY_COUNTER = "allocated bytes"
 # Thread ids of the tracks (units follow UNIT_TRACKS, one each).
@@ -100,7 +102,7 @@ class Timeline:
 
     def _close_step(self) -> None:
         if self.step is not None:
-            self._complete(f"step {self.step}", "step", self.step_start, self.last_phase_end, STEP_TRACK,
+            self._complete(f"{STEP_SPAN}{self.step}", "step", self.step_start, self.last_phase_end, STEP_TRACK,
                            {"step": self.step})
             self.step = None
 
