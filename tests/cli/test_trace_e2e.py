@@ -93,12 +93,16 @@ def test_phases_nest_inside_their_step(traced, impl):
             assert start <= span["ts"] <= end, span
             if not span["args"].get("asynchronous"):  # an asynchronous call's end is its work's, on another thread
                 assert span["ts"] + span["dur"] <= end, span
-        for span in traces.spans(trace, "nano"):  # nano's own phases inside the engine call they ran in
+        for span in traces.spans(trace, "nano") + traces.spans(trace, "optimizer"):  # inside their engine call
             assert any(phase["ts"] <= span["ts"] and span["ts"] + span["dur"] <= phase["ts"] + phase["dur"]
                        for phase in phases), span
+        optimizer = traces.spans(trace, "optimizer")  # the optimizer's own step (official: one per sub-group)
+        assert {span["args"]["step"] for span in optimizer} == set(TRACED), optimizer
+        assert all(any(phase["name"] == "optimizer step" and phase["ts"] <= span["ts"] <= phase["ts"] + phase["dur"]
+                       for phase in phases) for span in optimizer)
         if impl == "nano":
             names = {span["name"] for span in traces.spans(trace, "nano")}
-            assert {"reduce_gradients", "unscale_clip", "adam", "all_gather"} <= names
+            assert {"reduce_gradients", "unscale_clip", "all_gather"} <= names
             units = Counter(span["args"]["unit"] for span in traces.spans(trace, "unit"))
             assert units and set(units.values()) == {len(TRACED)}  # each unit gathered and released once a step
 

@@ -102,9 +102,10 @@ def step_windows(trace: dict) -> dict[int, tuple[float, float]]:
 
 
 def phase_totals(trace: dict) -> dict[str, float]:
-    """Milliseconds per engine call (forward, backward, optimizer step) and per nano phase, over the traced steps."""
+    """Milliseconds per engine call (forward, backward, optimizer step), the optimizer's own step and
+    nano's phases (a label's first word: "unit", "bucket", "reduce_gradients"), over the traced steps."""
     totals: dict[str, float] = defaultdict(float)
-    for span in spans(trace, "phase") + spans(trace, "nano"):
+    for span in spans(trace, "phase") + spans(trace, "optimizer") + spans(trace, "nano"):
         name = span["name"] if span["cat"] == "phase" else span["name"].split(" ")[0]
         totals[name] += span["dur"] / 1e3
     return dict(totals)

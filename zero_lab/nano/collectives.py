@@ -27,8 +27,6 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed
 
-from zero_lab.nano.step_events import announce
-
 
 # Set to 1: a world of one still runs every collective (see the module docstring).
 COLLECTIVES_AT_WORLD_ONE = "ZERO_LAB_COLLECTIVES_AT_WORLD_ONE"
@@ -52,12 +50,10 @@ COLLECTIVE_LABEL: ContextVar[Optional[str]] = ContextVar("zero_lab_collective_la
 def labelled(label: str):
     """Collectives issued inside carry `label` (see COLLECTIVE_LABEL)."""
     token = COLLECTIVE_LABEL.set(label)
-    announce("label", label, True)  # a timeline's span of the step (`step_events`)
     try:
         yield
     finally:
         COLLECTIVE_LABEL.reset(token)
-        announce("label", label, False)
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:

@@ -46,7 +46,6 @@ from zero_lab.nano.coalesced_gather import start_gathers
 from zero_lab.nano.collectives import Collectives, labelled
 from zero_lab.nano.external_parameters import external_parameters, register_external_parameter, unwatch, watch
 from zero_lab.nano.fetch_trace import TracedUse
-from zero_lab.nano.step_events import announce
 from zero_lab.nano.sharded_flat_buffer import BufferState, ShardedFlatBuffer
 from zero_lab.nano.units import Unit
 
@@ -172,8 +171,6 @@ class UnitGathering:
             else:
                 entry.holds += 1
             entry.kept = False
-            if not entry.gathered:
-                announce("unit", entry.unit.name, True)
         with labelled("unit " + ",".join(entry.unit.name for entry in entries)):
             start_gathers([buffer for entry in entries for buffer in entry.buffers], self.collectives)  # one call (per dtype)
         for entry in entries:
@@ -184,8 +181,6 @@ class UnitGathering:
         entry.holds = max(0, entry.holds - 1)
         entry.kept = entry.kept or keep
         if entry.holds == 0 and not entry.prefetched and not entry.kept:
-            if entry.gathered:
-                announce("unit", entry.unit.name, False)
             for buffer in entry.buffers:
                 buffer.reshard()
 
@@ -198,8 +193,6 @@ class UnitGathering:
         """Nothing stays gathered: the end of a backward, or before the optimizer changes partitions."""
         for entry in self.entries:
             entry.holds, entry.prefetched, entry.kept = 0, False, False
-            if entry.gathered:
-                announce("unit", entry.unit.name, False)
             for buffer in entry.buffers:
                 buffer.reshard()
         for traced in self.traced:
@@ -224,7 +217,6 @@ class UnitGathering:
                    self.schedule.prefetch(position, lambda unit: self.by_name[unit].gathered, self.live_numel())]
         for entry in started:
             entry.prefetched = True
-            announce("unit", entry.unit.name, True)
         with labelled("prefetch " + ",".join(entry.unit.name for entry in started)):
             start_gathers([buffer for entry in started for buffer in entry.buffers], self.collectives,
                           asynchronous=True)  # one call (per dtype) for the whole prefetch

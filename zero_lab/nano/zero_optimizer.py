@@ -218,8 +218,7 @@ class ZeroOptimizer:
         # Phase 4: Adam on the master partitions, each with its buffer's gradient partition.
         gradients_of_group = [[partition for buffer, partition in zip(self.buffers, partitions)
                                if buffer.group_index == index] for index in range(len(self.adam.param_groups))]
-        with labelled("adam"):  # no collective: a span of the step for a timeline
-            self.adam.step(gradients_of_group)
+        self.adam.step(gradients_of_group)
         del partitions, gradients_of_group
         # Phase 5
         with labelled("all_gather"):

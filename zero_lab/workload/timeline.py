@@ -2,12 +2,13 @@
 
 Perfetto, chrome://tracing and Holistic Trace Analysis open `trace-rank<N>.json`; docs/trace.md
 says what each track holds. Everything comes from the meters that already watch every impl the
-same way, plus nano's own moments:
+same way, plus nano's own moments, watched from outside the engine (`nano_moments`):
     step track         a span per traced optimizer step ("ProfilerStep#<k>", torch.profiler's name,
                        by which HTA numbers iterations), inside it a span per engine call
                        (forward, backward, optimizer step: the `StepPhase` the training loop
-                       moves), and inside those nano's labelled regions (`nano.step_events`: the
-                       optimizer step's phases, each gradient bucket, each stage-3 gather);
+                       moves), inside those the optimizer's own step (every impl: torch's optimizer
+                       hooks) and nano's labelled regions (`nano_moments`: the optimizer step's
+                       phases, each gradient bucket, each stage-3 gather);
     collectives        a span per collective the communication meter counts, from its call to
                        its return, with op, payload and wire bytes, dtype, shape, group size and
                        nano's label (unit or bucket) in `args`; an asynchronous call (one that
@@ -21,7 +22,7 @@ same way, plus nano's own moments:
                        which HTA reads to know whose trace it is.
 Times are the host's monotonic clock in microseconds, the same clock on every rank of one machine.
 
-Phase 1: `start_tracing` hooks the timeline into the step phase, the comm meter, nano's observers
+Phase 1: `start_tracing` hooks the timeline into the step phase, the comm meter, nano's moments
          and the memory meter; nothing is recorded until a traced step begins.
 Phase 2: the steps run; only those in the request's steps are recorded, each completely (a later
          step ends the recording of memory and collectives until another traced step begins).
@@ -37,8 +38,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from zero_lab.nano import step_events
-from zero_lab.nano.collectives import COLLECTIVE_LABEL
+from zero_lab.nano import collectives
+from zero_lab.workload import nano_moments
 from zero_lab.workload.memory_history import AllocationHistory, CudaHistory
 from zero_lab.workload.out_of_memory import Phase, StepPhase
 from zero_lab.workload.trace_settings import TraceRequest, snapshot_path, trace_path
@@ -121,13 +122,14 @@ class Timeline:
     # ----- nano's moments -------------------------------------------------------------------
     def observe_engine(self, kind: str, name: str, begins: bool) -> None:
         now = now_us()
-        if kind == "label":
+        if kind in ("label", "optimizer"):
             if name.endswith(" "):  # "unit " or "prefetch " of nothing: no region to show
                 return
             if begins and self.active:
                 self.labels.append((name, now))
             elif not begins and self.labels and self.labels[-1][0] == name:
-                self._complete(name, "nano", self.labels.pop()[1], now, STEP_TRACK, {"step": self.step})
+                category = "nano" if kind == "label" else "optimizer"
+                self._complete(name, category, self.labels.pop()[1], now, STEP_TRACK, {"step": self.step})
         elif kind == "unit":
             if begins and self.active:
                 self.units.setdefault(name, now)
@@ -142,7 +144,7 @@ class Timeline:
         if not self.active:
             return None
         args = {"op": op, "payload_bytes": payload, "wire_bytes": wire, "dtype": dtype, "shape": shape,
-                "group_size": group_size, "label": COLLECTIVE_LABEL.get() or "", "step": self.step}
+                "group_size": group_size, "label": collectives.COLLECTIVE_LABEL.get(None) or "", "step": self.step}
         return args, now_us()
 
     def collective_returned(self, span, result) -> None:
@@ -222,7 +224,7 @@ class Tracing:
         self.timeline, self.comm, self.memory, self.phase = timeline, comm, memory, phase
         phase.observers.append(timeline.follow)
         comm.timeline = timeline
-        step_events.observe(timeline.observe_engine)
+        self.unwatch = nano_moments.watch(timeline.observe_engine)
         tracker = getattr(memory, "tracker", None)
         if tracker is not None:
             timeline.tracker = tracker
@@ -237,7 +239,7 @@ class Tracing:
         if timeline.follow in self.phase.observers:
             self.phase.observers.remove(timeline.follow)
         self.comm.timeline = None
-        step_events.stop_observing(timeline.observe_engine)
+        self.unwatch()
         live = None
         if timeline.tracker is not None:
             timeline.tracker.listener = None

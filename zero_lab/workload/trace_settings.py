@@ -33,8 +33,8 @@ def parse_steps(text: str) -> frozenset[int]:
     """The steps "2-3,6" names; ValueError with the problem for anything else (empty, 0, 3-2)."""
     steps: set[int] = set()
     for part in text.replace(" ", "").split(","):
-        first, _, last = part.partition("-")
-        if not (first.isdigit() and (last.isdigit() or not last)):
+        first, dash, last = part.partition("-")
+        if not (first.isdigit() and (last.isdigit() or not dash)):
             raise ValueError(f"--trace-steps {text!r}: {part!r} is not a step or a range of steps")
         low, high = int(first), int(last or first)
         if low < 1 or high < low:
