@@ -29,42 +29,45 @@ TRACKER_FILES = ("memory_meter.py", "memory_history.py", "timeline.py", "_python
 FRAME_LIMIT = 16  # frames kept per allocation, innermost first (the viewer shows the innermost)
 
 
-def python_frames(limit: int = FRAME_LIMIT) -> list[dict]:
-    """The Python stack where the allocation happens, innermost first, without the tracker's own frames."""
+def python_frames(limit: int = FRAME_LIMIT) -> tuple:
+    """The Python stack where the allocation happens, innermost first, without the tracker's own
+    frames: (code, line) pairs, made into the viewer's dicts only when the snapshot is written."""
     frames = []
     frame = sys._getframe(1)
     while frame is not None and len(frames) < limit:
-        code = frame.f_code
-        if not code.co_filename.endswith(TRACKER_FILES):
-            frames.append({"filename": code.co_filename, "line": frame.f_lineno, "name": code.co_name})
+        if not frame.f_code.co_filename.endswith(TRACKER_FILES):
+            frames.append((frame.f_code, frame.f_lineno))
         frame = frame.f_back
-    return frames
+    return tuple(frames)
+
+
+def frame_dicts(frames: tuple) -> list[dict]:
+    return [{"filename": code.co_filename, "line": line, "name": code.co_name} for code, line in frames]
 
 
 class AllocationHistory:
     """One rank's events in the snapshot's shape (Phase 1), and the snapshot itself (Phase 2)."""
 
     def __init__(self) -> None:
-        self.events: list[dict] = []
+        self.events: list[tuple] = []
         self.sizes: dict[int, int] = {}  # key -> bytes, for the storages allocated inside the window
-        self.frames: dict[int, list[dict]] = {}
+        self.frames: dict[int, tuple] = {}
 
     def changed(self, key: int, added: int, storage) -> None:
-        """The tracker saw storage `key` grow by `added` bytes (negative: shrink; storage None: freed)."""
+        """The tracker saw storage `key` grow by `added` bytes (negative: shrink; storage None: freed).
+        Events are kept as tuples (action, key, size, time, frames) until the snapshot is written."""
         now = time.time_ns() // 1000
         new_size = storage.nbytes() if storage is not None else 0
         old_size = self.sizes.pop(key, None)
         if old_size is None:  # made before the window opened: its size before this change
             old_size = new_size - added
         if old_size > 0:
-            for action in ("free_requested", "free_completed"):
-                self.events.append({"action": action, "addr": key, "size": old_size, "stream": 0, "time_us": now,
-                                    "frames": []})
+            self.events.append(("free_requested", key, old_size, now, ()))
+            self.events.append(("free_completed", key, old_size, now, ()))
         if new_size > 0:
             frames = python_frames()
             self.sizes[key], self.frames[key] = new_size, frames
-            self.events.append({"action": "alloc", "addr": key, "size": new_size, "stream": 0, "time_us": now,
-                                "frames": frames})
+            self.events.append(("alloc", key, new_size, now, frames))
 
     def snapshot(self, live_storages: dict[int, int]) -> dict:
         """Phase 2: `live_storages` (key -> bytes: the tracker's storages alive now) as segments, and the events."""
@@ -72,14 +75,16 @@ class AllocationHistory:
         for key, size in sorted(live_storages.items()):
             if size <= 0:
                 continue
-            frames = self.frames.get(key, [])
+            frames = frame_dicts(self.frames.get(key, ()))
             block = {"address": key, "size": size, "requested_size": size, "state": "active_allocated",
                      "frames": frames}
             segments.append({"device": 0, "address": key, "total_size": size, "allocated_size": size,
                              "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
                              "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames,
                              "blocks": [block]})
-        return {"segments": segments, "device_traces": [self.events], "allocator_settings": {},
+        events = [{"action": action, "addr": key, "size": size, "stream": 0, "time_us": when,
+                   "frames": frame_dicts(frames)} for action, key, size, when, frames in self.events]
+        return {"segments": segments, "device_traces": [events], "allocator_settings": {},
                 "external_annotations": [], "device": "cpu"}
 
 

@@ -71,7 +71,8 @@ class Timeline:
         self.labels: list[tuple[str, float]] = []
         self.units: dict[str, float] = {}
         self.unit_tracks: dict[str, int] = {}
-        self.memory_by_category: dict[str, int] = {}
+        # (time, category, bytes added) at every change; category None: a new start, all of it "before"
+        self.memory_changes: list[tuple[float, str | None, int]] = []
         self.category_of: dict[int, str] = {}
         self.cpu_history = AllocationHistory() if device.type != "cuda" else None
         self.cuda_history = CudaHistory(device) if device.type == "cuda" else None
@@ -112,7 +113,8 @@ class Timeline:
             if dist.is_available() and dist.is_initialized():  # a script may destroy its group before `close`
                 self.world = (dist.get_world_size(), str(dist.get_backend()))
             if self.tracker is not None:  # what exists now counts as "before", whenever it was made
-                self.memory_by_category, self.category_of = {BEFORE: self.tracker.running_bytes}, {}
+                self.memory_changes.append((now_us(), None, self.tracker.running_bytes))
+                self.category_of = {}
             if self.cuda_history is not None and self.cuda_history.result is None:
                 self.cuda_history.start()
         if not active and self.active and self.cuda_history is not None:
@@ -177,10 +179,19 @@ class Timeline:
             self.category_of[key] = category
         elif storage is None:
             self.category_of.pop(key, None)
-        self.memory_by_category[category] = self.memory_by_category.get(category, 0) + added
-        self.events.append({"ph": "C", "name": MEMORY_COUNTER, "pid": self.rank, "ts": now_us(),
-                            "args": dict(self.memory_by_category)})
+        self.memory_changes.append((now_us(), category, added))
         self.cpu_history.changed(key, added, storage)
+
+    def memory_counter(self) -> list[dict]:
+        """The counter track's events, from the changes: the bytes of each category after each one."""
+        events, categories = [], {}
+        for when, category, added in self.memory_changes:
+            if category is None:
+                categories = {BEFORE: added}
+            else:
+                categories[category] = categories.get(category, 0) + added
+            events.append({"ph": "C", "name": MEMORY_COUNTER, "pid": self.rank, "ts": when, "args": dict(categories)})
+        return events
 
     def _sample_cuda_memory(self, now: float) -> None:
         if self.cuda_history is not None and self.active:
@@ -200,7 +211,7 @@ class Timeline:
                     {"ph": "M", "name": "process_sort_index", "pid": self.rank, "tid": 0, "args": {"sort_index": self.rank}}]
         metadata += [{"ph": "M", "name": "thread_name", "pid": self.rank, "tid": track, "args": {"name": name}}
                      for track, name in sorted(names.items())]
-        events = sorted(self.events, key=lambda event: event["ts"])
+        events = sorted(self.events + self.memory_counter(), key=lambda event: event["ts"])
         return {"schemaVersion": 1, "distributedInfo": {"rank": self.rank, "world_size": world_size, "backend": backend},
                 "deviceProperties": [], "displayTimeUnit": "ms", "traceSteps": sorted(self.request.steps),
                 "traceEvents": metadata + events}
