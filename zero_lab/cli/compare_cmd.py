@@ -31,8 +31,10 @@ from typing import Annotated, Optional
 import typer
 
 from zero_lab.analysis import rundir
+from zero_lab.analysis.trace_report import comm_summaries
 from zero_lab.analysis.markdown import cell_tables, render_report, run_table, verdict_lines
 from zero_lab.cli import input_checks, jobs, options, output, preflight
+from zero_lab.cli import trace_options
 from zero_lab.cli.environment import environment, say_where_auto_runs
 from zero_lab.cli.errors import (BadInput, check_choice, check_not_negative, check_positive, one_line_errors,
                                  parse_int_list)
@@ -67,6 +69,8 @@ def compare(
                                                          "appended; the arguments after `--` are the script's.")] = None,
     save_every: Annotated[int, typer.Option(help="With --max-restarts: each cell saves a checkpoint every K steps "
                                                  "(in its directory), where a restart resumes.", metavar="K")] = 0,
+    trace: trace_options.Trace = False,
+    trace_steps: trace_options.TraceSteps = None,
     *,
     common: options.Common,
 ) -> None:
@@ -103,14 +107,15 @@ def compare(
     for size, reason in lacking_gpus.items():
         output.stderr.print(f"note: --gpus {size} {reason}: its cells are not run, and marked so", markup=False,
                             highlight=False)
+    shared.workload = trace_options.with_trace(shared.workload, trace, trace_steps, script=script is not None)
     jobs.check(shared, impl_list, world_sizes)
     impl_list = jobs.impls_that_can_run(shared, impl_list)
     with input_checks.claimed_directory(common.out, common.name, f"compare-{rundir.timestamp()}") as compare_dir:
-        warmups = [
+        warmups = trace_options.untraced([
             jobs.prepare(shared, impl, stage_list[0], world_sizes[0],
                          compare_dir / "warmup" / rundir.cell_name(impl, stage_list[0], world_sizes[0]), steps=warmup_steps)
             for impl in impl_list if warmup_steps
-        ]
+        ])
         cells = [
             jobs.prepare(shared, impl, stage, world_size,
                          compare_dir / "cells" / repeat_name(rundir.cell_name(impl, stage, world_size), run),
@@ -139,6 +144,9 @@ def compare(
                                   if resume_check else None, baseline=baseline_impl)
     comparison.update(interrupted=interrupted_by is not None, compare_dir=str(compare_dir), environment=env)
     comparison["divergences"] = find_divergences(summaries, impl_list, baseline_impl, comparison["verdict"]["loss_tol"])
+    traced = comm_summaries(summaries) if shared.workload.trace_steps else []
+    if traced:  # --trace: each impl's communication in DeepSpeed's comms-logger shape
+        comparison["comm_summary"] = traced
     if shared.script is not None:
         comparison["script"] = {"path": str(script), "arguments": shared.script.arguments}
     rundir.write_json(compare_dir / rundir.COMPARE, output.json_safe(comparison))

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from zero_lab.analysis.markdown import render_report
+from zero_lab.analysis.trace_report import timeline_section
 
 
 def write_report(comparison: dict, summaries: list[dict], path: Path, title: str = "zero-lab: nano vs official DeepSpeed") -> str:
@@ -15,6 +16,9 @@ def write_report(comparison: dict, summaries: list[dict], path: Path, title: str
     path.parent.mkdir(parents=True, exist_ok=True)
     plots = write_plots(summaries, comparison["rows"], path)
     text = render_report(comparison, summaries, title, plots)
+    timelines = timeline_section(summaries, path)  # --trace: a timeline per cell
+    if timelines:
+        text = text.rstrip("\n") + "\n\n" + timelines + "\n"
     path.write_text(text)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:

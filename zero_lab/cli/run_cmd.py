@@ -18,6 +18,7 @@ from zero_lab import signals
 from zero_lab.analysis import rundir
 from zero_lab.analysis.markdown import run_table
 from zero_lab.cli import input_checks, jobs, options, output, preflight
+from zero_lab.cli import trace_options
 from zero_lab.cli.environment import environment, say_where_auto_runs
 from zero_lab.cli.findings_cmd import hint
 from zero_lab.cli.errors import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, BadInput, check_choice, check_not_negative,
@@ -91,6 +92,8 @@ def run(
                                               "step up to --steps.")] = False,
     resume_tag: Annotated[str | None, typer.Option(help="With --resume: the tag to load (default: the one "
                                                         "`latest` names).")] = None,
+    trace: trace_options.Trace = False,
+    trace_steps: trace_options.TraceSteps = None,
     *,
     common: options.Common,
 ) -> None:
@@ -111,6 +114,7 @@ def run(
         shared.workload, save_dir=str(save_dir.resolve()) if save_dir else None, save_every=save_every,
         resume=(resume_tag or "latest") if resume or resume_tag else None)
     check_restart_save_dir(shared)
+    shared.workload = trace_options.with_trace(shared.workload, trace, trace_steps, script=False)
     jobs.check(shared, [impl], [gpus])
     config = shared.config_path
     if stage is None:

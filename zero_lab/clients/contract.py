@@ -32,6 +32,8 @@ from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.contract_lines import announce_rank, emit, zero_header
 from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.out_of_memory import StepPhase
+from zero_lab.workload.timeline import start_tracing
+from zero_lab.workload.trace_settings import TraceRequest
 
 _comm: CommMeter | None = None
 _memory: MemoryMeter | None = None
@@ -104,6 +106,7 @@ def wrap_initialize(deepspeed, impl: str) -> None:
         hook.install()
         meter.freeze_survivors()  # each step's garbage collection then walks only what training creates
         atexit.register(hook.print_comm_totals)  # Phase 3
+        start_script_tracing(hook, meter, rank)
         return returned
 
     deepspeed.initialize = initialize
@@ -116,3 +119,10 @@ def memory_meter(engine) -> MemoryMeter:
         _memory = MemoryMeter(next(engine.module.parameters()).device)
         _memory.start()
     return _memory
+
+
+def start_script_tracing(hook: StepHook, meter: MemoryMeter, rank: int) -> None:
+    """--trace on a script: the timeline follows the step hook's phase; its files are written at exit."""
+    tracing = start_tracing(TraceRequest.from_environment(), hook.comm, meter, hook.phase, meter.device, rank)
+    if tracing is not None:
+        atexit.register(tracing.close)  # before Phase 3's totals (atexit runs in reverse)

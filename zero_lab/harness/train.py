@@ -70,6 +70,8 @@ from zero_lab.workload.run_config import build_parser, check_launch, passed_to_o
 from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
 from zero_lab.workload import rank_pause
 from zero_lab.workload import restarts
+from zero_lab.workload.timeline import start_tracing
+from zero_lab.workload.trace_settings import TraceRequest
 
 
 def checkpoint_fields(action: str, step: int, save_dir: str, tag: str, seconds: float) -> dict:
@@ -162,6 +164,7 @@ def train(args, device: torch.device, config: dict, batches) -> None:
     record = collective_record.from_environment()
     if record is not None:
         comm.record_to(record, phase)
+    tracing = start_tracing(TraceRequest.from_environment(), comm, memory, phase, device, int(os.environ.get("RANK", 0)))
     try:
         train_with_meters(args, device, config, batches, comm, memory, phase)
     except Exception as error:
@@ -171,6 +174,8 @@ def train(args, device: torch.device, config: dict, batches) -> None:
         figures = allocator_figures(device, memory)
         raise OutOfMemory(out_of_memory_line(rank, phase.current, str(error), figures)) from None
     finally:
+        if tracing is not None:  # --trace: this rank's timeline and memory snapshot
+            tracing.close()
         memory.stop()
         comm.uninstall()
         if record is not None:

@@ -42,6 +42,7 @@ class Workload:
     gradient_checkpointing: bool = False  # the harness's --gradient-checkpointing
     global_batch_size: int | None = None  # the harness's --global-batch-size N (an elastic range keeps it)
     optimizer: str | None = None  # the harness's --optimizer adamw|muon (None: the config's)
+    trace_steps: str | None = None  # --trace: the steps each rank traces (None: no trace; workload.trace_settings)
 
 
 @dataclass

@@ -36,6 +36,7 @@ from zero_lab.analysis import rundir
 from zero_lab.analysis.logparse import step_and_loss
 from zero_lab.launch import moments, ports, torchrun
 from zero_lab.launch.engine_switch import impl_environment
+from zero_lab.workload.trace_settings import trace_environment
 from zero_lab.launch.memory_watch import MemoryWatch
 from zero_lab.launch.stall import StallWatch
 from zero_lab.workload.collective_record import RECORD_DIRECTORY_ENVIRONMENT
@@ -107,6 +108,7 @@ def execute(
         child_env = impl_environment(child_env, spec.impl, spec.device, log_contract=True)
     child_env[RECORD_DIRECTORY_ENVIRONMENT] = str(run_dir.resolve() / "logs")  # each rank's flight record
     child_env.update(torchrun.restart_environment(spec))
+    child_env.update(trace_environment(run_dir, spec.workload.trace_steps))  # --trace: each rank's timeline
     total_steps = spec.workload.steps if spec.script is None else None  # a script decides its own
     task = progress.add_task(label, total=total_steps, loss="-") if progress is not None else None
     # Phase 2

@@ -119,6 +119,7 @@ class CommMeter:
         self.trace: list[tuple[str, int, int]] | None = None  # a list: every call in order, (label, payload, wire)
         self.recorder: CollectiveRecord | None = None
         self.phase: StepPhase | None = None
+        self.timeline = None  # a `timeline.Timeline` (`--trace`): every counted call is also a span
 
     def record_to(self, recorder: CollectiveRecord, phase: StepPhase) -> "CommMeter":
         """Write every call to `recorder` too, with `phase`'s step and engine call."""
@@ -161,13 +162,19 @@ class CommMeter:
             if argument and not self._paused:
                 self.record(label, payload, intra, inter)
             seq = self._start_entry(label, moved, payload, intra + inter, len(group_ranks)) if self.recorder else None
+            span = (self.timeline.collective_started(label, payload, intra + inter, *_described(moved), len(group_ranks))
+                    if self.timeline is not None and argument and not self._paused else None)
             self._depth += 1
+            result = None
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
+                return result
             finally:
                 self._depth -= 1
                 if seq is not None:
                     self.recorder.returned(seq)
+                if span is not None:
+                    self.timeline.collective_returned(span, result)
 
         return counted
 

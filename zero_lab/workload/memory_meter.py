@@ -72,6 +72,9 @@ class LiveStorageTracker(TorchDispatchMode):
         self._running_bytes = 0
         self.peak_bytes = 0
         self._original_resize = None
+        # Told every change of the running total: listener(storage key, bytes added (negative: freed),
+        # running total, the storage or None when freed) (a timeline's memory track: `--trace`).
+        self.listener = None
 
     def __enter__(self):
         self._original_resize = torch.UntypedStorage.resize_
@@ -125,9 +128,14 @@ class LiveStorageTracker(TorchDispatchMode):
         else:
             return
         self.peak_bytes = max(self.peak_bytes, self._running_bytes)
+        if self.listener is not None:
+            self.listener(key, nbytes - (known[1] if known is not None else 0), self._running_bytes, storage)
 
     def _freed(self, key: int, _ref) -> None:
-        self._running_bytes -= self._storages.pop(key)[1]
+        freed = self._storages.pop(key)[1]
+        self._running_bytes -= freed
+        if self.listener is not None:
+            self.listener(key, -freed, self._running_bytes, None)
 
     @property
     def live_bytes(self) -> int:
@@ -141,6 +149,15 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
+
+    @property
+    def running_bytes(self) -> int:
+        """The running total the peak follows (sizes as last seen, no re-reading)."""
+        return self._running_bytes
+
+    def live_storage_bytes(self) -> dict[int, int]:
+        """Each storage alive now, by its key, with its bytes as last seen."""
+        return {key: size for key, (reference, size) in list(self._storages.items()) if reference() is not None}
 
 
 def resident_bytes() -> int:

@@ -53,11 +53,14 @@ class StepPhase:
     def __init__(self) -> None:
         self.current = Phase.START_UP
         self.step: int | None = None
+        self.observers: list = []  # called with this StepPhase after each enter (a timeline: `--trace`)
 
     def enter(self, phase: Phase, step: int | None = None) -> None:
         self.current = phase
         if step is not None:
             self.step = step
+        for observer in self.observers:
+            observer(self)
 
 
 # What a RuntimeError (or its subclasses AcceleratorError and NCCL's DistBackendError) says when an

@@ -1,0 +1,107 @@
+"""Every allocation and free of a traced window, as the memory snapshot viewer reads them.
+
+On CUDA, torch's caching allocator keeps this history itself (`torch.cuda.memory.
+_record_memory_history`) and `_snapshot()` returns it. On CPU there is no allocator to ask, so this
+module builds the same dict from the exact meter's tracker (`memory_meter.LiveStorageTracker`):
+    segments       one per storage alive when the window closes (a CPU storage is its own
+                   allocation: one segment holding one block, `active_allocated`), with the
+                   frames of its allocation when it was made inside the window;
+    device_traces  one list (device 0: the CPU) of the window's events in order: `alloc` (size,
+                   the Python frames that made it), `free_requested` then `free_completed` (a CPU
+                   free is immediate); a storage resized in place is a free of its old size and an
+                   alloc of its new one.
+An address is the storage's identity in the tracker (its Python object's id), unique among the
+storages alive at one time, which is all the viewer asks of an address.
+
+Phase 1: `changed(...)` (the tracker's listener, while the window is open) appends events.
+Phase 2: `snapshot(tracker)` returns the dict; `python -m torch.cuda._memory_viz trace_plot FILE`
+         draws it like a CUDA run's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+TRACKER_FILES = ("memory_meter.py", "memory_history.py", "timeline.py", "_python_dispatch.py", "_ops.py")
+FRAME_LIMIT = 16  # frames kept per allocation, innermost first (the viewer shows the innermost)
+
+
+def python_frames(limit: int = FRAME_LIMIT) -> tuple:
+    """The Python stack where the allocation happens, innermost first, without the tracker's own
+    frames: (code, line) pairs, made into the viewer's dicts only when the snapshot is written."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None and len(frames) < limit:
+        if not frame.f_code.co_filename.endswith(TRACKER_FILES):
+            frames.append((frame.f_code, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(frames)
+
+
+def frame_dicts(frames: tuple) -> list[dict]:
+    return [{"filename": code.co_filename, "line": line, "name": code.co_name} for code, line in frames]
+
+
+class AllocationHistory:
+    """One rank's events in the snapshot's shape (Phase 1), and the snapshot itself (Phase 2)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.sizes: dict[int, int] = {}  # key -> bytes, for the storages allocated inside the window
+        self.frames: dict[int, tuple] = {}
+
+    def changed(self, key: int, added: int, storage) -> None:
+        """The tracker saw storage `key` grow by `added` bytes (negative: shrink; storage None: freed).
+        Events are kept as tuples (action, key, size, time, frames) until the snapshot is written."""
+        now = time.time_ns() // 1000
+        new_size = storage.nbytes() if storage is not None else 0
+        old_size = self.sizes.pop(key, None)
+        if old_size is None:  # made before the window opened: its size before this change
+            old_size = new_size - added
+        if old_size > 0:
+            self.events.append(("free_requested", key, old_size, now, ()))
+            self.events.append(("free_completed", key, old_size, now, ()))
+        if new_size > 0:
+            frames = python_frames()
+            self.sizes[key], self.frames[key] = new_size, frames
+            self.events.append(("alloc", key, new_size, now, frames))
+
+    def snapshot(self, live_storages: dict[int, int]) -> dict:
+        """Phase 2: `live_storages` (key -> bytes: the tracker's storages alive now) as segments, and the events."""
+        segments = []
+        for key, size in sorted(live_storages.items()):
+            if size <= 0:
+                continue
+            frames = frame_dicts(self.frames.get(key, ()))
+            block = {"address": key, "size": size, "requested_size": size, "state": "active_allocated",
+                     "frames": frames}
+            segments.append({"device": 0, "address": key, "total_size": size, "allocated_size": size,
+                             "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
+                             "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames,
+                             "blocks": [block]})
+        events = [{"action": action, "addr": key, "size": size, "stream": 0, "time_us": when,
+                   "frames": frame_dicts(frames)} for action, key, size, when, frames in self.events]
+        return {"segments": segments, "device_traces": [events], "allocator_settings": {},
+                "external_annotations": [], "device": "cpu"}
+
+
+class CudaHistory:
+    """The same history on CUDA: torch's own recording, started and read around the window."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.recording = False
+        self.result: dict | None = None
+
+    def start(self) -> None:
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, device=self.device)
+        self.recording = True
+
+    def stop(self) -> None:
+        if self.recording:
+            self.result = torch.cuda.memory._snapshot(self.device)
+            torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
+            self.recording = False

@@ -1,0 +1,266 @@
+"""One rank's timeline of the traced steps, written in Chrome's trace-event format (`--trace`).
+
+Perfetto, chrome://tracing and Holistic Trace Analysis open `trace-rank<N>.json`; docs/trace.md
+says what each track holds. Everything comes from the meters that already watch every impl the
+same way, plus nano's own moments, watched from outside the engine (`nano_moments`):
+    step track         a span per traced optimizer step ("ProfilerStep#<k>", torch.profiler's name,
+                       by which HTA numbers iterations), inside it a span per engine call
+                       (forward, backward, optimizer step: the `StepPhase` the training loop
+                       moves), inside those the optimizer's own step (every impl: torch's optimizer
+                       hooks) and nano's labelled regions (`nano_moments`: the optimizer step's
+                       phases, each gradient bucket, each stage-3 gather);
+    collectives        a span per collective the communication meter counts, from its call to
+                       its return, with op, payload and wire bytes, dtype, shape, group size and
+                       nano's label (unit or bucket) in `args`; an asynchronous call (one that
+                       returns a work handle) is drawn to when its work completed, on its own track;
+    unit tracks        stage 3 (nano): a span per unit while it is whole, gathered to released;
+    memory counter     allocated bytes at every change, split by the engine call each storage was
+                       made in ("before" for what existed when tracing began); on CPU from the
+                       exact meter's tracker, so the track's maximum is the run's measured peak; on
+                       CUDA the caching allocator's figure at each span's edges;
+    metadata           process and thread names, and `distributedInfo` (rank, world size, backend),
+                       which HTA reads to know whose trace it is.
+Times are the host's monotonic clock in microseconds, the same clock on every rank of one machine.
+
+Phase 1: `start_tracing` hooks the timeline into the step phase, the comm meter, nano's moments
+         and the memory meter; nothing is recorded until a traced step begins.
+Phase 2: the steps run; only those in the request's steps are recorded, each completely (a later
+         step ends the recording of memory and collectives until another traced step begins).
+Phase 3: `close` writes the trace and the memory snapshot (`memory_history`) and unhooks all.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+
+import torch
+import torch.distributed as dist
+
+from zero_lab.nano import collectives
+from zero_lab.workload import nano_moments
+from zero_lab.workload.memory_history import AllocationHistory, CudaHistory
+from zero_lab.workload.out_of_memory import Phase, StepPhase
+from zero_lab.workload.trace_settings import TraceRequest, snapshot_path, trace_path
+
+SPAN_NAMES = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward", Phase.STEP: "optimizer step"}
+STEP_SPAN = "ProfilerStep#"  # torch.profiler's name for a step: HTA numbers its iterations by it
+BEFORE = "before"  # the memory category of storages that existed when tracing began
+MEMORY_COUNTER = "allocated bytes"
+# Thread ids of the tracks (units follow UNIT_TRACKS, one each).
+STEP_TRACK, COLLECTIVE_TRACK, ASYNC_COLLECTIVE_TRACK, UNIT_TRACKS = 1, 2, 3, 10
+TRACK_NAMES = {STEP_TRACK: "step", COLLECTIVE_TRACK: "collectives",
+               ASYNC_COLLECTIVE_TRACK: "collectives (asynchronous)"}
+
+
+def now_us() -> float:
+    return time.monotonic_ns() / 1000
+
+
+class Timeline:
+    """Phase 2's recorder for one rank."""
+
+    def __init__(self, request: TraceRequest, device: torch.device, rank: int):
+        self.request, self.device, self.rank = request, device, rank
+        self.events: list[dict] = []
+        self.active = False  # inside a traced step's window: memory and collectives recorded
+        self.step: int | None = None  # the traced step open now
+        self.step_start = self.last_phase_end = 0.0
+        self.span: tuple[str, float] | None = None  # the engine call open now
+        self.labels: list[tuple[str, float]] = []
+        self.units: dict[str, float] = {}
+        self.unit_tracks: dict[str, int] = {}
+        # (time, category, bytes added) at every change; category None: a new start, all of it "before"
+        self.memory_changes: list[tuple[float, str | None, int]] = []
+        self.category_of: dict[int, str] = {}
+        self.cpu_history = AllocationHistory() if device.type != "cuda" else None
+        self.cuda_history = CudaHistory(device) if device.type == "cuda" else None
+        self.tracker = None
+        self.world = (1, "none")  # world size and backend, read when the first traced step begins
+
+    # ----- the step phase -------------------------------------------------------------------
+    def follow(self, phase: StepPhase) -> None:
+        """The training loop entered a phase: close the open span, and open the next if traced."""
+        now = now_us()
+        self._close_span(now)
+        if phase.current not in SPAN_NAMES:
+            return
+        if phase.step not in self.request.steps:
+            self._close_step()
+            self._set_active(False)
+            return
+        if self.step != phase.step:
+            self._close_step()
+            self.step, self.step_start = phase.step, now
+            self._set_active(True)
+        self.span = (SPAN_NAMES[phase.current], now)
+
+    def _close_span(self, now: float) -> None:
+        if self.span is not None:
+            name, start = self.span
+            self._complete(name, "phase", start, now, STEP_TRACK, {"step": self.step})
+            self.span, self.last_phase_end = None, now
+
+    def _close_step(self) -> None:
+        if self.step is not None:
+            self._complete(f"{STEP_SPAN}{self.step}", "step", self.step_start, self.last_phase_end, STEP_TRACK,
+                           {"step": self.step})
+            self.step = None
+
+    def _set_active(self, active: bool) -> None:
+        if active and not self.active:
+            if dist.is_available() and dist.is_initialized():  # a script may destroy its group before `close`
+                self.world = (dist.get_world_size(), str(dist.get_backend()))
+            if self.tracker is not None:  # what exists now counts as "before", whenever it was made
+                self.memory_changes.append((now_us(), None, self.tracker.running_bytes))
+                self.category_of = {}
+            if self.cuda_history is not None and self.cuda_history.result is None:
+                self.cuda_history.start()
+        if not active and self.active and self.cuda_history is not None:
+            self.cuda_history.stop()
+        self.active = active
+
+    # ----- nano's moments -------------------------------------------------------------------
+    def observe_engine(self, kind: str, name: str, begins: bool) -> None:
+        now = now_us()
+        if kind in ("label", "optimizer"):
+            if name.endswith(" "):  # "unit " or "prefetch " of nothing: no region to show
+                return
+            if begins and self.active:
+                self.labels.append((name, now))
+            elif not begins and self.labels and self.labels[-1][0] == name:
+                category = "nano" if kind == "label" else "optimizer"
+                self._complete(name, category, self.labels.pop()[1], now, STEP_TRACK, {"step": self.step})
+        elif kind == "unit":
+            if begins and self.active:
+                self.units.setdefault(name, now)
+            elif not begins and name in self.units:
+                track = self.unit_tracks.setdefault(name, UNIT_TRACKS + len(self.unit_tracks))
+                self._complete(f"unit {name}", "unit", self.units.pop(name), now, track, {"unit": name})
+        self._sample_cuda_memory(now)
+
+    # ----- the comm meter -------------------------------------------------------------------
+    def collective_started(self, op: str, payload: int, wire: int, dtype: str, shape: str, group_size: int):
+        """A counted call starts: its span's fields (None outside a traced step)."""
+        if not self.active:
+            return None
+        args = {"op": op, "payload_bytes": payload, "wire_bytes": wire, "dtype": dtype, "shape": shape,
+                "group_size": group_size, "label": collectives.COLLECTIVE_LABEL.get(None) or "", "step": self.step}
+        return args, now_us()
+
+    def collective_returned(self, span, result) -> None:
+        args, start = span
+        future = None
+        if result is not None and hasattr(result, "get_future"):
+            try:
+                future = result.get_future()
+            except RuntimeError:  # a backend without futures for this op: drawn to its return
+                future = None
+        if future is None:
+            self._complete(args["op"], "collective", start, now_us(), COLLECTIVE_TRACK, args)
+            return
+        args["asynchronous"] = True
+
+        def completed(_):
+            self._complete(args["op"], "collective", start, now_us(), ASYNC_COLLECTIVE_TRACK, args)
+
+        future.then(completed)
+
+    # ----- memory ---------------------------------------------------------------------------
+    def memory_changed(self, key: int, added: int, running: int, storage) -> None:
+        """The CPU tracker's listener: every allocation, resize and free."""
+        if not self.active:
+            self.category_of.pop(key, None)
+            return
+        category = self.category_of.get(key, BEFORE)
+        if storage is not None and key not in self.category_of and added == storage.nbytes():
+            category = self.span[0] if self.span is not None else "between steps"
+            self.category_of[key] = category
+        elif storage is None:
+            self.category_of.pop(key, None)
+        self.memory_changes.append((now_us(), category, added))
+        self.cpu_history.changed(key, added, storage)
+
+    def memory_counter(self) -> list[dict]:
+        """The counter track's events, from the changes: the bytes of each category after each one."""
+        events, categories = [], {}
+        for when, category, added in self.memory_changes:
+            if category is None:
+                categories = {BEFORE: added}
+            else:
+                categories[category] = categories.get(category, 0) + added
+            events.append({"ph": "C", "name": MEMORY_COUNTER, "pid": self.rank, "ts": when, "args": dict(categories)})
+        return events
+
+    def _sample_cuda_memory(self, now: float) -> None:
+        if self.cuda_history is not None and self.active:
+            self.events.append({"ph": "C", "name": MEMORY_COUNTER, "pid": self.rank, "ts": now,
+                                "args": {"allocated": torch.cuda.memory_allocated(self.device)}})
+
+    # ----- the file -------------------------------------------------------------------------
+    def _complete(self, name: str, category: str, start: float, end: float, track: int, args: dict) -> None:
+        self.events.append({"ph": "X", "name": name, "cat": category, "pid": self.rank, "tid": track, "ts": start,
+                            "dur": max(0.0, end - start), "args": args})
+        self._sample_cuda_memory(end)
+
+    def document(self, world_size: int, backend: str) -> dict:
+        """The whole trace: metadata, then the events in time order."""
+        names = {**TRACK_NAMES, **{track: f"unit {unit}" for unit, track in self.unit_tracks.items()}}
+        metadata = [{"ph": "M", "name": "process_name", "pid": self.rank, "tid": 0, "args": {"name": f"rank {self.rank}"}},
+                    {"ph": "M", "name": "process_sort_index", "pid": self.rank, "tid": 0, "args": {"sort_index": self.rank}}]
+        metadata += [{"ph": "M", "name": "thread_name", "pid": self.rank, "tid": track, "args": {"name": name}}
+                     for track, name in sorted(names.items())]
+        events = sorted(self.events + self.memory_counter(), key=lambda event: event["ts"])
+        return {"schemaVersion": 1, "distributedInfo": {"rank": self.rank, "world_size": world_size, "backend": backend},
+                "deviceProperties": [], "displayTimeUnit": "ms", "traceSteps": sorted(self.request.steps),
+                "traceEvents": metadata + events}
+
+    def write(self, world_size: int, backend: str, live_storages: dict[int, int] | None) -> None:
+        directory = self.request.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(trace_path(directory, self.rank), "w") as file:
+            json.dump(self.document(world_size, backend), file)
+        snapshot = (self.cpu_history.snapshot(live_storages or {}) if self.cpu_history is not None
+                    else self.cuda_history.result)
+        if snapshot is not None:
+            with open(snapshot_path(directory, self.rank), "wb") as file:
+                pickle.dump(snapshot, file)
+
+
+class Tracing:
+    """Phases 1 and 3: the hooks of one rank's timeline, put in and taken out."""
+
+    def __init__(self, timeline: Timeline, comm, memory, phase: StepPhase):
+        self.timeline, self.comm, self.memory, self.phase = timeline, comm, memory, phase
+        phase.observers.append(timeline.follow)
+        comm.timeline = timeline
+        self.unwatch = nano_moments.watch(timeline.observe_engine)
+        tracker = getattr(memory, "tracker", None)
+        if tracker is not None:
+            timeline.tracker = tracker
+            tracker.listener = timeline.memory_changed
+
+    def close(self) -> None:
+        """Phase 3: end the open spans, unhook, write the files."""
+        timeline = self.timeline
+        timeline._close_span(now_us())
+        timeline._close_step()
+        timeline._set_active(False)
+        if timeline.follow in self.phase.observers:
+            self.phase.observers.remove(timeline.follow)
+        self.comm.timeline = None
+        self.unwatch()
+        live = None
+        if timeline.tracker is not None:
+            timeline.tracker.listener = None
+            live = timeline.tracker.live_storage_bytes()
+        timeline.write(*timeline.world, live)
+
+
+def start_tracing(request: TraceRequest | None, comm, memory, phase: StepPhase, device: torch.device,
+                  rank: int) -> Tracing | None:
+    """Phase 1 (None: no --trace)."""
+    if request is None:
+        return None
+    return Tracing(Timeline(request, device, rank), comm, memory, phase)
