@@ -73,6 +73,7 @@ LONGEST_FIRST = [
     "tests/nano/test_checkpoints.py",
     "tests/nano/test_official_parity.py",
     "tests/nano/test_external_parameters.py",
+    "tests/cli/test_trace_e2e.py",
     "tests/labs/test_lab_fp16.py",
     "tests/labs/test_lab_zero3.py",
     "tests/labs/test_lab_zero1.py",
