@@ -416,7 +416,8 @@ def run_check(args: argparse.Namespace) -> int:
                 build.stop()
             measured["fused-adam"] = build.seconds_taken()
     if comparisons:
-        print("\ngpu-check (one GPU, qwen3-0.6b bf16; memory per rank):\n" + compact_table(list(comparisons.values())))
+        dtypes = "fp32" if set(comparisons) == {"muon"} else "bf16" if "muon" not in comparisons else "bf16, muon fp32"
+        print(f"\ngpu-check (one GPU, qwen3-0.6b {dtypes}; memory per rank):\n" + compact_table(list(comparisons.values())))
     report = timings(measured, comparisons, steps)
     TIMINGS.parent.mkdir(parents=True, exist_ok=True)
     TIMINGS.write_text(json.dumps(report, indent=1) + "\n")
