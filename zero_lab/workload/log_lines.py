@@ -37,6 +37,7 @@ FLOAT_FORMATS = {
     "lr": "{:.9g}",
     "loss_scale": "{:g}",
     "step_ms": "{:.1f}",
+    "step_cpu_ms": "{:.1f}",
     "tokens_per_s": "{:.1f}",
     "seconds": "{:.3f}",
 }

@@ -12,6 +12,11 @@ Phase 3: `end()` samples this rank's memory, then (with the comm meter paused, s
          divide: gloo's AVG has had silent bugs) and takes the max over ranks of memory, step
          time and communication bytes.
 
+The step's CPU time (`step_cpu_ms`) is the CPU time of the rank's whole process over the same span
+(every thread: the training loop's and the communication backend's), its samples' taken away too:
+what the rank computed, not what it waited for (a rank waiting on a collective or on other work of
+the machine spends wall time, not CPU time).
+
 The step time is wall time from `begin()` to `end()` less the time the phase samples take. On CUDA
 the host runs ahead of the device: when a sample starts, kernels of the phase before it may still
 be queued, and they run while the host samples. So each sample, like `end()`, first waits for the
@@ -33,7 +38,8 @@ from zero_lab.workload.memory_meter import MemoryMeter
 from zero_lab.workload.phase_memory import PhaseSample, visible_categories
 
 MAX_OVER_RANKS = ("alloc", "reserved", "peak_alloc", "peak_reserved", "pre_step_alloc",
-                  "comm_bytes", "comm_wire_bytes", "comm_wire_intra_bytes", "comm_wire_inter_bytes", "step_ns")
+                  "comm_bytes", "comm_wire_bytes", "comm_wire_intra_bytes", "comm_wire_inter_bytes", "step_ns",
+                  "step_cpu_ns")
 
 
 class StepMetrics:
@@ -48,6 +54,7 @@ class StepMetrics:
         self.phases: list[PhaseSample] = []
         self._comm_before = self.comm.snapshot()
         self._started = time.perf_counter_ns()
+        self._cpu_started = time.process_time_ns()
 
     def add_loss(self, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach().float())
@@ -56,10 +63,11 @@ class StepMetrics:
         """This rank's live bytes and the peak so far at a phase boundary, with nano's categories
         when `memory_breakdown` (nano's engine method) is given; the time this takes is not the step's."""
         self.wait_for_device()  # the phase's queued kernels are the step's time, not the sample's
-        started = time.perf_counter_ns()
+        started, cpu_started = time.perf_counter_ns(), time.process_time_ns()
         categories = visible_categories(memory_breakdown(by_device=True), self.device.type) if memory_breakdown else {}
         self.phases.append(PhaseSample(phase, self.memory.live_bytes(), self.memory.peak_bytes(), categories))
         self._started += time.perf_counter_ns() - started
+        self._cpu_started += time.process_time_ns() - cpu_started
 
     def wait_for_device(self) -> None:
         """Wait until the device has run every kernel queued so far (nothing to wait for on CPU)."""
@@ -78,6 +86,7 @@ class StepMetrics:
     def end(self, tokens: int) -> dict:
         """Fields of the step's line (before loss_scale, lr and grad_norm, which the engine knows)."""
         step_ns = self.elapsed_ns()
+        step_cpu_ns = time.process_time_ns() - self._cpu_started
         memory = self.memory.sample()
         moved = difference(self.comm.snapshot(), self._comm_before).values()
         comm_bytes = sum(count.bytes for count in moved)
@@ -85,7 +94,7 @@ class StepMetrics:
         local_max = [memory.alloc, memory.reserved, memory.peak_alloc, memory.peak_reserved,
                      self.pre_step_alloc(), comm_bytes, comm_wire_bytes,
                      sum(count.wire_intra_bytes for count in moved), sum(count.wire_inter_bytes for count in moved),
-                     step_ns]
+                     step_ns, step_cpu_ns]
         with self.comm.paused():
             loss_sum = torch.stack(self._losses).sum().to(torch.float64).reshape(1)
             maxima = torch.tensor(local_max, dtype=torch.int64, device=self.device)
@@ -98,6 +107,7 @@ class StepMetrics:
             "loss": loss_sum.item() / (len(self._losses) * self.world_size),
             "step_ms": step_s * 1e3,
             "tokens_per_s": tokens / step_s,
+            "step_cpu_ms": worst["step_cpu_ns"] / 1e6,
             "alloc_max_mb": worst["alloc"] / MB,
             "reserved_max_mb": worst["reserved"] / MB,
             "peak_alloc_max_mb": worst["peak_alloc"] / MB,
