@@ -105,6 +105,13 @@ def test_phases_nest_inside_their_step(traced, impl):
             assert {"reduce_gradients", "unscale_clip", "all_gather"} <= names
             units = Counter(span["args"]["unit"] for span in traces.spans(trace, "unit"))
             assert units and set(units.values()) == {len(TRACED)}  # each unit gathered and released once a step
+        if impl == "official":  # DeepSpeed's own timer of its stage-3 step, around torch's AdamW.step
+            own = traces.spans(trace, "deepspeed")
+            assert [span["name"] for span in own] == ["optimizer_step"] * len(TRACED), own
+            assert all(any(span["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= span["ts"] + span["dur"]
+                           for inner in optimizer) for span in own)
+        else:
+            assert not traces.spans(trace, "deepspeed")
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -7,8 +7,10 @@ same way, plus nano's own moments, watched from outside the engine (`nano_moment
                        by which HTA numbers iterations), inside it a span per engine call
                        (forward, backward, optimizer step: the `StepPhase` the training loop
                        moves), inside those the optimizer's own step (every impl: torch's optimizer
-                       hooks) and nano's labelled regions (`nano_moments`: the optimizer step's
-                       phases, each gradient bucket, each stage-3 gather);
+                       hooks), nano's labelled regions (`nano_moments`: the optimizer step's
+                       phases, each gradient bucket, each stage-3 gather) and official's own
+                       phases of the optimizer step (`deepspeed_moments`: its ZeRO optimizer's
+                       timers, `optimizer_gradients`, `optimizer_step`, `optimizer_allgather`);
     collectives        a span per collective the communication meter counts, from its call to
                        its return, with op, payload and wire bytes, dtype, shape, group size and
                        nano's label (unit or bucket) in `args`; an asynchronous call (one that
@@ -39,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.nano import collectives
-from zero_lab.workload import nano_moments
+from zero_lab.workload import deepspeed_moments, nano_moments
 from zero_lab.workload.memory_history import AllocationHistory, CudaHistory
 from zero_lab.workload.out_of_memory import Phase, StepPhase
 from zero_lab.workload.trace_settings import TraceRequest, snapshot_path, trace_path
@@ -78,6 +80,7 @@ class Timeline:
         self.cuda_history = CudaHistory(device) if device.type == "cuda" else None
         self.tracker = None
         self.world = (1, "none")  # world size and backend, read when the first traced step begins
+        self.unwatch_deepspeed = None  # official's optimizer timers, watched from the first traced step
 
     # ----- the step phase -------------------------------------------------------------------
     def follow(self, phase: StepPhase) -> None:
@@ -117,6 +120,8 @@ class Timeline:
                 self.category_of = {}
             if self.cuda_history is not None and self.cuda_history.result is None:
                 self.cuda_history.start()
+            if self.unwatch_deepspeed is None:  # an official run has loaded DeepSpeed by now
+                self.unwatch_deepspeed = deepspeed_moments.watch(self.observe_engine)
         if not active and self.active and self.cuda_history is not None:
             self.cuda_history.stop()
         self.active = active
@@ -124,13 +129,13 @@ class Timeline:
     # ----- nano's moments -------------------------------------------------------------------
     def observe_engine(self, kind: str, name: str, begins: bool) -> None:
         now = now_us()
-        if kind in ("label", "optimizer"):
+        if kind in ("label", "optimizer", "deepspeed"):
             if name.endswith(" "):  # "unit " or "prefetch " of nothing: no region to show
                 return
             if begins and self.active:
                 self.labels.append((name, now))
             elif not begins and self.labels and self.labels[-1][0] == name:
-                category = "nano" if kind == "label" else "optimizer"
+                category = {"label": "nano"}.get(kind, kind)
                 self._complete(name, category, self.labels.pop()[1], now, STEP_TRACK, {"step": self.step})
         elif kind == "unit":
             if begins and self.active:
@@ -179,8 +184,9 @@ class Timeline:
             self.category_of[key] = category
         elif storage is None:
             self.category_of.pop(key, None)
-        self.memory_changes.append((now_us(), category, added))
-        self.cpu_history.changed(key, added, storage)
+        now = now_us()
+        self.memory_changes.append((now, category, added))
+        self.cpu_history.changed(key, added, storage, now)
 
     def memory_counter(self) -> list[dict]:
         """The counter track's events, from the changes: the bytes of each category after each one."""
@@ -251,6 +257,8 @@ class Tracing:
             self.phase.observers.remove(timeline.follow)
         self.comm.timeline = None
         self.unwatch()
+        if timeline.unwatch_deepspeed is not None:
+            timeline.unwatch_deepspeed()
         live = None
         if timeline.tracker is not None:
             timeline.tracker.listener = None
