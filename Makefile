@@ -34,6 +34,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(TORCH_INSTALL)
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# Holistic Trace Analysis's trace parser, for the test that it reads `--trace`'s files: the parser
+	# needs only pandas and numpy; the rest of its dependencies (jupyterlab, plotly) serve its notebooks
+	# (the `trace` extra installs them all)
+	$(BIN)/python -m pip install -q --no-deps "holistictraceanalysis==0.5.0"
 	touch $@
 
 # Two pytest-xdist workers, each taking whole files (a module's shared launch stays one launch), the
