@@ -261,3 +261,43 @@ def test_the_clis_questions_to_the_gpus_leave_no_cuda_context_in_its_process():
     assert done.returncode == 0, done.stderr
     count, offered, contexts = json.loads(done.stdout.strip().splitlines()[-1])
     assert count >= 1 and offered > 0 and contexts == [False] * count
+
+
+def test_a_traced_run_writes_a_timeline_and_a_snapshot_torchs_viewer_reads(tmp_path):
+    """Issue 34 on the device: `--trace` through the harness (nano, stage 3, every collective through
+    NCCL), steps 2-3 traced. On CUDA the memory snapshot is torch's own `_record_memory_history` and
+    the counter samples the caching allocator at span edges, so its maximum is at most the measured
+    peak; rehearsed on CPU both come from the exact tracker and the maximum is the peak."""
+    import pickle
+
+    from torch.cuda import _memory_viz
+
+    from zero_lab.analysis import traces
+    from zero_lab.workload.log_lines import MB, parse_line
+
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    repository = Path(__file__).resolve().parents[2]
+    environment.update(ZERO_LAB_TRACE=str(tmp_path / "trace"), ZERO_LAB_TRACE_STEPS="2-3",
+                       PYTHONPATH=os.pathsep.join([str(repository), environment.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                           str(repository / "harness" / "train.py"), "--impl", "nano", "--device", DEVICE.type,
+                           "--model-name", "tiny", "--zero-stage", "3", "--steps", "3", "--batch-size", "2",
+                           "--seq-len", "32"], capture_output=True, text=True, timeout=600, env=environment,
+                          cwd=repository)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [parse_line(line) for line in done.stdout.splitlines() if line.startswith("[opt_step")]
+    peak = max(fields["peak_alloc_max_mb"] for _, step, fields in steps if step in (2, 3)) * MB
+    (trace,) = traces.read_traces(tmp_path)
+    assert sorted(traces.step_windows(trace)) == [2, 3]
+    assert [span["name"] for span in traces.spans(trace, "phase")] == ["forward", "backward", "optimizer step"] * 2
+    assert {traces.family(span["name"]) for span in traces.spans(trace, "collective")} >= {"all_gather", "reduce_scatter"}
+    highest = max(value for _, value in traces.memory_series(trace))
+    assert 0 < highest <= peak + 0.5e-4 * MB
+    if REHEARSAL:
+        assert abs(highest - peak) <= 0.5e-4 * MB
+    snapshot = pickle.loads((tmp_path / "trace" / "memory-snapshot-rank0.pickle").read_bytes())
+    events = snapshot["device_traces"][0]
+    assert any(event["action"] == "alloc" for event in events) and snapshot["segments"]
+    assert f"{len(events)} entries" in _memory_viz.trace(snapshot)
+    assert any(frame["name"] == "forward" for event in events for frame in event["frames"])
