@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from zero_lab.analysis import traces
+from zero_lab.analysis.logparse import parse_file
+from zero_lab.workload.log_lines import MB
+
 pytestmark = [pytest.mark.slow, pytest.mark.official]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,11 +51,12 @@ def test_compare_script_runs_the_trainer_on_both_impls_and_the_verdict_passes(tm
 def test_compare_script_runs_the_accelerate_loop_on_both_impls_and_the_verdict_passes(tmp_path):
     """examples/accelerate_loop.py (accelerate's DeepSpeedPlugin, the config's optimizer through
     DummyOptim) under `compare --script`: 2 processes, stage 2, 2 steps of 16 tokens, the least
-    that shows a step after the first; the same batches, so fp32 losses within 1e-6."""
+    that shows a step after the first; the same batches, so fp32 losses within 1e-6. Step 2 is
+    traced (`--trace-steps 2`): a script's run writes the same timeline as the built-in workload's."""
     done = subprocess.run(
         [ZERO_LAB, "compare", "--script", str(REPO / "examples" / "accelerate_loop.py"), "--gpus", "2", "--device",
          "cpu", "--stages", "2", "--out", str(tmp_path), "--name", "cmp", "--format", "json",
-         "--stall-timeout", "600", "--", "--max-steps", "2", "--seq-len", "16"],
+         "--stall-timeout", "600", "--trace-steps", "2", "--", "--max-steps", "2", "--seq-len", "16"],
         capture_output=True, text=True, timeout=1200, cwd=REPO)
     assert done.returncode == 0, done.stderr[-4000:]
     comparison = json.loads((tmp_path / "cmp" / "compare.json").read_text())
@@ -62,3 +67,18 @@ def test_compare_script_runs_the_accelerate_loop_on_both_impls_and_the_verdict_p
         assert (row["status"], row["steps"], row["world_size"], row["stage"]) == ("ok", 2, 2, 2)
     [delta] = comparison["deltas"]
     assert delta["max_step_loss_delta"] <= 1e-6
+    assert {entry["impl"]: entry["steps"] for entry in comparison["comm_summary"]} == {"nano": [2], "official": [2]}
+    own_phases = {"nano": ["reduce_gradients", "unscale_clip", "all_gather"],
+                  "official": ["optimizer_gradients", "optimizer_step", "optimizer_allgather"]}
+    for impl, category in (("nano", "nano"), ("official", "deepspeed")):
+        run = tmp_path / "cmp" / "cells" / f"w2-s2-{impl}"
+        rank_traces = traces.read_traces(run)
+        assert [trace["distributedInfo"]["rank"] for trace in rank_traces] == [0, 1]
+        for trace in rank_traces:
+            assert list(traces.step_windows(trace)) == [2]
+            assert [span["name"] for span in traces.spans(trace, "phase")] == ["forward", "backward", "optimizer step"]
+            assert [name for name in own_phases[impl]
+                    if name in [span["name"] for span in traces.spans(trace, category)]] == own_phases[impl]
+        step_2 = parse_file(run / "logs" / "rank0.stdout.log").steps[1]
+        highest = max(max(value for _, value in traces.memory_series(trace)) for trace in rank_traces)
+        assert abs(highest - step_2["peak_alloc_max_mb"] * MB) <= 0.5e-4 * MB  # the exact tracker's peak
