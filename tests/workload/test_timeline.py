@@ -131,3 +131,19 @@ def test_the_comm_summary_s_bandwidths_are_deepspeed_s(monkeypatch):
         assert row["busbw_gbps"] == pytest.approx(busbw) and row["avg_latency_ms"] == pytest.approx(duration / 1e3)
         assert row["algbw_gbps"] == pytest.approx(tput / 2 if op == "all_reduce" else tput)
     assert rows["all_gather_into_tensor"]["message_bytes"] == (4 << 20) // 4  # one rank's part, as DeepSpeed prints
+
+
+def test_a_storage_freed_between_traced_windows_is_forgotten_and_one_resized_there_frees_its_new_size():
+    """With a gap between traced steps (`--trace-steps 1,3`) the tracker's changes in the gap are not
+    recorded; a window opens with the storages alive then, so an address reused in the gap is a new
+    allocation, not the free of the old one, and a storage resized in the gap frees what it holds."""
+    from zero_lab.workload.memory_history import AllocationHistory
+
+    history = AllocationHistory()
+    history.changed(7, 400, 400, 1, None)  # window 1: two allocations
+    history.changed(8, 40, 40, 2, None)
+    history.window_opened({8: 120})  # in the gap: 7 freed (its address reused later), 8 grown to 120 B
+    history.changed(7, 16, 16, 3, None)
+    history.changed(8, -120, 0, 4, None)
+    assert [(action, key, size) for action, key, size, _, _ in history.events] == [
+        ("alloc", 7, 400), ("alloc", 8, 40), ("alloc", 7, 16), ("free_requested", 8, 120), ("free_completed", 8, 120)]

@@ -13,8 +13,11 @@ module builds the same dict from the exact meter's tracker (`memory_meter.LiveSt
 An address is the storage's identity in the tracker (its Python object's id), unique among the
 storages alive at one time, which is all the viewer asks of an address.
 
-Phase 1: `changed(...)` (the tracker's listener, while the window is open) appends events.
-Phase 2: `snapshot(tracker)` returns the dict; `python -m torch.cuda._memory_viz trace_plot FILE`
+Phase 1: while a window is open the timeline keeps, per change the tracker reports, only its time,
+         sizes and `captured_stack()` (the hot path: nothing else is done inside the step).
+Phase 2: when the files are written, the timeline replays those changes in order into
+         `window_opened(...)` and `changed(...)`, which make the events.
+Phase 3: `snapshot(live)` returns the dict; `python -m torch.cuda._memory_viz trace_plot FILE`
          draws it like a CUDA run's.
 """
 
@@ -51,10 +54,15 @@ class AllocationHistory:
         self.sizes: dict[int, int] = {}  # key -> bytes, for the storages allocated inside the window
         self.stacks: dict[int, object] = {}  # key -> the captured stack of its allocation
 
-    def changed(self, key: int, added: int, storage, now_us: float) -> None:
-        """The tracker saw storage `key` grow by `added` bytes (negative: shrink; storage None: freed) at
-        `now_us`. Events are kept as tuples (action, key, size, time, stack) until the snapshot is written."""
-        new_size = storage.nbytes() if storage is not None else 0
+    def window_opened(self, live_sizes: dict[int, int]) -> None:
+        """A traced window opens with `live_sizes` (key -> bytes) alive: a storage allocated in an
+        earlier window and freed between windows is forgotten (its key may name another by now)."""
+        self.sizes = {key: live_sizes[key] for key in self.sizes if key in live_sizes}
+
+    def changed(self, key: int, added: int, new_size: int, now_us: float, stack) -> None:
+        """Storage `key` grew by `added` bytes (negative: shrank) to `new_size` (0: freed) at `now_us`,
+        made at `stack` (None when it shrank or was freed). Events are kept as tuples (action, key,
+        size, time, stack) until the snapshot is written."""
         old_size = self.sizes.pop(key, None)
         if old_size is None:  # made before the window opened: its size before this change
             old_size = new_size - added
@@ -62,7 +70,6 @@ class AllocationHistory:
             self.events.append(("free_requested", key, old_size, now_us, None))
             self.events.append(("free_completed", key, old_size, now_us, None))
         if new_size > 0:
-            stack = captured_stack()
             self.sizes[key], self.stacks[key] = new_size, stack
             self.events.append(("alloc", key, new_size, now_us, stack))
 

@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from zero_lab.nano import collectives
 from zero_lab.workload import deepspeed_moments, nano_moments
-from zero_lab.workload.memory_history import AllocationHistory, CudaHistory
+from zero_lab.workload.memory_history import AllocationHistory, CudaHistory, captured_stack
 from zero_lab.workload.out_of_memory import Phase, StepPhase
 from zero_lab.workload.trace_settings import TraceRequest, snapshot_path, trace_path
 
@@ -50,6 +50,7 @@ SPAN_NAMES = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward", Phase.STEP: 
 STEP_SPAN = "ProfilerStep#"  # torch.profiler's name for a step: HTA numbers its iterations by it
 BEFORE = "before"  # the memory category of storages that existed when tracing began
 MEMORY_COUNTER = "allocated bytes"
+WINDOW = object()  # the memory log's mark of a traced window opening
 # Thread ids of the tracks (units follow UNIT_TRACKS, one each).
 STEP_TRACK, COLLECTIVE_TRACK, ASYNC_COLLECTIVE_TRACK, UNIT_TRACKS = 1, 2, 3, 10
 TRACK_NAMES = {STEP_TRACK: "step", COLLECTIVE_TRACK: "collectives",
@@ -73,9 +74,12 @@ class Timeline:
         self.labels: list[tuple[str, float]] = []
         self.units: dict[str, float] = {}
         self.unit_tracks: dict[str, int] = {}
-        # (time, category, bytes added) at every change; category None: a new start, all of it "before"
-        self.memory_changes: list[tuple[float, str | None, int]] = []
-        self.category_of: dict[int, str] = {}
+        # Every change the CPU tracker reported inside a window, as little as possible taken in the step:
+        # (time, key, bytes added, size after (None: freed), the engine call's span open then, its stack),
+        # and at each window's opening (WINDOW, time, bytes alive, each storage's bytes). Replayed when
+        # the files are written (`_replay_memory`).
+        self.memory_log: list[tuple] = []
+        self.memory_changes: list[tuple[float, str | None, int]] | None = None  # the replay's counter changes
         self.cpu_history = AllocationHistory() if device.type != "cuda" else None
         self.cuda_history = CudaHistory(device) if device.type == "cuda" else None
         self.tracker = None
@@ -116,8 +120,8 @@ class Timeline:
             if dist.is_available() and dist.is_initialized():  # a script may destroy its group before `close`
                 self.world = (dist.get_world_size(), str(dist.get_backend()))
             if self.tracker is not None:  # what exists now counts as "before", whenever it was made
-                self.memory_changes.append((now_us(), None, self.tracker.running_bytes))
-                self.category_of = {}
+                self.memory_log.append((WINDOW, now_us(), self.tracker.running_bytes,
+                                        self.tracker.live_storage_bytes()))
             if self.cuda_history is not None and self.cuda_history.result is None:
                 self.cuda_history.start()
             if self.unwatch_deepspeed is None:  # an official run has loaded DeepSpeed by now
@@ -174,24 +178,46 @@ class Timeline:
 
     # ----- memory ---------------------------------------------------------------------------
     def memory_changed(self, key: int, added: int, running: int, storage) -> None:
-        """The CPU tracker's listener: every allocation, resize and free."""
+        """The CPU tracker's listener: every allocation, resize and free. Inside the step only what
+        cannot be known later is kept (the time, the size, the open span, the stack)."""
         if not self.active:
-            self.category_of.pop(key, None)
             return
-        category = self.category_of.get(key, BEFORE)
-        if storage is not None and key not in self.category_of and added == storage.nbytes():
-            category = self.span[0] if self.span is not None else "between steps"
-            self.category_of[key] = category
-        elif storage is None:
-            self.category_of.pop(key, None)
-        now = now_us()
-        self.memory_changes.append((now, category, added))
-        self.cpu_history.changed(key, added, storage, now)
+        if storage is None:
+            self.memory_log.append((now_us(), key, added, None, None, None))
+            return
+        size = storage.nbytes()
+        self.memory_log.append((now_us(), key, added, size, self.span, captured_stack() if size > 0 else None))
+
+    def _replay_memory(self) -> list[tuple[float, str | None, int]]:
+        """The log in order: (time, category, bytes added) per change for the counter (category None: a
+        window opens, all of it "before"), each storage's category the engine call it was made in; and
+        the snapshot's events, into `cpu_history`."""
+        if self.memory_changes is not None:
+            return self.memory_changes
+        changes, category_of = [], {}
+        for entry in self.memory_log:
+            if entry[0] is WINDOW:
+                _, when, running, live = entry
+                changes.append((when, None, running))
+                category_of = {}
+                self.cpu_history.window_opened(live)
+                continue
+            when, key, added, size, span, stack = entry
+            category = category_of.get(key, BEFORE)
+            if size is not None and key not in category_of and added == size:
+                category = span[0] if span is not None else "between steps"
+                category_of[key] = category
+            elif size is None:
+                category_of.pop(key, None)
+            changes.append((when, category, added))
+            self.cpu_history.changed(key, added, size or 0, when, stack)
+        self.memory_changes = changes
+        return changes
 
     def memory_counter(self) -> list[dict]:
         """The counter track's events, from the changes: the bytes of each category after each one."""
         events, categories = [], {}
-        for when, category, added in self.memory_changes:
+        for when, category, added in self._replay_memory():
             if category is None:
                 categories = {BEFORE: added}
             else:
