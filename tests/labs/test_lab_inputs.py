@@ -36,6 +36,7 @@ def test_start_writes_the_skeleton_whose_every_function_to_write_names_the_lab(l
         assert raised.startswith(f"raise NotImplementedError('lab {lab.name}: write {function.name} in lab.py"), raised
     readme = (directory / "README.md").read_text()
     assert lab.lesson in readme and lab.formula in readme and f"zero-lab lab check {lab.name} {directory}" in readme
+    assert f"--stages {lab.stage}{' ' + lab.compare_options if lab.compare_options else ''} --impls" in readme
     again = runner.invoke(app, ["lab", "start", lab.name, str(directory)])
     assert again.exit_code == 2 and "already holds a lab" in again.output
 

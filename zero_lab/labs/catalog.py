@@ -29,6 +29,7 @@ class Lab:
     config: dict = field(default_factory=dict)  # merged into the harness's zero<stage>.json, section by section
     steps: int = 3  # optimizer steps per run: enough to meet every moment the lab is about
     later_step_hint: str = LEAKING_GRADIENTS  # when step 1's gradient norm agrees and a later step's does not
+    compare_options: str = ""  # what `zero-lab compare` needs beyond --stages to run the lab's moment (its README)
 
 
 LABS = (
@@ -98,7 +99,8 @@ LABS = (
         config={"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, steps=4,
         later_step_hint="the first steps agree and a later one does not: Adam changed the master on the host but not "
                         "the parameters the forward reads. Copy the master into the partition in place after every "
-                        "step (partition.copy_(master)); rebinding a name changes no tensor"),
+                        "step (partition.copy_(master)); rebinding a name changes no tensor",
+        compare_options="--offload optimizer"),
 )
 
 BY_NAME = {lab.name: lab for lab in LABS}
