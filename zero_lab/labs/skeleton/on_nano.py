@@ -53,7 +53,7 @@ def initialize(model, model_parameters, config):
         def master_for(placement, partition, partition_kind):
             return lab.host_master_partition(partition)
 
-        def copy(placement, destination, source):
+        def copy(placement, destination, source):  # with only the optimizer offloaded: the publish after Adam
             lab.copy_master_into_partition(destination, source)
 
         OffloadPlacement.master_for = master_for
