@@ -79,6 +79,7 @@ LONGEST_FIRST = [
     "tests/labs/test_lab_zero1.py",
     "tests/cli/test_own_engine.py",
     "tests/labs/test_lab_zero2.py",
+    "tests/labs/test_lab_offload.py",
 ]
 
 

@@ -41,3 +41,29 @@ class LabDirectory:
             (self.directory / "lab.py").write_text(lab_text)
         return subprocess.run([ZERO_LAB, "lab", "check", self.lab, str(self.directory), *options],
                               capture_output=True, text=True, timeout=900)
+
+
+def assert_stops_at_the_first_function(done: subprocess.CompletedProcess, lab: str, function: str) -> None:
+    """The untouched skeleton's check: its first item fails at 2 ranks, naming the function to write."""
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("FAIL runs (world size 2)\n"), done.stdout
+    assert f"lab {lab}'s {function} is not written yet" in done.stdout
+    assert f"hint: write {function} in lab.py" in done.stdout
+
+
+def assert_every_check_passed(done: subprocess.CompletedProcess, world_sizes=(2, 3)) -> None:
+    """`check` exited 0 with the four checks passed at every world size."""
+    assert done.returncode == 0, done.stdout + done.stderr
+    for world_size in world_sizes:
+        for check in ("runs", "losses", "bytes", "wire"):
+            assert f"PASS {check} (world size {world_size})" in done.stdout, done.stdout
+
+
+def assert_beside_nano_and_official(stdout: str, world_sizes=(2, 3)) -> None:
+    """In the closing table of a passed check, the learner's row equals nano's (last loss, bytes held after
+    the step, wire bytes per step) and its last loss equals official DeepSpeed's, at every world size."""
+    rows = [line.split("│")[1:-1] for line in stdout.splitlines() if line.startswith("│")]
+    figures = {(row[0].strip(), row[1].strip()): [cell.strip() for cell in row[2:]] for row in rows}
+    for world_size in map(str, world_sizes):
+        assert figures[(world_size, "yours")] == figures[(world_size, "nano")], stdout
+        assert figures[(world_size, "yours")][0] == figures[(world_size, "official")][0], stdout

@@ -30,6 +30,12 @@ MISTAKES = {
     # fp16: the good steps since the last overflow counted one too many: the scale grows a step early
     ("fp16", "early_growth"): ("        stable_interval = (scaler.cur_iter - scaler.last_overflow_iter) - 1",
                                "        stable_interval = scaler.cur_iter - scaler.last_overflow_iter"),
+    # offload: the partition "moved" to the host with .to(), which returns the partition itself: no master of its own
+    ("offload", "master_is_partition"): (
+        "    return torch.empty(partition.numel(), dtype=torch.float32, device=HOST).copy_(partition)",
+        "    return partition.to(HOST, torch.float32)"),
+    # offload: the master rebound to the partition's name, not copied into it: the forward keeps the first weights
+    ("offload", "no_copy_back"): ("    partition.copy_(master)", "    partition = master  # noqa: F841"),
 }
 
 

@@ -15,7 +15,7 @@ runner = CliRunner()
 def test_list_names_every_lab_in_course_order():
     done = runner.invoke(app, ["lab", "list"])
     assert done.exit_code == 0, done.output
-    assert [lab.name for lab in LABS] == ["zero1", "zero2", "zero3", "fp16"]
+    assert [lab.name for lab in LABS] == ["zero1", "zero2", "zero3", "fp16", "offload"]
     positions = [done.output.index(f"{lab.name}: {lab.title}") for lab in LABS]
     assert positions == sorted(positions)
 
@@ -36,12 +36,13 @@ def test_start_writes_the_skeleton_whose_every_function_to_write_names_the_lab(l
         assert raised.startswith(f"raise NotImplementedError('lab {lab.name}: write {function.name} in lab.py"), raised
     readme = (directory / "README.md").read_text()
     assert lab.lesson in readme and lab.formula in readme and f"zero-lab lab check {lab.name} {directory}" in readme
+    assert f"--stages {lab.stage}{' ' + lab.compare_options if lab.compare_options else ''} --impls" in readme
     again = runner.invoke(app, ["lab", "start", lab.name, str(directory)])
     assert again.exit_code == 2 and "already holds a lab" in again.output
 
 
 @pytest.mark.parametrize("argv, problem", [
-    (["lab", "start", "zero9"], "error: no lab named 'zero9'. choose from zero1, zero2, zero3, fp16"),
+    (["lab", "start", "zero9"], "error: no lab named 'zero9'. choose from zero1, zero2, zero3, fp16, offload"),
     (["lab", "check", "zero9"], "error: no lab named 'zero9'"),
     (["lab", "check", "zero1", "{tmp}/empty"], "holds no lab package (no lab.py and __init__.py). write one with: "
                                                "zero-lab lab start zero1"),

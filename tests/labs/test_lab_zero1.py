@@ -6,7 +6,8 @@ DeepSpeed's, at 2 and 3 ranks on the tiny model; one lab directory serves every 
 
 import pytest
 
-from tests.labs.lab_runs import LabDirectory
+from tests.labs.lab_runs import (LabDirectory, assert_beside_nano_and_official, assert_every_check_passed,
+                                  assert_stops_at_the_first_function)
 
 pytestmark = pytest.mark.slow
 
@@ -27,28 +28,17 @@ def test_start_writes_a_package_whose_functions_name_the_lab(lab):
 
 
 def test_the_untouched_skeleton_fails_on_its_first_item_naming_the_function(lab):
-    done = lab.check(None, "--gpus", "2")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.startswith("FAIL runs (world size 2)\n"), done.stdout
-    assert "lab zero1's partition_bounds is not written yet" in done.stdout
-    assert "hint: write partition_bounds in lab.py" in done.stdout
+    assert_stops_at_the_first_function(lab.check(None, "--gpus", "2"), "zero1", "partition_bounds")
 
 
 @pytest.mark.official
 def test_the_reference_solution_passes_byte_for_byte_beside_nano_and_official(lab):
     done = lab.check(lab.solution())
-    assert done.returncode == 0, done.stdout + done.stderr
-    for world_size in (2, 3):
-        for check in ("runs", "losses", "bytes", "wire"):
-            assert f"PASS {check} (world size {world_size})" in done.stdout
+    assert_every_check_passed(done)
     # ZeRO-1's wire: a reduce-scatter and an all-gather of (N-1)/N x 4 B x P each, P = 854,400 at N = 2
     assert "reduce_scatter: 2 calls, 1,708,800 wire B per step, as nano" in done.stdout
     assert "all_gather_single: 2 calls, 1,708,800 wire B per step, as nano" in done.stdout
-    rows = [line.split("│")[1:-1] for line in done.stdout.splitlines() if line.startswith("│")]
-    figures = {(row[0].strip(), row[1].strip()): [cell.strip() for cell in row[2:]] for row in rows}
-    for world_size in ("2", "3"):
-        assert figures[(world_size, "yours")] == figures[(world_size, "nano")]  # loss, bytes held, wire: identical
-        assert figures[(world_size, "yours")][0] == figures[(world_size, "official")][0]  # the same loss as official
+    assert_beside_nano_and_official(done.stdout)
     assert "lab zero1: every check passed" in done.stdout
 
 

@@ -130,8 +130,8 @@ def check(
     name: Name,
     directory: Directory = None,
     gpus: Annotated[str, typer.Option(help="World sizes (processes on CPU).")] = "2,3",
-    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps of each run (default: the lab's, 3; "
-                                                       "fp16's 6).")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps of each run (default: the lab's: 3, "
+                                                       "offload's 4, fp16's 6).")] = None,
     official: Annotated[bool, typer.Option(help="Once every check passes, run official DeepSpeed too and show its "
                                                 "figures beside yours and nano's.")] = True,
 ) -> None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+LEAKING_GRADIENTS = ("step 1 agrees and a later step does not: a step's gradients leak into the next (autograd adds "
+                     "into parameter.grad): release parameter.grad once it is used")
+
 
 @dataclass(frozen=True)
 class Lab:
@@ -25,6 +28,8 @@ class Lab:
     dtype: str = "float32"  # the workload's --dtype
     config: dict = field(default_factory=dict)  # merged into the harness's zero<stage>.json, section by section
     steps: int = 3  # optimizer steps per run: enough to meet every moment the lab is about
+    later_step_hint: str = LEAKING_GRADIENTS  # when step 1's gradient norm agrees and a later step's does not
+    compare_options: str = ""  # what `zero-lab compare` needs beyond --stages to run the lab's moment (its README)
 
 
 LABS = (
@@ -76,6 +81,26 @@ LABS = (
         "docs/learn/5-precision.md", dtype="float16",
         config={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 2,
                          "hysteresis": 2, "min_loss_scale": 1}}, steps=6),
+    Lab("offload", "Offload: the optimizer states and step on the host", 2,
+        "What only Adam reads lives on the host: the fp32 master partition, Adam's two states and the gradient "
+        "partition. Each step the reduced gradient partition lands on the host, Adam runs there, and the updated "
+        "master is copied back into the device's partition before the all-gather.",
+        ("host_master_partition", "copy_master_into_partition"),
+        "on the host: fp32 master partition 4 B x P / N (a copy of its own: without offload the partition is "
+        "its own master), optimizer states 2 x 4 B x P / N, gradient partition 4 B x P / N after backward; on "
+        "the device: parameters 4 B x P. Wire per step: as ZeRO-2 (reduce-scatter and all-gather, (N-1)/N x "
+        "4 B x P each); host and device copies are not on the wire",
+        ("The master is a copy of its own on the host: partition.to('cpu', torch.float32) returns the partition "
+         "itself when it is already there; clone it.",
+         "Adam updates the master on the host, not the partition the forward reads: copy the master into the "
+         "partition after every step, or every rank computes with the weights it started with.",
+         "Copy in place (partition.copy_(master)): rebinding a name inside the function changes no tensor."),
+        "docs/learn/6-offload.md",
+        config={"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, steps=4,
+        later_step_hint="the first steps agree and a later one does not: Adam changed the master on the host but not "
+                        "the parameters the forward reads. Copy the master into the partition in place after every "
+                        "step (partition.copy_(master)); rebinding a name changes no tensor",
+        compare_options="--offload optimizer"),
 )
 
 BY_NAME = {lab.name: lab for lab in LABS}

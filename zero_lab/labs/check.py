@@ -76,8 +76,7 @@ def check_losses(run: dict, nano: dict, tolerance: float, lab: Lab) -> Result:
             ratio = mine / theirs if theirs else float("nan")
             hint = (f"your gradient norm is {ratio:.4g} x nano's: {lab.hints[0]}"
                     if abs(ratio - world_size) < 0.01 * world_size else
-                    "step 1 agrees and a later step does not: a step's gradients leak into the next (autograd adds "
-                    "into parameter.grad): release parameter.grad once it is used" if step > 1 else lab.hints[0])
+                    lab.later_step_hint if step > 1 else lab.hints[0])
             lines = (f"step {step}: gradient norm {mine:.6g}, nano's {theirs:.6g}",)
             return Result("losses", world_size, False, lines + tuple(divergence_lines(divergence) if divergence else ()),
                           hint)
@@ -103,6 +102,10 @@ def category_hint(category: str, mine: int, theirs: int, world_size: int, lab: L
         return "full gradients are still held after backward: release parameter.grad once it is in the bucket"
     if category == "communication_buckets" and mine:
         return "the gradient bucket outlives its reduce-scatter: release it (free_storage(group.bucket), then None)"
+    if category == "fp32_master_partition" and theirs and not mine:
+        return ("no fp32 master partition of its own: Adam updates the partition itself, on the device. The master "
+                "is a new fp32 tensor on the host holding the partition's values (clone it: .to() returns the "
+                "tensor itself when it is already there)")
     if category == "gathered_parameters" and mine:
         return "a unit's gathered parameters outlive its use: release the unit after forward and after backward"
     return lab.hints[1]

@@ -23,6 +23,7 @@ def readme(lab: Lab, directory: Path) -> str:
     """The lab's README: the goal, the functions, the formula, the commands, the hints."""
     functions = "\n".join(f"{index}. `{name}`" for index, name in enumerate(lab.functions, 1))
     hints = "\n".join(f"- {hint}" for hint in lab.hints)
+    options = f" {lab.compare_options}" if lab.compare_options else ""
     return f"""# Lab {lab.name}: {lab.title}
 
 {lab.goal} The lesson that explains it: {lab.lesson} in zero-lab's repository.
@@ -49,7 +50,7 @@ runs your engine as an impl beside nano (and, once every check passes, official 
 tiny model at 2 and 3 ranks, and checks, in order: that it runs; its losses and gradient norms
 against nano's; its bytes per rank by category against the formula; its wire bytes per collective.
 It stops at the first that fails and says where, with a hint. Your engine is also an impl like any
-other: `zero-lab compare --gpus 2 --device cpu --model tiny --stages {lab.stage} --impls nano,official,mine={directory}`.
+other: `zero-lab compare --gpus 2 --device cpu --model tiny --stages {lab.stage}{options} --impls nano,official,mine={directory}`.
 
 ## Hints
 

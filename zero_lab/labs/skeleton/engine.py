@@ -2,8 +2,8 @@
 
 `zero-lab lab start` copied this package; `zero-lab lab check` runs it as an impl beside nano and
 official DeepSpeed. It works at stage 0 (plain data parallelism) as it is. At the lab's stage it
-calls the functions of lab.py, which you write (labs zero3 and fp16: on_nano.py runs nano's own
-engine with your lab.py's functions in place of nano's).
+calls the functions of lab.py, which you write (labs zero3, fp16 and offload: on_nano.py runs
+nano's own engine with your lab.py's functions in place of nano's).
 
 Vocabulary (the same words as nano's, zero_lab/nano/__init__.py):
     flat buffer          one parameter group's parameters, end to end, in one fp32 tensor padded to
@@ -198,7 +198,7 @@ class LabEngine:
 def initialize(model=None, model_parameters=None, config=None, **_):
     """DeepSpeed's entry point: (engine, optimizer, dataloader, scheduler)."""
     if getattr(lab, "ON_NANO", False) and int(config.get("zero_optimization", {}).get("stage", 0)) == lab.STAGE:
-        from .on_nano import initialize as initialize_on_nano  # labs zero3 and fp16: nano's engine, your functions
+        from .on_nano import initialize as initialize_on_nano  # labs zero3, fp16, offload: nano's engine, your functions
 
         return initialize_on_nano(model, model_parameters, config)
     engine = LabEngine(model, model_parameters if model_parameters is not None else model.parameters(), config)
