@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
+from time import monotonic_ns
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,7 @@ STEP_SPAN = "ProfilerStep#"  # torch.profiler's name for a step: HTA numbers its
 BEFORE = "before"  # the memory category of storages that existed when tracing began
 MEMORY_COUNTER = "allocated bytes"
 WINDOW = object()  # the memory log's mark of a traced window opening
+REGION_CATEGORIES = {"label": "nano", "optimizer": "optimizer", "deepspeed": "deepspeed"}  # observed kind -> category
 # Thread ids of the tracks (units follow UNIT_TRACKS, one each).
 STEP_TRACK, COLLECTIVE_TRACK, ASYNC_COLLECTIVE_TRACK, UNIT_TRACKS = 1, 2, 3, 10
 TRACK_NAMES = {STEP_TRACK: "step", COLLECTIVE_TRACK: "collectives",
@@ -66,7 +68,7 @@ class Timeline:
 
     def __init__(self, request: TraceRequest, device: torch.device, rank: int):
         self.request, self.device, self.rank = request, device, rank
-        self.events: list[dict] = []
+        self.events: list[tuple] = []  # spans ("X", ...) and CUDA samples ("C", ...), made dicts when written
         self.active = False  # inside a traced step's window: memory and collectives recorded
         self.step: int | None = None  # the traced step open now
         self.step_start = self.last_phase_end = 0.0
@@ -75,7 +77,7 @@ class Timeline:
         self.units: dict[str, float] = {}
         self.unit_tracks: dict[str, int] = {}
         # Every change the CPU tracker reported inside a window, as little as possible taken in the step:
-        # (time, key, bytes added, size after (None: freed), the engine call's span open then, its stack),
+        # (time in ns, key, bytes added, size after (None: freed), the engine call's span open then, its stack),
         # and at each window's opening (WINDOW, time, bytes alive, each storage's bytes). Replayed when
         # the files are written (`_replay_memory`).
         self.memory_log: list[tuple] = []
@@ -120,7 +122,7 @@ class Timeline:
             if dist.is_available() and dist.is_initialized():  # a script may destroy its group before `close`
                 self.world = (dist.get_world_size(), str(dist.get_backend()))
             if self.tracker is not None:  # what exists now counts as "before", whenever it was made
-                self.memory_log.append((WINDOW, now_us(), self.tracker.running_bytes,
+                self.memory_log.append((WINDOW, monotonic_ns(), self.tracker.running_bytes,
                                         self.tracker.live_storage_bytes()))
             if self.cuda_history is not None and self.cuda_history.result is None:
                 self.cuda_history.start()
@@ -133,21 +135,21 @@ class Timeline:
     # ----- nano's moments -------------------------------------------------------------------
     def observe_engine(self, kind: str, name: str, begins: bool) -> None:
         now = now_us()
-        if kind in ("label", "optimizer", "deepspeed"):
+        if kind in REGION_CATEGORIES:
             if name.endswith(" "):  # "unit " or "prefetch " of nothing: no region to show
                 return
             if begins and self.active:
                 self.labels.append((name, now))
             elif not begins and self.labels and self.labels[-1][0] == name:
-                category = {"label": "nano"}.get(kind, kind)
-                self._complete(name, category, self.labels.pop()[1], now, STEP_TRACK, {"step": self.step})
+                self._complete(name, REGION_CATEGORIES[kind], self.labels.pop()[1], now, STEP_TRACK, {"step": self.step})
         elif kind == "unit":
             if begins and self.active:
                 self.units.setdefault(name, now)
             elif not begins and name in self.units:
                 track = self.unit_tracks.setdefault(name, UNIT_TRACKS + len(self.unit_tracks))
                 self._complete(f"unit {name}", "unit", self.units.pop(name), now, track, {"unit": name})
-        self._sample_cuda_memory(now)
+        if self.cuda_history is not None:
+            self._sample_cuda_memory(now)
 
     # ----- the comm meter -------------------------------------------------------------------
     def collective_started(self, op: str, payload: int, wire: int, dtype: str, shape: str, group_size: int):
@@ -183,10 +185,10 @@ class Timeline:
         if not self.active:
             return
         if storage is None:
-            self.memory_log.append((now_us(), key, added, None, None, None))
+            self.memory_log.append((monotonic_ns(), key, added, None, None, None))
             return
         size = storage.nbytes()
-        self.memory_log.append((now_us(), key, added, size, self.span, captured_stack() if size > 0 else None))
+        self.memory_log.append((monotonic_ns(), key, added, size, self.span, captured_stack() if size > 0 else None))
 
     def _replay_memory(self) -> list[tuple[float, str | None, int]]:
         """The log in order: (time, category, bytes added) per change for the counter (category None: a
@@ -198,11 +200,12 @@ class Timeline:
         for entry in self.memory_log:
             if entry[0] is WINDOW:
                 _, when, running, live = entry
-                changes.append((when, None, running))
+                changes.append((when / 1000, None, running))
                 category_of = {}
                 self.cpu_history.window_opened(live)
                 continue
             when, key, added, size, span, stack = entry
+            when /= 1000  # the log keeps nanoseconds, the trace microseconds
             category = category_of.get(key, BEFORE)
             if size is not None and key not in category_of and added == size:
                 category = span[0] if span is not None else "between steps"
@@ -227,14 +230,27 @@ class Timeline:
 
     def _sample_cuda_memory(self, now: float) -> None:
         if self.cuda_history is not None and self.active:
-            self.events.append({"ph": "C", "name": MEMORY_COUNTER, "pid": self.rank, "ts": now,
-                                "args": {"allocated": torch.cuda.memory_allocated(self.device)}})
+            self.events.append(("C", now, torch.cuda.memory_allocated(self.device)))
 
     # ----- the file -------------------------------------------------------------------------
     def _complete(self, name: str, category: str, start: float, end: float, track: int, args: dict) -> None:
-        self.events.append({"ph": "X", "name": name, "cat": category, "pid": self.rank, "tid": track, "ts": start,
-                            "dur": max(0.0, end - start), "args": args})
-        self._sample_cuda_memory(end)
+        """A span, kept as a tuple inside the step; `trace_events` makes it the format's dict."""
+        self.events.append(("X", name, category, start, end, track, args))
+        if self.cuda_history is not None:
+            self._sample_cuda_memory(end)
+
+    def trace_events(self) -> list[dict]:
+        """The spans and CUDA memory samples in Chrome's trace-event format."""
+        made = []
+        for event in self.events:
+            if event[0] == "X":
+                _, name, category, start, end, track, args = event
+                made.append({"ph": "X", "name": name, "cat": category, "pid": self.rank, "tid": track, "ts": start,
+                             "dur": max(0.0, end - start), "args": args})
+            else:
+                made.append({"ph": "C", "name": MEMORY_COUNTER, "pid": self.rank, "ts": event[1],
+                             "args": {"allocated": event[2]}})
+        return made
 
     def document(self, world_size: int, backend: str) -> dict:
         """The whole trace: metadata, then the events in time order."""
@@ -243,7 +259,7 @@ class Timeline:
                     {"ph": "M", "name": "process_sort_index", "pid": self.rank, "tid": 0, "args": {"sort_index": self.rank}}]
         metadata += [{"ph": "M", "name": "thread_name", "pid": self.rank, "tid": track, "args": {"name": name}}
                      for track, name in sorted(names.items())]
-        events = sorted(self.events + self.memory_counter(), key=lambda event: event["ts"])
+        events = sorted(self.trace_events() + self.memory_counter(), key=lambda event: event["ts"])
         return {"schemaVersion": 1, "distributedInfo": {"rank": self.rank, "world_size": world_size, "backend": backend},
                 "deviceProperties": [], "displayTimeUnit": "ms", "traceSteps": sorted(self.request.steps),
                 "traceEvents": metadata + events}
