@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from zero_lab.launch import moments
+from tests.leftovers import leftovers_killed  # noqa: F401 (autouse: each test kills what it leaves)
 
 pytestmark = pytest.mark.slow
 
@@ -38,15 +39,6 @@ if os.environ["RANK"] == "0":
 time.sleep(120)
 """
 WORKLOAD = ["--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "3"]
-
-
-@pytest.fixture(autouse=True)
-def leftovers_killed(tmp_path):
-    """A failing test may leave the command, torchrun or a worker running: each names tmp_path."""
-    yield
-    for process in psutil.process_iter(["cmdline"]):
-        if any(str(tmp_path) in part for part in process.info["cmdline"] or []):
-            process.kill()
 
 
 def start_with_sleepy_training(tmp_path: Path, *arguments: str) -> subprocess.Popen:

@@ -32,6 +32,7 @@ from zero_lab.analysis.markdown import run_table
 from zero_lab.analysis.metrics import DEFAULT_LOSS_TOL
 from zero_lab.nano.checkpoint import files
 from zero_lab.workload.rank_pause import PAUSE_VARIABLE
+from tests.leftovers import leftovers_killed  # noqa: F401 (autouse: each test kills what it leaves)
 
 pytestmark = pytest.mark.slow
 
@@ -40,15 +41,6 @@ WORKLOAD = ["--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "6",
 # The ranks killed, one a attempt: rank 1 inside step 4's save, then rank 0 after step 5.
 KILLS = "1:save-4,0:step-5"
 PAUSED = re.compile(r"\[rank (?P<rank>\d+) paused at (?P<moment>\S+)\] pid=(?P<pid>\d+)")
-
-
-@pytest.fixture(autouse=True)
-def leftovers_killed(tmp_path):
-    """A failing test may leave the command, torchrun or a worker running: each names tmp_path."""
-    yield
-    for process in psutil.process_iter(["cmdline"]):
-        if any(str(tmp_path) in part for part in process.info["cmdline"] or []):
-            process.kill()
 
 
 def start(out: Path, name: str, save_dir: Path | None, impl: str, *arguments: str,
