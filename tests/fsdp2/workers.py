@@ -18,7 +18,7 @@ from zero_lab.fsdp2.memory_formula import layout_bytes, moment_bytes, step_tempo
 from zero_lab.workload.comm_meter import CommMeter
 from zero_lab.workload.memory_meter import LiveStorageTracker
 from tests.backend_holding import backend_holding_collective_tensors
-from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch, parameter_groups
+from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch, parameter_groups, train_steps
 from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, STEPS, WEIGHT_DECAY, nano_config
 
 
@@ -40,15 +40,8 @@ def train(module, config: dict, rank: int, steps: int, on_step=None) -> tuple[ob
     model = build_model()
     engine, _, _, _ = engine_module.initialize(model=model, model_parameters=parameter_groups(model, WEIGHT_DECAY),
                                                config=config)
-    losses = []
-    for step in range(steps):
-        for micro in range(config["gradient_accumulation_steps"]):
-            loss = loss_of(engine, micro_batch(step, micro, rank, MICRO_SIZE))
-            losses.append(loss.item())
-            engine.backward(loss)
-            engine.step()
-        if on_step is not None:
-            on_step(step, model)
+    losses = train_steps(engine, config, rank, steps, MICRO_SIZE,
+                         None if on_step is None else lambda step, _: on_step(step, model))
     return model, losses
 
 

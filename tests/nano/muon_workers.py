@@ -9,7 +9,7 @@ import torch
 
 import zero_lab.nano as nano
 from tests.nano.muon_reference import ADAM_LR, MUON_LR, WEIGHT_DECAY, MuonReference
-from tests.nano.reference import build_model, loss_of, max_difference, micro_batch
+from tests.nano.reference import build_model, loss_of, max_difference, micro_batch, train_steps
 
 MICRO_SIZE, STEPS = 2, 3
 TOLERANCE = 2e-6  # measured: at most 3.5e-7 (W=3, where the ranks' sums round differently)
@@ -34,16 +34,7 @@ def muon_cases() -> list[dict]:
 
 def train(model: torch.nn.Module, config: dict, rank: int, on_step=None, module=nano) -> list[float]:
     engine, *_ = module.initialize(model=model, model_parameters=model.parameters(), config=config)
-    losses = []
-    for step in range(STEPS):
-        for micro in range(config["gradient_accumulation_steps"]):
-            loss = loss_of(engine, micro_batch(step, micro, rank, MICRO_SIZE))
-            losses.append(loss.item())
-            engine.backward(loss)
-            engine.step()
-        if on_step is not None:
-            on_step(step, engine)
-    return losses
+    return train_steps(engine, config, rank, STEPS, MICRO_SIZE, on_step)
 
 
 def reference_worker(rank: int, world_size: int) -> list[str]:

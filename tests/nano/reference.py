@@ -37,6 +37,22 @@ def loss_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     return model(inputs).pow(2).mean()
 
 
+def train_steps(engine, config: dict, rank: int, steps: int, micro_size: int, on_step=None) -> list[float]:
+    """The harness's loop on an engine of DeepSpeed's API: per micro-step this rank's micro-batch forward,
+    engine.backward, engine.step; `on_step(step, engine)` after each optimizer step. Returns this rank's
+    losses, one per micro-step."""
+    losses = []
+    for step in range(steps):
+        for micro in range(config["gradient_accumulation_steps"]):
+            loss = loss_of(engine, micro_batch(step, micro, rank, micro_size))
+            losses.append(loss.item())
+            engine.backward(loss)
+            engine.step()
+        if on_step is not None:
+            on_step(step, engine)
+    return losses
+
+
 class ReferenceTrainer:
     """torch.optim.AdamW on the global batch."""
 
