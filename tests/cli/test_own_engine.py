@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from zero_lab.analysis.divergence import (collective_differences, divergence_lines, first_grad_norm_step,
-                                          first_loss_step)
+                                          first_loss_step, parameter_differences)
 
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +68,10 @@ def test_the_wrong_engine_is_caught_with_its_first_divergence(own_compare):
     [change] = record["collectives"]
     assert change["op"] == "all_reduce" and change["baseline_calls"] == 47
     assert change["baseline_wire_bytes"] == 854_400 * 4 > change["wire_bytes"]
+    # ... so rank 0's decoder matrices part after step 3, and only they: the embedding and the norms are still reduced
+    assert record["parameter_step"] == 3 and record["parameters_reason"] is None
+    assert all(entry["name"].startswith("model.layers.") and entry["name"].endswith("_proj.weight")
+               for entry in record["parameters"]) and record["parameters"]
     saved = json.loads((compare_dir / "compare.json").read_text())
     assert saved["divergences"] == [record]
     # what docs/cli.md shows under "First divergence", line for line
@@ -86,6 +90,30 @@ def test_first_divergence_arithmetic():
     assert first_grad_norm_step({1: float("nan")}, {1: 6.6}, 1)["gradients_differ"] is None
     change = collective_differences({1: {"all_reduce": (1, 8)}}, {1: {"reduce_scatter": (2, 8)}}, 1)
     assert change["collective_step"] == 1 and [c["op"] for c in change["collectives"]] == ["all_reduce", "reduce_scatter"]
+
+
+def test_the_parameters_that_part_first_are_named_from_each_runs_norms(tmp_path):
+    """The norms each run's rank 0 wrote after every step (workload/parameter_norms.py): the first step
+    whose norms part by more than a relative 1e-6, the parameters that part most there, by name."""
+    def run(name: str, lines: list[dict]) -> Path:
+        (tmp_path / name / "logs").mkdir(parents=True)
+        (tmp_path / name / "logs" / "parameter-norms.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return tmp_path / name
+
+    same = {"embed.weight": 3.0, "layer.weight": 2.0, "norm.weight": 1.0}
+    baseline = run("baseline", [{"step": 1, "norms": same}, {"step": 2, "norms": same}, {"step": 3, "norms": same}])
+    mine = run("mine", [{"step": 1, "norms": {**same, "norm.weight": 1.0 + 1e-8}},
+                        {"step": 2, "norms": {**same, "layer.weight": 2.2, "norm.weight": 1.01}},
+                        {"step": 3, "norms": same}])
+    found = parameter_differences(mine, baseline, 3)
+    assert (found["parameter_step"], found["parameters_differing"]) == (2, 2)
+    assert [entry["name"] for entry in found["parameters"]] == ["layer.weight", "norm.weight"]  # largest part first
+    assert found["parameters"][0] == {"name": "layer.weight", "norm": 2.2, "baseline_norm": 2.0}
+    assert parameter_differences(mine, baseline, 1)["parameter_step"] is None  # only up to the loss's step
+    stage3 = run("stage3", [{"step": 1, "partitioned": "embed.weight"}])
+    assert "embed.weight is not whole on rank 0" in parameter_differences(stage3, baseline, 3)["parameters_reason"]
+    assert parameter_differences(tmp_path / "nothing", baseline, 3)["parameters_reason"] == \
+        "the run wrote no parameter norms"
 
 
 @pytest.mark.parametrize("impls, problem", [

@@ -71,6 +71,7 @@ def test_two_runs_started_together_never_share_a_directory(tmp_path):
     assert summary["status"] == "ok" and summary["steps"] == 2
     assert sorted(path.name for path in (tmp_path / "same" / "logs").iterdir()) == [
         "collectives-rank0.bin", "collectives-rank1.bin",  # each rank's flight record (docs/doctor.md)
+        "parameter-norms.jsonl",  # rank 0's parameter norms after each step (docs/cli.md, "First divergence")
         "rank0.stderr.log", "rank0.stdout.log", "rank1.stderr.log", "rank1.stdout.log"]
 
 

@@ -7,7 +7,11 @@ directories alone:
     2. whether the gradients already differed there: the first step, up to that one, whose global
        gradient norm (the `grad_norm` of each step, the engine's own) differs by more than a
        relative 1e-4 (unknown when either engine does not report one);
-    3. the collectives: the first step, up to that one, in which a collective type was called a
+    3. the parameters: the first step, up to that one, after which some parameter's norm differs by
+       more than a relative 1e-6, and the parameters that differ most there, by name (each run's
+       `logs/parameter-norms.jsonl`, `workload.parameter_norms`; not compared when an engine keeps
+       its parameters partitioned between steps);
+    4. the collectives: the first step, up to that one, in which a collective type was called a
        different number of times or moved different wire bytes on rank 0 (the flight record of
        collectives, `collective_record`; the harness's own bookkeeping calls are left out).
 A collective that differs is not a mistake by itself (nano reduce-scatters where official
@@ -21,6 +25,8 @@ import math
 from pathlib import Path
 
 GRAD_NORM_RTOL = 1e-4
+PARAMETER_RTOL = 1e-6  # float32 updates of the same numbers agree far closer; a missed reduction moves far more
+SHOWN_PARAMETERS = 3
 
 
 def per_step(run_dir: Path, column: str) -> dict[int, float]:
@@ -86,6 +92,31 @@ def collective_differences(steps: dict, baseline_steps: dict, last: int) -> dict
     return {"collective_step": None, "collectives": []}
 
 
+def parameter_differences(run_dir: Path, baseline_dir: Path, last: int) -> dict:
+    """The first step up to `last` after which some parameter norm differs, and the parameters that differ
+    most there (name, the two norms), by relative difference; with the reason when they were not compared."""
+    from zero_lab.workload.parameter_norms import PARAMETER_NORMS_FILE, read_norms
+
+    mine, my_reason = read_norms(Path(run_dir) / "logs" / PARAMETER_NORMS_FILE)
+    theirs, their_reason = read_norms(Path(baseline_dir) / "logs" / PARAMETER_NORMS_FILE)
+    steps = [step for step in sorted(set(mine) & set(theirs)) if step <= last]
+    none = {"parameter_step": None, "parameters": [], "parameters_differing": 0, "parameters_reason": None}
+    if not steps:
+        return {**none, "parameters_reason": my_reason or their_reason or "no step has both runs' parameter norms"}
+    for step in steps:
+        shared = set(mine[step]) & set(theirs[step])
+        if not shared:
+            return {**none, "parameters_reason": "the two engines name their parameters differently"}
+        differing = sorted(((abs(mine[step][name] - theirs[step][name]) / max(abs(theirs[step][name]), 1e-30), name)
+                            for name in shared), reverse=True)
+        differing = [(relative, name) for relative, name in differing if relative > PARAMETER_RTOL]
+        if differing:
+            return {"parameter_step": step, "parameters_differing": len(differing), "parameters_reason": None,
+                    "parameters": [{"name": name, "norm": mine[step][name], "baseline_norm": theirs[step][name]}
+                                   for _, name in differing[:SHOWN_PARAMETERS]]}
+    return none
+
+
 def loss_at(summary: dict, step: int) -> float:
     return float({int(key): value for key, value in summary["losses"].items()}[step])
 
@@ -101,6 +132,7 @@ def first_divergence(run: dict, baseline: dict, tolerance: float) -> dict | None
               "loss": loss_at(run, step), "baseline_loss": loss_at(baseline, step)}
     record.update(first_grad_norm_step(per_step_grad_norms(run["run_dir"]),
                                        per_step_grad_norms(baseline["run_dir"]), step))
+    record.update(parameter_differences(run["run_dir"], baseline["run_dir"], step))
     record.update(collective_differences(per_step_collectives(run["run_dir"]),
                                          per_step_collectives(baseline["run_dir"]), step))
     return record
@@ -124,7 +156,7 @@ def divergences(summaries: list[dict], baseline_impl: str, tolerance: float) -> 
 
 
 def divergence_lines(record: dict) -> list[str]:
-    """The record in a learner's words: the step, the gradients, the collectives."""
+    """The record in a learner's words: the step, the gradients, the parameters, the collectives."""
     who = f"world_size={record['world_size']} stage={record['stage']} {record['impl']} vs {record['baseline']}"
     lines = [f"{who}: losses part at step {record['step']} ({record['loss']:.8f} vs {record['baseline_loss']:.8f})"]
     if record["gradients_differ"] is True:
@@ -134,6 +166,15 @@ def divergence_lines(record: dict) -> list[str]:
         lines.append(f"  gradient norms agree up to step {record['step']}: the update, not the gradients, parts first")
     else:
         lines.append(f"  gradients: not compared ({record['reason']})")
+    if record.get("parameter_step") is not None:
+        lines.append(f"  parameters first differ after step {record['parameter_step']}: "
+                     f"{record['parameters_differing']} by norm, most:")
+        lines += [f"    {entry['name']} {entry['norm']:.8g} vs {entry['baseline_norm']:.8g}"
+                  for entry in record["parameters"]]
+    elif record.get("parameters_reason"):
+        lines.append(f"  parameters: not compared ({record['parameters_reason']})")
+    elif "parameter_step" in record:
+        lines.append(f"  parameters: the same norms up to step {record['step']}")
     if record["collective_step"] is not None:
         for change in record["collectives"]:
             lines.append(f"  step {record['collective_step']}: {change['op']} {change['calls']} calls, "

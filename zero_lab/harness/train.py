@@ -35,7 +35,9 @@ the engine or Hugging Face find (a config value nano rejects, an --attn-impl tha
 installed, a model directory that does not load). An allocation the device refuses prints one
 `out of memory: rank R in <phase>: ...` line and exits 4 (zero_lab/workload/out_of_memory.py).
 With ZERO_LAB_COLLECTIVE_RECORD naming a directory (the launcher names the run's logs/), each rank
-keeps its flight record of collectives there (zero_lab/workload/collective_record.py).
+keeps its flight record of collectives there (zero_lab/workload/collective_record.py); with
+ZERO_LAB_PARAMETER_NORMS naming a file, rank 0 writes each parameter's norm after every step there
+(zero_lab/workload/parameter_norms.py), which names the parameters where two runs part first.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnin
 from zero_lab.workload import rank_pause
 from zero_lab.workload import restarts
 from zero_lab.workload.timeline import start_tracing
+from zero_lab.workload import parameter_norms
 from zero_lab.workload.trace_settings import TraceRequest
 
 
@@ -229,6 +232,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     comm.reset()
     memory.freeze_survivors()  # each sample's garbage collection then walks only what the steps create
     metrics = StepMetrics(memory, comm, device, world_size)
+    norms = parameter_norms.from_environment(rank)
     # nano names the buffers it holds; official DeepSpeed's `memory_breakdown` is a config flag.
     breakdown = getattr(engine, "memory_breakdown", None) if args.impl == "nano" or args.engine_path else None
     accumulation = engine.gradient_accumulation_steps()
@@ -261,6 +265,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
         for warning in step_warnings(step, fields["loss"], fields["loss_scale"],
                                      skipped=engine.skipped_steps > skipped_before):
             emit(rank, "warn", warning)
+        if norms is not None:  # rank 0: each parameter's norm, for naming where two runs part first
+            norms.after_step(step, engine.module)
         if args.save_dir and (step == args.steps or (args.save_every and step % args.save_every == 0)):
             save(engine, args, rank, comm, step)
         rank_pause.reached(rank, "step", step)

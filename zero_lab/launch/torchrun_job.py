@@ -40,6 +40,7 @@ from zero_lab.workload.trace_settings import trace_environment
 from zero_lab.launch.memory_watch import MemoryWatch
 from zero_lab.launch.stall import StallWatch
 from zero_lab.workload.collective_record import RECORD_DIRECTORY_ENVIRONMENT
+from zero_lab.workload.parameter_norms import PARAMETER_NORMS_ENVIRONMENT, PARAMETER_NORMS_FILE
 
 STOP_GRACE_S = 5.0
 
@@ -107,6 +108,8 @@ def execute(
     if spec.script is not None:  # its `import deepspeed` is the impl's, and the engine prints the log contract
         child_env = impl_environment(child_env, spec.impl, spec.device, log_contract=True)
     child_env[RECORD_DIRECTORY_ENVIRONMENT] = str(run_dir.resolve() / "logs")  # each rank's flight record
+    if spec.script is None:  # the harness's rank 0 writes each parameter's norm after every step
+        child_env[PARAMETER_NORMS_ENVIRONMENT] = str(run_dir.resolve() / "logs" / PARAMETER_NORMS_FILE)
     child_env.update(torchrun.restart_environment(spec))
     child_env.update(trace_environment(run_dir, spec.workload.trace_steps))  # --trace: each rank's timeline
     total_steps = spec.workload.steps if spec.script is None else None  # a script decides its own
