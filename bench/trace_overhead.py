@@ -25,6 +25,7 @@ Phase 3: one JSON line per run, then
          wall_ratio, cpu_ratio  traced run over untraced run, median over pairs (half the steps traced).
 Target (issue 34): step time with --trace within 5% of without (step_time_ratio <= 1.05). Exit code
 1 when the ratio misses it.
+docs/trace.md's table quotes the summary line of a run per model, kept as reports/trace-overhead-<model>.json.
 """
 
 from __future__ import annotations

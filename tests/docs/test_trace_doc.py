@@ -1,10 +1,14 @@
 """docs/trace.md's "What to look for" against the report its command wrote (reports/trace-small.md):
 each message size, call count and peak it states is read from that report's communication
-summaries and tables here, and the pictures it shows are the report's own."""
+summaries and tables here, and the pictures it shows are the report's own; "What it costs" against
+the summaries bench/trace_overhead.py printed (reports/trace-overhead-<model>.json)."""
 
 from __future__ import annotations
 
+import json
 import re
+
+import pytest
 
 from tests.docs.doc_text import REPO, read
 
@@ -64,3 +68,19 @@ def test_stage_3_gathers_reductions_and_peaks():
                 if line.startswith("| peak alloc MB"))
     nano_peak, official_peak = peak.strip("|").split("|")[1:3]
     stated(f"{nano_peak.strip()} MB for nano and {official_peak.strip()} MB for official")
+
+
+@pytest.mark.parametrize("model", ["tiny", "small"])
+def test_the_cost_table_is_the_benchs_own_summary(model):
+    """Each row of "What it costs" is the last line bench/trace_overhead.py printed, kept in
+    reports/trace-overhead-<model>.json: ratios with their intervals, files per run."""
+    summary = json.loads((REPO / "reports" / f"trace-overhead-{model}.json").read_text())
+
+    def ratio(name: str) -> str:
+        return f"{summary[name]:.2f} ({summary[name + '_low']:.2f}-{summary[name + '_high']:.2f})"
+
+    row = (f"| {model} | {summary['steps']} x {summary['pairs']} | {ratio('step_time_ratio')} | "
+           f"{ratio('step_cpu_time_ratio')} | {summary['wall_ratio']:.2f}, {summary['cpu_ratio']:.2f} | "
+           f"{summary['trace_mb_per_run']:.1f} MB |")
+    assert row in DOC, row
+    assert (summary["impl"], summary["stage"], summary["world_size"]) == ("nano", 3, 2)  # the doc's "nano at stage 3 on 2 ranks"
