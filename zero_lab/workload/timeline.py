@@ -81,7 +81,6 @@ class Timeline:
         # and at each window's opening (WINDOW, time, bytes alive, each storage's bytes). Replayed when
         # the files are written (`_replay_memory`).
         self.memory_log: list[tuple] = []
-        self.memory_changes: list[tuple[float, str | None, int]] | None = None  # the replay's counter changes
         self.cpu_history = AllocationHistory() if device.type != "cuda" else None
         self.cuda_history = CudaHistory(device) if device.type == "cuda" else None
         self.tracker = None
@@ -191,11 +190,9 @@ class Timeline:
         self.memory_log.append((monotonic_ns(), key, added, size, self.span, captured_stack() if size > 0 else None))
 
     def _replay_memory(self) -> list[tuple[float, str | None, int]]:
-        """The log in order: (time, category, bytes added) per change for the counter (category None: a
-        window opens, all of it "before"), each storage's category the engine call it was made in; and
-        the snapshot's events, into `cpu_history`."""
-        if self.memory_changes is not None:
-            return self.memory_changes
+        """The log in order, once, when the files are written: (time, category, bytes added) per change
+        for the counter (category None: a window opens, all of it "before"), each storage's category the
+        engine call it was made in; and the snapshot's events, into `cpu_history`."""
         changes, category_of = [], {}
         for entry in self.memory_log:
             if entry[0] is WINDOW:
@@ -214,13 +211,12 @@ class Timeline:
                 category_of.pop(key, None)
             changes.append((when, category, added))
             self.cpu_history.changed(key, added, size or 0, when, stack)
-        self.memory_changes = changes
         return changes
 
-    def memory_counter(self) -> list[dict]:
-        """The counter track's events, from the changes: the bytes of each category after each one."""
+    def memory_counter(self, changes: list[tuple[float, str | None, int]]) -> list[dict]:
+        """The counter track's events, from the replayed changes: the bytes of each category after each one."""
         events, categories = [], {}
-        for when, category, added in self._replay_memory():
+        for when, category, added in changes:
             if category is None:
                 categories = {BEFORE: added}
             else:
@@ -252,14 +248,14 @@ class Timeline:
                              "args": {"allocated": event[2]}})
         return made
 
-    def document(self, world_size: int, backend: str) -> dict:
-        """The whole trace: metadata, then the events in time order."""
+    def document(self, world_size: int, backend: str, changes: list[tuple[float, str | None, int]]) -> dict:
+        """The whole trace: metadata, then the events (the memory counter from the replayed `changes`) in time order."""
         names = {**TRACK_NAMES, **{track: f"unit {unit}" for unit, track in self.unit_tracks.items()}}
         metadata = [{"ph": "M", "name": "process_name", "pid": self.rank, "tid": 0, "args": {"name": f"rank {self.rank}"}},
                     {"ph": "M", "name": "process_sort_index", "pid": self.rank, "tid": 0, "args": {"sort_index": self.rank}}]
         metadata += [{"ph": "M", "name": "thread_name", "pid": self.rank, "tid": track, "args": {"name": name}}
                      for track, name in sorted(names.items())]
-        events = sorted(self.trace_events() + self.memory_counter(), key=lambda event: event["ts"])
+        events = sorted(self.trace_events() + self.memory_counter(changes), key=lambda event: event["ts"])
         return {"schemaVersion": 1, "distributedInfo": {"rank": self.rank, "world_size": world_size, "backend": backend},
                 "deviceProperties": [], "displayTimeUnit": "ms", "traceSteps": sorted(self.request.steps),
                 "traceEvents": metadata + events}
@@ -267,8 +263,9 @@ class Timeline:
     def write(self, world_size: int, backend: str, live_storages: dict[int, int] | None) -> None:
         directory = self.request.directory
         directory.mkdir(parents=True, exist_ok=True)
+        changes = self._replay_memory()  # the counter's changes; the CPU snapshot's events, into cpu_history
         with open(trace_path(directory, self.rank), "w") as file:
-            json.dump(self.document(world_size, backend), file)
+            json.dump(self.document(world_size, backend, changes), file)
         snapshot = (self.cpu_history.snapshot(live_storages or {}) if self.cpu_history is not None
                     else self.cuda_history.result)
         if snapshot is not None:
