@@ -71,12 +71,7 @@ def save(engine, save_dir: str, tag: str | None = None, save_latest: bool = True
     dcp.save({MODEL: model_state, OPTIMIZER: optimizer_state, TRAIN_STATE: train_state(engine)},
              checkpoint_id=files.partial_directory(save_dir, tag))
     # Phase 2
-    dist.barrier()
-    if rank == 0:
-        files.finish_directory(save_dir, tag)
-        if save_latest:
-            files.write_latest(save_dir, tag)
-    dist.barrier()
+    files.publish(save_dir, tag, rank, save_latest, dist.barrier)
     return os.path.join(save_dir, tag)
 
 

@@ -93,6 +93,18 @@ def finish_directory(save_dir: str, tag: str) -> None:
         os.replace(partial_directory(save_dir, tag), final)
 
 
+def publish(save_dir: str, tag: str, rank: int, save_latest: bool, barrier) -> None:
+    """Phase 2 on every rank, once each has written its files: after `barrier()` (every rank's files are
+    in the partial directory) rank 0 makes it the tag and, when asked, points `latest` at it; the
+    second `barrier()` holds every rank until the tag is published."""
+    barrier()
+    if rank == 0:
+        finish_directory(save_dir, tag)
+        if save_latest:
+            write_latest(save_dir, tag)
+    barrier()
+
+
 def resolve_tag(load_dir: str, tag: str | None) -> str | None:
     """The tag to load: the one given, else the one `latest` names (None when there is none)."""
     if tag is not None:

@@ -181,10 +181,5 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
                                   scaler_fields(optimizer.loss_scaler))
         written += files.write_file(states, os.path.join(directory, files.optim_states_name(precision, rank)))
     # Phase 4
-    collectives.barrier()
-    if rank == 0:
-        files.finish_directory(save_dir, tag)
-        if save_latest:
-            files.write_latest(save_dir, tag)
-    collectives.barrier()
+    files.publish(save_dir, tag, rank, save_latest, collectives.barrier)
     return {"tag": tag, "bytes": written, "seconds": time.perf_counter() - started}
