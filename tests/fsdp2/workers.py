@@ -20,6 +20,7 @@ from zero_lab.workload.memory_meter import LiveStorageTracker
 from tests.backend_holding import backend_holding_collective_tensors
 from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch, parameter_groups, train_steps
 from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, STEPS, WEIGHT_DECAY, nano_config
+from tests.tolerances import ADAM_EPS
 
 
 def parity_cases() -> list[dict]:
@@ -214,7 +215,7 @@ def muon_worker(rank: int, world_size: int) -> list[str]:
         others = [parameter for parameter in reference.parameters() if parameter.dim() < 2]
         optimizers = [torch.optim.Muon(matrices, lr=MUON_LR, weight_decay=MUON_DECAY, momentum=0.95, nesterov=True,
                                        adjust_lr_fn="original"),
-                      torch.optim.AdamW(others, lr=ADAM_LR, betas=(0.9, 0.95), eps=1e-10, weight_decay=MUON_DECAY)]
+                      torch.optim.AdamW(others, lr=ADAM_LR, betas=(0.9, 0.95), eps=ADAM_EPS, weight_decay=MUON_DECAY)]
 
         def compare(step: int, model: torch.nn.Module) -> None:
             nonlocal worst

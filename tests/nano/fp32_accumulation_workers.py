@@ -21,6 +21,7 @@ from zero_lab.nano.official_config import to_official_config
 from tests.nano.official_workers import import_official_deepspeed
 from tests.nano.reference import build_model, loss_of, micro_batch, parameter_groups
 from tests.nano.workers import LR, MICRO_SIZE, WEIGHT_DECAY, nano_config
+from tests.tolerances import ADAM_EPS
 
 STEPS, ACCUMULATION, CLIPPING = 4, 3, 0.05
 FP32_ACCUMULATION = {"data_types": {"grad_accum_dtype": "fp32"}}
@@ -46,7 +47,7 @@ class Fp32AccumulationReference:
         decay = [master for master, parameter in zip(self.masters, self.model.parameters()) if parameter.dim() >= 2]
         no_decay = [master for master, parameter in zip(self.masters, self.model.parameters()) if parameter.dim() < 2]
         self.adam = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                                       {"params": no_decay, "weight_decay": 0.0}], lr=LR)
+                                       {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=ADAM_EPS)
         self.world_size, self.travel_dtype, self.accumulate = world_size, travel_dtype, accumulate
 
     def step(self, step: int) -> list[list[float]]:

@@ -12,6 +12,7 @@ import zero_lab.nano as nano
 from zero_lab.nano.collectives import COLLECTIVES_AT_WORLD_ONE
 from tests.nano.reference import ReferenceTrainer, build_model, max_difference, parameter_groups
 from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, WEIGHT_DECAY, nano_config, train_nano
+from tests.tolerances import ADAM_EPS
 
 # What nano may call in torch.distributed, by family (gloo's reduce-scatter is an all-to-all;
 # newer torch names the single-tensor forms all_gather_single and reduce_scatter_single).
@@ -103,7 +104,8 @@ def fp16_order_worker(rank: int, world_size: int) -> list[str]:
         label = f"stage {stage} reduce_scatter={reduce_scatter}"
         torch.manual_seed(0)
         model = Weighted()
-        reference = torch.optim.AdamW(copy.deepcopy(model).parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        reference = torch.optim.AdamW(copy.deepcopy(model).parameters(), lr=LR, eps=ADAM_EPS,
+                                     weight_decay=WEIGHT_DECAY)
         config = nano_config(stage, precision="fp16", reduce_scatter=reduce_scatter, fp16={"loss_scale": 1.0})
         engine, optimizer, _, _ = nano.initialize(model=model, model_parameters=[{"params": [model.weight],
                                                                                 "weight_decay": WEIGHT_DECAY}],

@@ -7,6 +7,7 @@ import zero_lab.nano as nano
 from tests.nano.stage3_reference import decay_groups
 from tests.nano.stage3_workers import MICRO_SIZE, qwen3_beside_reference, train_qwen3_beside_reference
 from tests.nano.workers import LR, WEIGHT_DECAY
+from tests.tolerances import ADAM_EPS
 
 CLIPPING = 1.0  # the Trainer's max_grad_norm, which it writes into gradient_clipping
 
@@ -16,7 +17,7 @@ HF_ZERO3_TEMPLATE = {
     "train_micro_batch_size_per_gpu": MICRO_SIZE,
     "gradient_accumulation_steps": 1,
     "gradient_clipping": CLIPPING,
-    "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
+    "optimizer": {"type": "AdamW", "params": {"lr": LR, "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY}},
     "zero_optimization": {
         "stage": 3,
         "offload_optimizer": {"device": "cpu", "pin_memory": True},

@@ -18,6 +18,7 @@ import os
 import torch
 
 from tests.nano.reference import loss_of, micro_batch
+from tests.tolerances import ADAM_EPS
 
 MUON_LR, ADAM_LR, WEIGHT_DECAY, MOMENTUM = 0.02, 0.01, 0.1, 0.95
 
@@ -41,7 +42,7 @@ class MuonReference:
         self.matrices = [parameter for parameter in self.model.parameters() if parameter.dim() >= 2]
         self.others = [parameter for parameter in self.model.parameters() if parameter.dim() < 2]
         self.momentum = {parameter: torch.zeros_like(parameter) for parameter in self.matrices}
-        self.adam = torch.optim.AdamW(self.others, lr=ADAM_LR, betas=(0.9, 0.95), eps=1e-10,
+        self.adam = torch.optim.AdamW(self.others, lr=ADAM_LR, betas=(0.9, 0.95), eps=ADAM_EPS,
                                       weight_decay=WEIGHT_DECAY)
 
     @torch.no_grad()

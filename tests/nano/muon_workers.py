@@ -4,15 +4,17 @@ against official DeepSpeed, and its bytes against the layout's arithmetic."""
 from __future__ import annotations
 
 import copy
+import itertools
 
 import torch
 
 import zero_lab.nano as nano
 from tests.nano.muon_reference import ADAM_LR, MUON_LR, WEIGHT_DECAY, MuonReference
 from tests.nano.reference import build_model, loss_of, max_difference, micro_batch, train_steps
+from tests.tolerances import ADAM_EPS, clipped_loss_bound, muon_parity_bound
 
 MICRO_SIZE, STEPS = 2, 3
-TOLERANCE = 2e-6  # measured: at most 3.5e-7 (W=3, where the ranks' sums round differently)
+TOLERANCE = muon_parity_bound(MUON_LR, ADAM_LR, STEPS)  # tests/tolerances.py: 3.7e-6 (measured: at most 3.5e-7)
 
 
 def muon_config(stage: int, accumulation: int = 1, clipping: float = 0.0, ns_method: str = "gram") -> dict:
@@ -20,7 +22,8 @@ def muon_config(stage: int, accumulation: int = 1, clipping: float = 0.0, ns_met
         "train_micro_batch_size_per_gpu": MICRO_SIZE, "gradient_accumulation_steps": accumulation,
         "gradient_clipping": clipping, "steps_per_print": 10_000,
         "optimizer": {"type": "Muon", "params": {"muon_lr": MUON_LR, "adam_lr": ADAM_LR,
-                                                 "weight_decay": WEIGHT_DECAY, "ns_method": ns_method}},
+                                                 "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY,
+                                                 "ns_method": ns_method}},
         "zero_optimization": {"stage": stage, "reduce_bucket_size": 64, "stage3_param_persistence_threshold": 0},
     }
 
@@ -61,7 +64,11 @@ def reference_worker(rank: int, world_size: int) -> list[str]:
 
 def official_worker(rank: int, world_size: int) -> list[str]:
     """nano and official DeepSpeed (its Newton-Schulz run eagerly: TORCHDYNAMO_DISABLE's switch), same
-    model, data and Muon config, stages 1-3 with clipping on: every loss equal, bit for bit."""
+    model, data and Muon config, stages 1-3. Clipping off: every loss equal, bit for bit, on every
+    CPU kernel set (the same operations in the same order). Clipping on: within `clipped_loss_bound`,
+    since the two engines add the clip's sum of squares in other groupings, whose last bits depend
+    on the kernels (a rank's second loss differed by 2.2e-8 at stages 1 and 2 under
+    ATEN_CPU_CAPABILITY=avx2, and at stage 3 under default; bit for bit on avx512)."""
     import torch._dynamo.config
 
     from tests.nano.official_workers import import_official_deepspeed
@@ -70,15 +77,17 @@ def official_worker(rank: int, world_size: int) -> list[str]:
     torch._dynamo.config.disable = True  # what TORCHDYNAMO_DISABLE=1 sets: official's @torch.compile runs eagerly
     deepspeed = import_official_deepspeed(world_size)
     failures, initial = [], build_model(seed=3)
-    for stage in (1, 2, 3):
-        config = muon_config(stage, clipping=1.0)
+    for stage, clipping in itertools.product((1, 2, 3), (0.0, 1.0)):
+        config = muon_config(stage, clipping=clipping)
         ours = train(copy.deepcopy(initial), config, rank)
         theirs = train(copy.deepcopy(initial), to_official_config(config, device="cpu"), rank, module=deepspeed)
-        print(f"[muon-official] W={world_size} stage {stage} nano {ours} official {theirs}", flush=True)
-        if ours != theirs:
-            failures.append(f"stage {stage}: nano's losses {ours}, official's {theirs}")
+        print(f"[muon-official] W={world_size} stage {stage} clipping {clipping} nano {ours} official {theirs}",
+              flush=True)
+        close = ours == theirs if clipping == 0.0 else all(
+            abs(mine - official) <= clipped_loss_bound(official, STEPS) for mine, official in zip(ours, theirs))
+        if len(ours) != len(theirs) or not close:
+            failures.append(f"stage {stage} clipping {clipping}: nano's losses {ours}, official's {theirs}")
     return failures
-
 
 
 def bytes_worker(rank: int, world_size: int) -> list[str]:

@@ -12,6 +12,8 @@ import copy
 
 import torch
 
+from tests.tolerances import ADAM_EPS
+
 INPUT_FEATURES, HIDDEN, OUTPUTS = 7, 13, 5  # 200 parameters: uneven partitions over 3 ranks
 
 
@@ -59,7 +61,7 @@ class ReferenceTrainer:
     def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, clipping: float):
         self.model = copy.deepcopy(model)
         self.clipping = clipping
-        self.optimizer = torch.optim.AdamW(parameter_groups(self.model, weight_decay), lr=lr)
+        self.optimizer = torch.optim.AdamW(parameter_groups(self.model, weight_decay), lr=lr, eps=ADAM_EPS)
 
     def step(self, step: int, world_size: int, accumulation: int, micro_size: int, loss_factor: float = 1.0) -> None:
         """One AdamW step on the global batch; `loss_factor` scales its mean loss (a sum over ranks

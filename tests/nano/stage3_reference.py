@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from tests.tolerances import ADAM_EPS
+
 VOCAB, WIDTH, BLOCKS, SEQUENCE = 11, 6, 3, 5
 
 
@@ -84,7 +86,7 @@ class TokenReference:
     def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, clipping: float):
         self.model = copy.deepcopy(model)
         self.clipping = clipping
-        self.optimizer = torch.optim.AdamW(decay_groups(self.model, weight_decay), lr=lr)
+        self.optimizer = torch.optim.AdamW(decay_groups(self.model, weight_decay), lr=lr, eps=ADAM_EPS)
 
     def step(self, step: int, world_size: int, accumulation: int, micro_size: int) -> None:
         ids = torch.cat([token_batch(step, micro, rank, micro_size)
