@@ -6,34 +6,40 @@ BIN := $(VENV)/bin
 # of the same version, which on Linux x86_64 is the CUDA 13 one with its nvidia-* libraries. What each
 # downloads: bench/torch_download.json (`python bench/torch_download.py`; README, "Set-up").
 TORCH ?= cpu
+# Installs hold to the lock; `make lock` installs without it (CONSTRAIN=) to find the newest versions.
+CONSTRAIN ?= -c $(LOCK)
 TORCH_VERSION := 2.13.0
 # PyTorch's own index of CPU-only wheels (torch==2.13.0+cpu); pip asks it only when none of the
 # indexes and wheel folders it is set up with already has that wheel.
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 ifeq ($(TORCH),cuda)
-TORCH_INSTALL = $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
+TORCH_INSTALL = $(BIN)/python -m pip install -q $(CONSTRAIN) "torch==$(TORCH_VERSION)"
 else ifneq ($(TORCH),cpu)
 TORCH_INSTALL = echo "error: TORCH=$(TORCH) is not cpu or cuda; run make setup TORCH=cpu (the default) or TORCH=cuda" >&2; exit 2
 else ifeq ($(shell uname -s),Linux)
-TORCH_INSTALL = $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
-	|| $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
+TORCH_INSTALL = $(BIN)/python -m pip install -q $(CONSTRAIN) "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	|| $(BIN)/python -m pip install -q $(CONSTRAIN) "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
 else  # macOS, Windows: PyPI's torch is the CPU build
-TORCH_INSTALL = $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
+TORCH_INSTALL = $(BIN)/python -m pip install -q $(CONSTRAIN) "torch==$(TORCH_VERSION)"
 endif
 # Official DeepSpeed JIT-builds ops into this folder; one per checkout keeps builds out of $HOME.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: setup test test-fast demo bench gpu-wheels gpu-check gpu-check-muon clean
+# The lock: every package at the version the suite last passed with (pip's constraints file, read by
+# `pip install -c`); `make lock` refreshes it (README, "Set-up").
+LOCK := constraints.txt
+
+.PHONY: setup lock test test-fast test-kernels demo bench gpu-wheels gpu-check gpu-check-muon clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { echo "error: $(PYTHON) has no \
 	venv module (Debian and Ubuntu ship it apart); install it: apt-get install python3-venv" >&2; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(TORCH_INSTALL)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q $(CONSTRAIN) -e '.[dev]'
 	# Holistic Trace Analysis's trace parser, for the test that it reads `--trace`'s files: the parser
 	# needs only pandas and numpy; the rest of its dependencies (jupyterlab, plotly) serve its notebooks
 	# (the `trace` extra installs them all)
@@ -46,6 +52,27 @@ $(VENV)/.installed: pyproject.toml
 TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# Refresh the lock: a scratch venv takes the newest versions pyproject.toml allows (torch stays at
+# TORCH_VERSION), and its `pip freeze` becomes constraints.txt (torch without its +cpu build label,
+# which pip's == ignores anyway). Then `make clean test` checks the suite on them; commit both.
+lock:
+	rm -rf .venv-lock
+	$(MAKE) --no-print-directory setup VENV=.venv-lock CONSTRAIN=
+	{ echo "# zero-lab's lock: the versions the suite last passed with (make lock writes it; make setup installs it)"; \
+	  .venv-lock/bin/python -m pip freeze --exclude-editable | sed -e 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > $(LOCK)
+	rm -rf .venv-lock
+
+# The numeric tests (parity, memory-exact, checkpoints, labs) under each of torch's CPU kernel sets
+# (ATEN_CPU_CAPABILITY), so a developer on one CPU sees what another CPU computes: tests/tolerances.py.
+NUMERIC_TESTS := tests/nano tests/zeropp tests/fsdp2 tests/checkpoint_formats tests/labs
+KERNEL_SETS ?= default avx2 native
+test-kernels: setup
+	@for kernels in $(KERNEL_SETS); do \
+	  echo "== ATEN_CPU_CAPABILITY=$$kernels"; \
+	  if [ "$$kernels" = native ]; then unset ATEN_CPU_CAPABILITY; else export ATEN_CPU_CAPABILITY=$$kernels; fi; \
+	  $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(NUMERIC_TESTS) || exit 1; \
+	done
 
 # The quick loop while editing: everything but the tests that launch torchrun, spawn gloo ranks or
 # run official DeepSpeed (markers slow and official). The README's test command stays `make test`.
@@ -73,4 +100,4 @@ gpu-wheels: setup
 	$(BIN)/python bench/gpu_check.py --build-wheels
 
 clean:
-	rm -rf $(VENV) .torch_extensions .pytest_cache
+	rm -rf $(VENV) .venv-lock .torch_extensions .pytest_cache

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.analysis import golden_cases as cases
+from zero_lab.analysis import version_lock
 from zero_lab.analysis.comparison import build_comparison
 from zero_lab.analysis.logparse import parse_file, parse_text
 from zero_lab.analysis.markdown import render_report
@@ -15,6 +16,13 @@ from zero_lab.analysis.tables import SUMMARY_COLUMNS, summarize_run
 from zero_lab.cli.output import json_safe
 
 CELLS = sorted(path.name for path in (cases.COMPARE_DIR / "cells").iterdir())
+
+
+@pytest.fixture(autouse=True)
+def no_lock(monkeypatch, tmp_path):
+    """The recorded reports were rendered where no lock was read: their environment is compared
+    with none here (tests/analysis/test_version_lock.py holds the note a lock adds)."""
+    monkeypatch.setattr(version_lock, "LOCK_PATH", tmp_path / "no-constraints.txt")
 
 
 def test_the_fixture_has_every_cell_of_the_comparison():

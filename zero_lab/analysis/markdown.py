@@ -11,6 +11,7 @@ import json
 from zero_lab.analysis import step_times
 from zero_lab.analysis.estimate import MIB, nano_bytes, paper_bytes
 from zero_lab.analysis.logparse import MEMORY_FIELDS
+from zero_lab.analysis.version_lock import lock_note
 
 METRIC_LABELS = {
     "alloc_max_mb": "alloc MB",
@@ -181,8 +182,10 @@ def config_section(summaries: list[dict], candidate: str, baseline: str) -> str:
 
 
 def environment_section(environment: dict) -> str:
+    """The run's environment, then which of its versions differ from the lock (`version_lock`)."""
     body = [[key, fmt(value)] for key, value in environment.items()]
-    return markdown_table(["", "value"], body) + "\n"
+    note = lock_note(environment)
+    return markdown_table(["", "value"], body) + "\n" + (f"\n{note}\n" if note else "")
 
 
 def cell_tables(rows: list[dict], deltas: list[dict],
