@@ -33,7 +33,7 @@ LOCK := constraints.txt
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml $(LOCK)
+$(VENV)/.installed: pyproject.toml $(wildcard $(LOCK))
 	@test -x $(BIN)/python || $(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { echo "error: $(PYTHON) has no \
 	venv module (Debian and Ubuntu ship it apart); install it: apt-get install python3-venv" >&2; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
