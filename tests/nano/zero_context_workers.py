@@ -16,8 +16,10 @@ import zero_lab.nano as nano
 from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch
 from tests.nano.stage3_workers import stage3_config
 from tests.nano.workers import LR, MICRO_SIZE, WEIGHT_DECAY
+from tests.tolerances import adam_parity_bound
 
-STEPS, TOLERANCE = 3, 1e-6
+STEPS = 3
+TOLERANCE = adam_parity_bound(LR, STEPS)  # tests/tolerances.py: against one process summing the global batch
 
 
 def _engine_module(impl: str, world_size: int):
