@@ -23,8 +23,8 @@ from pathlib import Path
 from compare_json import REPO, workload_parser  # bench/compare_json.py
 
 sys.path.insert(0, str(REPO))
-from zero_lab.analysis.logparse import parse_file  # noqa: E402 (after the path, as a script)
-from zero_lab.analysis.rundir import rank0_log  # noqa: E402
+from zero_lab.analysis.runs.logparse import parse_file  # noqa: E402 (after the path, as a script)
+from zero_lab.analysis.runs.rundir import rank0_log  # noqa: E402
 
 IMPLS = ("nano", "official")
 OUT = REPO / "runs" / "bench" / "checkpoint-load"

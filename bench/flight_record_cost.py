@@ -3,7 +3,7 @@
     .venv/bin/python bench/flight_record_cost.py                           # nano, tiny, stage 3, W=2 on CPU
     .venv/bin/python bench/flight_record_cost.py --impl official --stage 2 --model small --steps 20
 
-Every launched run keeps the record (zero_lab/workload/collective_record.py): each collective is
+Every launched run keeps the record (zero_lab/workload/meters/collective_record.py): each collective is
 written into a memory-mapped file as it starts and again when it returns. So that machine load
 does not decide the answer, one training run does both: the comm meter writes to the record on
 even steps and not on odd ones, and the two sets of step times are compared.
@@ -68,11 +68,11 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from zero_lab.harness.train import load_engine_module
-    from zero_lab.workload.collective_record import CollectiveRecord
-    from zero_lab.workload.comm_meter import CommMeter
-    from zero_lab.workload.impls import engine_config
+    from zero_lab.workload.meters.collective_record import CollectiveRecord
+    from zero_lab.workload.meters.comm_meter import CommMeter
+    from zero_lab.workload.engines.impls import engine_config
     from zero_lab.workload.models import build_model, parameter_groups
-    from zero_lab.workload.out_of_memory import Phase, StepPhase
+    from zero_lab.workload.faults.out_of_memory import Phase, StepPhase
 
     torch.set_num_threads(1)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

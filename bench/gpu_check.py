@@ -275,7 +275,7 @@ def compact_table(comparisons: list[dict]) -> str:
     largest step loss delta between its impl and any other of its cell (with two impls, the
     cell's one delta), the predicted peak against the measured one (on CUDA the device's bytes),
     and the host's predicted share (offload)."""
-    from zero_lab.analysis.markdown import fmt, markdown_table, status_text
+    from zero_lab.analysis.report.markdown import fmt, markdown_table, status_text
 
     headers = ["stage", "offload", "impl", "optimizer", "status", "alloc MB", "peak MB", "step ms",
                "max loss delta", "predicted peak MB", "peak error %", "predicted host MB"]
@@ -313,7 +313,7 @@ def environment(site_dir: Path | None) -> dict[str, str]:
     """The checkout (and the installed wheels) first on every process's import path."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from zero_lab.workload.cuda_toolkit import deepspeed_arch_list
+    from zero_lab.workload.engines.cuda_toolkit import deepspeed_arch_list
     paths = [str(REPO), *([str(site_dir)] if site_dir else []), os.environ.get("PYTHONPATH", "")]
     # FusedAdam's background build and official's runs read one arch list, so the runs find the build.
     arch_list = ({"TORCH_CUDA_ARCH_LIST": deepspeed_arch_list(os.environ["TORCH_CUDA_ARCH_LIST"])}
@@ -329,9 +329,9 @@ def fail(message: str, code: int = 2) -> int:
 
 
 def toolkit_problems() -> list[str]:
-    """What building FusedAdam lacks here (zero_lab.workload.cuda_toolkit; importing no torch)."""
+    """What building FusedAdam lacks here (zero_lab.workload.engines.cuda_toolkit; importing no torch)."""
     sys.path.insert(0, str(REPO))
-    from zero_lab.workload.cuda_toolkit import toolkit_problems as problems
+    from zero_lab.workload.engines.cuda_toolkit import toolkit_problems as problems
 
     return problems()
 

@@ -31,7 +31,7 @@ MB = 2**20
 def build_under_init(rank: int, world_size: int, port: int, model_name: str, results) -> None:
     """Phase 1 on one rank, then its Phase 2 line."""
     import zero_lab.nano as nano
-    from zero_lab.workload.memory_meter import LiveStorageTracker
+    from zero_lab.workload.meters.memory_meter import LiveStorageTracker
     from zero_lab.workload.models import build_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),

@@ -8,7 +8,7 @@ impl really reaches, for the decoder presets at stages 0-3, measured side by sid
 Phase 1: per model, one `zero-lab compare` runs nano and official DeepSpeed on stages 0, 1, 2 and 3
          with the same data and seed; each row of its JSON carries the measured peak
          (`peak_alloc_max_mb`: max over ranks and steps) and the prediction (`predicted_peak_mb`,
-         from the run's own `[model]` and `[zero]` lines; zero_lab/analysis/peak_memory.py).
+         from the run's own `[model]` and `[zero]` lines; zero_lab/analysis/memory/peak_memory.py).
 Phase 2: print model, stage, impl, measured, predicted and the error in percent.
 Target: nano's prediction within 15% of its measured peak (the prediction is nano's; official's
 error shows what its extra buffers cost). Exit code 1 when a nano row misses it.

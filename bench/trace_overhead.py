@@ -19,7 +19,7 @@ Phase 3: one JSON line per run, then
          step_time_ratio   the median neighbour ratio of the traced runs over that of the untraced
                            runs (whose even steps are no different from their odd ones: it takes
                            out any rhythm of the steps themselves), with its bootstrap 95% interval
-                           (runs, then pairs, resampled: zero_lab/analysis/step_times.py);
+                           (runs, then pairs, resampled: zero_lab/analysis/runs/step_times.py);
          run_step_time_ratio  the traced steps' median over the untraced runs' steady median (run
                            against run: as noisy as the machine);
          wall_ratio, cpu_ratio  traced run over untraced run, median over pairs (half the steps traced).
@@ -46,7 +46,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from zero_lab.analysis.step_times import ratio_interval, steady_times  # noqa: E402 (after the path, as a script)
+from zero_lab.analysis.runs.step_times import ratio_interval, steady_times  # noqa: E402 (after the path, as a script)
 
 TARGET = 1.05
 STEP_MS = re.compile(r"\[opt_step (\d+)\].* step_ms=([\d.]+).* step_cpu_ms=([\d.]+)")

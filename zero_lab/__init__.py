@@ -31,7 +31,7 @@ __all__ = ["load_steps", "load_phases", "load_runs", "load_comparison"]
 def __getattr__(name: str):
     """The DataFrame API, imported (with pandas) the first time one of its names is read."""
     if name in __all__:
-        return getattr(importlib.import_module("zero_lab.analysis.frames"), name)
+        return getattr(importlib.import_module("zero_lab.analysis.runs.frames"), name)
     raise AttributeError(f"module 'zero_lab' has no attribute {name!r}")
 
 

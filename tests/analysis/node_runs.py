@@ -1,8 +1,8 @@
 """Runs whose wire bytes split into nodes (`--ranks-per-node`), as their summaries come from parsed
 rank-0 logs: the report's and the console's runs tables read them (test_markdown, tests/cli/test_cli)."""
 
-from zero_lab.analysis.logparse import parse_text
-from zero_lab.analysis.tables import summarize_run
+from zero_lab.analysis.runs.logparse import parse_text
+from zero_lab.analysis.runs.tables import summarize_run
 
 # The runs table's columns without a node split (the report's and the console's).
 RUN_COLUMNS = ("| world size | stage | impl | optimizer | status | steps | last loss | alloc MB | peak alloc MB "

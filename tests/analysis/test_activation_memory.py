@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zero_lab.analysis.activation_memory import activation_bytes, decoder_shape, shape_from_config
+from zero_lab.analysis.memory.activation_memory import activation_bytes, decoder_shape, shape_from_config
 from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
-from zero_lab.workload.memory_meter import LiveStorageTracker
+from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 
 SEQ_LEN, MICRO_BATCH = 48, 2
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from zero_lab.analysis.estimate import estimate_rows, nano_bytes, official_bytes, paper_bytes, parse_param_count
+from zero_lab.analysis.memory.estimate import estimate_rows, nano_bytes, official_bytes, paper_bytes, parse_param_count
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 

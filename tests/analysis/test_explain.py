@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from zero_lab.analysis.explain import explain
-from zero_lab.analysis.explain_check import disagreements
+from zero_lab.analysis.explain.explain import explain
+from zero_lab.analysis.explain.explain_check import disagreements
 from zero_lab.cli.app import app
 from zero_lab.nano.config import load_config
 from zero_lab.workload.model_shapes import preset_blocks, preset_parameters
-from zero_lab.workload.wire_bytes import wire_bytes
+from zero_lab.workload.meters.wire_bytes import wire_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -201,7 +201,7 @@ def test_what_moves_groups_rows_that_repeat_per_layer_and_the_json_keeps_every_c
     """qwen3-0.6b, stage 3, 4 ranks: the reduce-scatters of every layer and the persistent gathers
     after the step print once per layer pattern; read in order, each row stands for the JSON's next
     calls (per layer x layers), and docs/cli.md states the counts."""
-    from zero_lab.analysis.explain_tables import collectives_table, mb
+    from zero_lab.analysis.explain.explain_tables import collectives_table, mb
 
     collectives = explained_json("--model", "qwen3-0.6b", "--stage", "3", "--gpus", "4")["collectives"]
     _, body = collectives_table(collectives)
@@ -232,7 +232,7 @@ def test_what_moves_groups_rows_that_repeat_per_layer_and_the_json_keeps_every_c
 
 
 def test_layers_that_differ_are_not_grouped():
-    from zero_lab.analysis.explain_tables import collectives_table
+    from zero_lab.analysis.explain.explain_tables import collectives_table
 
     def call(layer: int, payload: int) -> dict:
         return {"phase": "backward", "op": "reduce_scatter", "payload_bytes": payload, "wire_bytes": payload // 2,

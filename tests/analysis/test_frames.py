@@ -10,8 +10,8 @@ import pytest
 
 import zero_lab
 from tests.analysis import golden_cases as cases
-from zero_lab.analysis.logparse import MEMORY_FIELDS, parse_file
-from zero_lab.analysis.tables import CELL_COLUMNS
+from zero_lab.analysis.runs.logparse import MEMORY_FIELDS, parse_file
+from zero_lab.analysis.runs.tables import CELL_COLUMNS
 
 CELLS = sorted((cases.COMPARE_DIR / "cells").iterdir())
 

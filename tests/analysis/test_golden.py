@@ -8,11 +8,11 @@ import json
 import pytest
 
 from tests.analysis import golden_cases as cases
-from zero_lab.analysis import version_lock
-from zero_lab.analysis.comparison import build_comparison
-from zero_lab.analysis.logparse import parse_file, parse_text
-from zero_lab.analysis.markdown import render_report
-from zero_lab.analysis.tables import SUMMARY_COLUMNS, summarize_run
+from zero_lab.analysis.report import version_lock
+from zero_lab.analysis.compare.comparison import build_comparison
+from zero_lab.analysis.runs.logparse import parse_file, parse_text
+from zero_lab.analysis.report.markdown import render_report
+from zero_lab.analysis.runs.tables import SUMMARY_COLUMNS, summarize_run
 from zero_lab.cli.output import json_safe
 
 CELLS = sorted(path.name for path in (cases.COMPARE_DIR / "cells").iterdir())

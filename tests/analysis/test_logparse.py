@@ -2,7 +2,7 @@
 
 import math
 
-from zero_lab.analysis.logparse import parse_text
+from zero_lab.analysis.runs.logparse import parse_text
 from zero_lab.workload.log_lines import format_line
 
 OURS = """\

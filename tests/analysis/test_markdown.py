@@ -1,7 +1,7 @@
 """Markdown rendering of a comparison: tables, verdict, failures, config differences."""
 
-from zero_lab.analysis.markdown import dict_differences, markdown_table, render_report
-from zero_lab.analysis.comparison import build_comparison
+from zero_lab.analysis.report.markdown import dict_differences, markdown_table, render_report
+from zero_lab.analysis.compare.comparison import build_comparison
 from tests.analysis.node_runs import RUN_COLUMNS, nodes_summaries
 
 

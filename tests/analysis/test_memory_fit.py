@@ -1,6 +1,6 @@
-"""The preflight's rule (zero_lab/analysis/memory_fit.py): fits, tight within 10%, will not fit, no verdict."""
+"""The preflight's rule (zero_lab/analysis/memory/memory_fit.py): fits, tight within 10%, will not fit, no verdict."""
 
-from zero_lab.analysis.memory_fit import Fit, fit, fit_line
+from zero_lab.analysis.memory.memory_fit import Fit, fit, fit_line
 
 GB = 2**30
 

@@ -1,14 +1,14 @@
 """Run summaries, deltas and verdicts: the numbers `compare` reports and gates on (summaries in
-analysis.tables, deltas in analysis.comparison, the verdict's rules in analysis.metrics)."""
+analysis.runs.tables, deltas in analysis.compare.comparison, the verdict's rules in analysis.compare.metrics)."""
 
 import math
 
 import pytest
 
-from zero_lab.analysis.logparse import parse_text
-from zero_lab.analysis.comparison import build_comparison
-from zero_lab.analysis.metrics import verdict
-from zero_lab.analysis.tables import summarize_run
+from zero_lab.analysis.runs.logparse import parse_text
+from zero_lab.analysis.compare.comparison import build_comparison
+from zero_lab.analysis.compare.metrics import verdict
+from zero_lab.analysis.runs.tables import summarize_run
 
 
 def summary(impl, stage=2, world_size=2, status="ok", losses=(5.0, 4.0), alloc=100.0, step_ms=10.0, **extra):
@@ -89,7 +89,7 @@ def test_verdict_exit_codes():
 
 
 def test_an_interrupted_verdict_says_so_with_the_exit_code_the_command_ends_with():
-    from zero_lab.analysis.markdown import verdict_lines
+    from zero_lab.analysis.report.markdown import verdict_lines
 
     ok, failed = summary("nano"), summary("official", stage=1, status="failed")
     cut = summary("official", status="interrupted", losses=(5.0,), interrupted_by="SIGTERM")
@@ -118,7 +118,7 @@ def test_build_comparison_orders_rows_and_pairs_cells():
 
 
 def test_resume_check_passes_only_on_equal_losses_after_the_checkpoint():
-    from zero_lab.analysis.markdown import verdict_lines
+    from zero_lab.analysis.report.markdown import verdict_lines
     straight = [summary("nano", losses=(5.0, 4.0, 3.0, 2.0)), summary("official", losses=(5.0, 4.0, 3.0, 2.0))]
     resumed = [{**summary("nano", losses=(5.0, 4.0, 3.0, 2.0)), "losses": {"3": 3.0, "4": 2.0}},
                {**summary("official"), "losses": {"3": 3.0, "4": 2.5}}]

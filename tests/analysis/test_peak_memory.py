@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.harness_world import Worlds
-from zero_lab.analysis.activation_memory import decoder_shape
-from zero_lab.analysis.logparse import parse_file, parse_text
-from zero_lab.analysis.peak_memory import (DEEPSPEED_FETCH_RULES, error_percent, layers_whole_after_forward,
+from zero_lab.analysis.memory.activation_memory import decoder_shape
+from zero_lab.analysis.runs.logparse import parse_file, parse_text
+from zero_lab.analysis.memory.peak_memory import (DEEPSPEED_FETCH_RULES, error_percent, layers_whole_after_forward,
                                            model_states_at, predict_peak, predict_run_peak, unit_parameters)
 from zero_lab.nano.fetch_policy import FetchRules
 from zero_lab.workload.log_lines import MB
@@ -51,8 +51,8 @@ def test_a_cuda_offload_rows_prediction_is_the_devices_beside_a_device_measureme
     is the device's, and the host's is given beside it; on CPU the tracker measures both places,
     and the prediction is their sum. The recorded tiny stage-2 run, its lines said to be CUDA's
     with the optimizer offloaded."""
-    from zero_lab.analysis import rundir
-    from zero_lab.analysis.peak_memory import Offload
+    from zero_lab.analysis.runs import rundir
+    from zero_lab.analysis.memory.peak_memory import Offload
 
     recorded = (Path(__file__).resolve().parents[1] / "fixtures" / "compare-tiny" / "cells" / "w2-s2-nano" / "logs"
                 / "rank0.stdout.log").read_text()
@@ -120,8 +120,8 @@ def worlds(tmp_path_factory) -> Worlds:
 
 def compare_figures(parsed) -> tuple[float, float]:
     """(predicted_peak_mb, peak_error_pct) of a run, as `zero-lab compare` computes them from its rank-0
-    log (`analysis.rundir.summarize`)."""
-    from zero_lab.analysis.tables import summarize_run
+    log (`analysis.runs.rundir.summarize`)."""
+    from zero_lab.analysis.runs.tables import summarize_run
 
     predicted = predict_run_peak(parsed.model, parsed.zero, 3, "fp32", 2).peak / MB
     return predicted, error_percent(predicted, summarize_run(parsed)["peak_alloc_max_mb"])
@@ -157,7 +157,7 @@ def test_zero_lab_compare_at_stage_3_reports_these_peaks(worlds, tmp_path):
     """`zero-lab compare` itself (tiny, zero3.json): its rows' predicted peaks are the ones computed
     above from the same runs in a world, each within 15% of its measured peak, and its run
     directories' [phase] lines keep nano at or under official."""
-    from zero_lab.analysis import rundir
+    from zero_lab.analysis.runs import rundir
 
     done = subprocess.run([str(Path(sys.executable).with_name("zero-lab")), "compare", "--gpus", "2", "--device", "cpu",
                            "--model", "tiny", "--steps", "2", "--stages", "3", "--format", "json", "--out",

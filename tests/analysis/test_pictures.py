@@ -1,4 +1,4 @@
-"""The pictures `--plot` draws (`analysis.picture`, `explain_plot`, `estimate_plot`): each carries the
+"""The pictures `--plot` draws (`analysis.report.picture`, `explain_plot`, `estimate_plot`): each carries the
 numbers it draws, the same numbers draw the same bytes, "who holds what" follows the stage table, and a
 bad `--plot` path is one line and exit 2 before any work."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from zero_lab.analysis.explain import explain
-from zero_lab.analysis.explain_plot import picture_numbers, plot_walkthrough
-from zero_lab.analysis.picture import picture_data, picture_pixels
+from zero_lab.analysis.explain.explain import explain
+from zero_lab.analysis.explain.explain_plot import picture_numbers, plot_walkthrough
+from zero_lab.analysis.report.picture import picture_data, picture_pixels
 from zero_lab.cli.app import app
 from zero_lab.cli.explain_cmd import explained_config, model_table
 from zero_lab.nano import stages

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zero_lab.analysis import rundir
+from zero_lab.analysis.runs import rundir
 from zero_lab.analysis.diagnosis.restarts import rank_restarted
 from zero_lab.analysis.diagnosis.run_data import RunData
-from zero_lab.analysis.logparse import ParsedLog, parse_text
-from zero_lab.analysis.restarts import restart_record
+from zero_lab.analysis.runs.logparse import ParsedLog, parse_text
+from zero_lab.analysis.runs.restart_history import restart_record
 
 CONSOLE = """\
 [default0]:[rank] global_rank=0 world_size=2 local_rank=0

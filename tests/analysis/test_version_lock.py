@@ -5,8 +5,8 @@ import re
 import tomllib
 from pathlib import Path
 
-from zero_lab.analysis import version_lock
-from zero_lab.analysis.markdown import environment_section
+from zero_lab.analysis.report import version_lock
+from zero_lab.analysis.report.markdown import environment_section
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from tests.harness.test_train_torchrun import REPO, read_log
 from tests.harness_world import train_in_world
-from zero_lab.analysis.metrics import resolve_loss_tol
+from zero_lab.analysis.compare.metrics import resolve_loss_tol
 from zero_lab.cli.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.official]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from zero_lab.analysis.rundir import write_json
+from zero_lab.analysis.runs.rundir import write_json
 from zero_lab.cli.app import app
 
 runner = CliRunner()
@@ -275,8 +275,8 @@ def test_estimate_offload_at_a_stage_it_does_not_apply_to_is_one_line_and_exit_2
 
 
 def test_estimate_adds_activations_and_the_predicted_peak_for_a_micro_batch():
-    from zero_lab.analysis.activation_memory import activation_bytes, decoder_shape
-    from zero_lab.analysis.estimate import MIB
+    from zero_lab.analysis.memory.activation_memory import activation_bytes, decoder_shape
+    from zero_lab.analysis.memory.estimate import MIB
 
     def rows(*extra):
         result = runner.invoke(app, ["estimate", "--model", "tiny", "--gpus", "2", "--stages", "0,3", "--dtype", "float32",
@@ -344,7 +344,7 @@ def test_compares_console_runs_table_splits_the_wire_bytes_by_node_only_across_n
     from rich.console import Console
 
     from tests.analysis.node_runs import RUN_COLUMNS, nodes_summaries
-    from zero_lab.analysis.comparison import build_comparison
+    from zero_lab.analysis.compare.comparison import build_comparison
     from zero_lab.cli import compare_cmd, output
 
     console = Console(file=io.StringIO(), width=output.stdout.width, soft_wrap=True, color_system=None)

@@ -129,7 +129,7 @@ def test_the_knobs_the_refusal_names_are_flags_and_checkpointing_lowers_the_pred
 
     import typer
 
-    from zero_lab.analysis.memory_fit import KNOBS
+    from zero_lab.analysis.memory.memory_fit import KNOBS
 
     for command in ("run", "compare"):
         options = {option for parameter in typer.main.get_command(app).commands[command].params for option in parameter.opts}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from zero_lab.analysis.divergence import (collective_differences, divergence_lines, first_grad_norm_step,
+from zero_lab.analysis.compare.divergence import (collective_differences, divergence_lines, first_grad_norm_step,
                                           first_loss_step, parameter_differences)
 
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
@@ -93,7 +93,7 @@ def test_first_divergence_arithmetic():
 
 
 def test_the_parameters_that_part_first_are_named_from_each_runs_norms(tmp_path):
-    """The norms each run's rank 0 wrote after every step (workload/parameter_norms.py): the first step
+    """The norms each run's rank 0 wrote after every step (workload/meters/parameter_norms.py): the first step
     whose norms part by more than a relative 1e-6, the parameters that part most there, by name."""
     def run(name: str, lines: list[dict]) -> Path:
         (tmp_path / name / "logs").mkdir(parents=True)

@@ -3,7 +3,7 @@ checkpoint, and the run ends where a run that never failed ends (docs/restarts.m
 
 Per impl, two real `zero-lab run` launches of the tiny model (W=2, 6 steps, a checkpoint every 2): one that
 never fails, the reference, and one whose ranks are killed twice with SIGKILL from this test, at named
-moments (`zero_lab.workload.rank_pause`, no sleeps): rank 1 inside step 4's save (its files written, `latest`
+moments (`zero_lab.workload.faults.rank_pause`, no sleeps): rank 1 inside step 4's save (its files written, `latest`
 not yet moved), then, in the restarted attempt, rank 0 after step 5. The restarts resume from step 2 and then
 from step 4. nano's restarted run is a cell of `zero-lab compare`, official's and FSDP2's a `zero-lab run`. A stand-in
 training script shows the restarts running out.
@@ -27,11 +27,11 @@ import torch
 import torch.distributed
 
 from zero_lab.analysis.diagnosis import diagnose
-from zero_lab.analysis.logparse import parse_file
-from zero_lab.analysis.markdown import run_table
-from zero_lab.analysis.metrics import DEFAULT_LOSS_TOL
+from zero_lab.analysis.runs.logparse import parse_file
+from zero_lab.analysis.report.markdown import run_table
+from zero_lab.analysis.compare.metrics import DEFAULT_LOSS_TOL
 from zero_lab.nano.checkpoint import files
-from zero_lab.workload.rank_pause import PAUSE_VARIABLE
+from zero_lab.workload.faults.rank_pause import PAUSE_VARIABLE
 from tests.leftovers import leftovers_killed  # noqa: F401 (autouse: each test kills what it leaves)
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from zero_lab.analysis import rundir
+from zero_lab.analysis.runs import rundir
 from zero_lab.launch import torchrun
 from zero_lab.launch import torchrun_job
 from zero_lab.cli.app import app

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from zero_lab.analysis import traces
-from zero_lab.analysis.logparse import parse_file
+from zero_lab.analysis.runs import traces
+from zero_lab.analysis.runs.logparse import parse_file
 from zero_lab.workload.log_lines import MB
 
 pytestmark = [pytest.mark.slow, pytest.mark.official]

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.spawn import run_distributed
-from zero_lab.analysis import rundir
-from zero_lab.workload.collective_record import RECORD_DIRECTORY_ENVIRONMENT
+from zero_lab.analysis.runs import rundir
+from zero_lab.workload.meters.collective_record import RECORD_DIRECTORY_ENVIRONMENT
 
 CONFIGS = Path(__file__).resolve().parents[2] / "zero_lab" / "harness" / "configs"
 

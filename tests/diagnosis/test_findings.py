@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from zero_lab.analysis.activation_memory import decoder_shape
+from zero_lab.analysis.memory.activation_memory import decoder_shape
 from zero_lab.analysis.diagnosis import comparison, diagnose, memory, mismatch, stage3
 from zero_lab.analysis.diagnosis.finding import SEVERITY_OF, Finding, exit_code, ordered
 from zero_lab.analysis.diagnosis.run_data import load_run
-from zero_lab.analysis.logparse import ParsedLog
-from zero_lab.analysis.peak_memory import predict_run_peak
+from zero_lab.analysis.runs.logparse import ParsedLog
+from zero_lab.analysis.memory.peak_memory import predict_run_peak
 from zero_lab.cli.app import app
-from zero_lab.workload.collective_record import CollectiveRecord, read_records
+from zero_lab.workload.meters.collective_record import CollectiveRecord, read_records
 
 REPO = Path(__file__).resolve().parents[2]
 COMPARE = REPO / "tests" / "fixtures" / "compare-tiny"

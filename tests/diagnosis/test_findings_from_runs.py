@@ -16,10 +16,10 @@ import pytest
 
 from tests.diagnosis.run_directories import HarnessRun, harness_config, run_directories
 from tests.docs.doc_text import table_after
-from zero_lab.analysis.activation_memory import decoder_shape
+from zero_lab.analysis.memory.activation_memory import decoder_shape
 from zero_lab.analysis.diagnosis import diagnose
 from zero_lab.analysis.diagnosis.finding import ERROR, INFO, WARNING
-from zero_lab.analysis.peak_memory import unit_parameters
+from zero_lab.analysis.memory.peak_memory import unit_parameters
 
 pytestmark = pytest.mark.slow
 

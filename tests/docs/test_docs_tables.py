@@ -108,8 +108,8 @@ def test_the_line_count_is_about_right():
 
 
 def test_the_root_units_bytes_are_in_mib():
-    from zero_lab.analysis.activation_memory import decoder_shape
-    from zero_lab.analysis.peak_memory import unit_parameters
+    from zero_lab.analysis.memory.activation_memory import decoder_shape
+    from zero_lab.analysis.memory.peak_memory import unit_parameters
 
     _, root = unit_parameters(decoder_shape("qwen3-0.6b"))
     stated = re.search(r"for Qwen3-0\.6B,\s+([\d.]+)M elements: ([\d.]+) MB in bf16", NANO_MD)
@@ -128,8 +128,8 @@ def test_the_demo_command_is_the_same_everywhere():
 @pytest.mark.parametrize("doc", ["cli.md", "compare-json.md"])
 def test_what_the_docs_say_of_officials_stage_3_prediction_is_what_it_is(doc):
     """The docs say official's stage-3 peak is `null` (not modelled) exactly while it is not predicted."""
-    from zero_lab.analysis.activation_memory import decoder_shape
-    from zero_lab.analysis.peak_memory import predict_peak
+    from zero_lab.analysis.memory.activation_memory import decoder_shape
+    from zero_lab.analysis.memory.peak_memory import predict_peak
 
     text = " ".join(read(REPO / "docs" / doc).split())
     says_null = "null` for official at stage 3" in text or "its `predicted_peak_mb` is `null`" in text

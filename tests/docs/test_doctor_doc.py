@@ -9,12 +9,12 @@ import dataclasses
 from pathlib import Path
 
 from tests.docs.doc_text import REPO, read, table_after
-from zero_lab.analysis.activation_memory import decoder_shape
+from zero_lab.analysis.memory.activation_memory import decoder_shape
 from zero_lab.analysis.diagnosis import diagnose, memory, stage3
 from zero_lab.analysis.diagnosis.finding import SEVERITY_OF
-from zero_lab.analysis.metrics import DEFAULT_LOSS_TOL
-from zero_lab.analysis.peak_memory import DEEPSPEED_FETCH_RULES, layers_whole_after_forward, predict_peak, unit_parameters
-from zero_lab.workload import collective_record
+from zero_lab.analysis.compare.metrics import DEFAULT_LOSS_TOL
+from zero_lab.analysis.memory.peak_memory import DEEPSPEED_FETCH_RULES, layers_whole_after_forward, predict_peak, unit_parameters
+from zero_lab.workload.meters import collective_record
 
 DOC = read(REPO / "docs" / "doctor.md")
 TEXT = " ".join(DOC.split())  # one space between words: a number is found whatever line it ends

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 from tests.docs.doc_text import REPO, read, table_after
-from zero_lab.analysis.activation_memory import decoder_shape
-from zero_lab.analysis.peak_memory import unit_parameters
+from zero_lab.analysis.memory.activation_memory import decoder_shape
+from zero_lab.analysis.memory.peak_memory import unit_parameters
 
 DOC = read(REPO / "docs" / "fsdp2.md")
 REPORT = read(REPO / "reports" / "cpu-three-way.md")

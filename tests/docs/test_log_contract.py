@@ -102,7 +102,7 @@ def test_the_example_is_what_its_command_prints_and_every_key_is_documented(tmp_
 
 def compare_rows_written(tmp_path) -> list[dict]:
     """compare.json's rows as today's code writes them, from the recorded runs' logs."""
-    from zero_lab.analysis.comparison import SUMMARY_ONLY
+    from zero_lab.analysis.compare.comparison import SUMMARY_ONLY
     from zero_lab.cli import input_checks
     from zero_lab.launch import torchrun, torchrun_job
 

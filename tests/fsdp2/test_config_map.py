@@ -100,7 +100,7 @@ def test_what_fsdp2_cannot_run_is_refused_in_one_line_before_any_launch(tmp_path
 
 
 def test_estimate_adds_fsdp2_rows_from_its_formula_for_stages_2_and_3():
-    from zero_lab.analysis.estimate import MIB
+    from zero_lab.analysis.memory.estimate import MIB
     from zero_lab.fsdp2.memory_formula import moment_bytes
     from zero_lab.workload.model_shapes import preset_parameters
 

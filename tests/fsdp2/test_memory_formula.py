@@ -10,7 +10,7 @@ import torch
 from tests.nano.reference import build_model
 from tests.nano.workers import nano_config
 from zero_lab.fsdp2.memory_formula import ADAM_IMPLEMENTATIONS, INT32, moment_bytes, peak_bytes, step_temporary_bytes
-from zero_lab.workload.memory_meter import LiveStorageTracker
+from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 from zero_lab.nano.config import load_config
 
 

@@ -4,8 +4,8 @@ checked pairwise, one three-column table per cell. Pure: summaries made here, no
 import pytest
 
 from tests.analysis.test_metrics import summary
-from zero_lab.analysis.comparison import build_comparison
-from zero_lab.analysis.markdown import render_report
+from zero_lab.analysis.compare.comparison import build_comparison
+from zero_lab.analysis.report.markdown import render_report
 
 IMPLS = ["nano", "official", "fsdp2"]
 

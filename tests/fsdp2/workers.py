@@ -15,8 +15,8 @@ import torch
 import zero_lab.fsdp2 as fsdp2
 import zero_lab.nano as nano
 from zero_lab.fsdp2.memory_formula import layout_bytes, moment_bytes, step_temporary_bytes
-from zero_lab.workload.comm_meter import CommMeter
-from zero_lab.workload.memory_meter import LiveStorageTracker
+from zero_lab.workload.meters.comm_meter import CommMeter
+from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 from tests.backend_holding import backend_holding_collective_tensors
 from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch, parameter_groups, train_steps
 from tests.nano.workers import FP32_TOLERANCE, LR, MICRO_SIZE, STEPS, WEIGHT_DECAY, nano_config
@@ -126,7 +126,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             expected = moment_bytes(shapes, world_size, moment, rank)
             # Right after the backward gloo's finished reduce-scatter work may still hold its input,
             # the unit's unsharded gradients (padded, fp32 or bf16), until its thread lets go
-            # (zero_lab/workload/memory_meter.py): exactly that much more, or nothing more.
+            # (zero_lab/workload/meters/memory_meter.py): exactly that much more, or nothing more.
             leftover = world_size * layout_bytes(shapes, world_size)["gradients"] // (2 if precision == "bf16" else 1)
             if moment == "backward" and live == expected + leftover:
                 continue

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import zero_lab.harness.train as train_module
-from zero_lab.workload import cuda_toolkit, impls
+from zero_lab.workload.engines import cuda_toolkit
+from zero_lab.workload.engines import impls
 
 CONFIG = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
           "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}

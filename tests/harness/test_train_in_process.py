@@ -175,11 +175,11 @@ def test_memory_through_a_step_nano(train_module, one_process, capsys, stage):
     """Three [phase] samples per step; nano's categories are its formula's buffers, and what the live
     bytes hold beyond them after the forward is the activation model's count; the step's peak is
     the predicted one."""
-    from zero_lab.analysis.activation_memory import activation_bytes, decoder_shape
-    from zero_lab.analysis.peak_memory import error_percent, predict_run_peak
+    from zero_lab.analysis.memory.activation_memory import activation_bytes, decoder_shape
+    from zero_lab.analysis.memory.peak_memory import error_percent, predict_run_peak
     from zero_lab.nano.memory_formula import model_state_bytes
     from zero_lab.workload.log_lines import MB
-    from zero_lab.workload.phase_memory import PHASES
+    from zero_lab.workload.meters.phase_memory import PHASES
 
     assert train_module.main(["--impl", "nano", *PHASE_RUN, "--zero-stage", str(stage)]) == 0
     steps, phases, model, zero = phase_lines(capsys.readouterr().out)
@@ -209,8 +209,8 @@ def test_an_offloaded_runs_peak_is_predicted_per_place(train_module, one_process
     both beside a measurement of the device alone). The CPU tracker sees every tensor, so the two
     places together are what it measures; after the step, nano's own count of what it holds in
     each place is the formula's for that place."""
-    from zero_lab.analysis.activation_memory import decoder_shape
-    from zero_lab.analysis.peak_memory import Offload, error_percent, model_states_by_place_at, predict_run_peak
+    from zero_lab.analysis.memory.activation_memory import decoder_shape
+    from zero_lab.analysis.memory.peak_memory import Offload, error_percent, model_states_by_place_at, predict_run_peak
     from zero_lab.workload.log_lines import MB
 
     assert train_module.main(["--impl", "nano", *PHASE_RUN, "--zero-stage", "2", "--offload", "optimizer"]) == 0
@@ -256,7 +256,7 @@ def refusing_engine(refuse_in: str):
 @pytest.mark.parametrize("phase, asked", [("forward", "4294967296.0 GB"), ("backward", "2.0 GB"), ("step", "2.0 GB")])
 def test_an_allocation_refused_is_one_line_naming_rank_phase_and_figures_and_exit_4(
         train_module, one_process, monkeypatch, capsys, phase, asked):
-    from zero_lab.workload.out_of_memory import EXIT_OUT_OF_MEMORY
+    from zero_lab.workload.faults.out_of_memory import EXIT_OUT_OF_MEMORY
 
     monkeypatch.setattr(train_module, "load_engine_module", lambda impl, device: refusing_engine(phase))
     assert train_module.main(list(TINY_RUN)) == EXIT_OUT_OF_MEMORY == 4

@@ -26,7 +26,7 @@ from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.memory_formula import model_state_bytes
 from zero_lab.workload.log_lines import parse_line
 from zero_lab.workload.models import build_model, parameter_groups
-from zero_lab.workload.wire_bytes import wire_bytes
+from zero_lab.workload.meters.wire_bytes import wire_bytes
 
 pytestmark = pytest.mark.slow
 

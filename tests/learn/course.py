@@ -248,7 +248,7 @@ def picture_problems(text: str, ran: Ran) -> list[str]:
     import matplotlib
     import numpy
 
-    from zero_lab.analysis.picture import picture_data, picture_pixels
+    from zero_lab.analysis.report.picture import picture_data, picture_pixels
 
     problems = []
     commands = [command for command in ran.outputs if "--plot" in shlex.split(command)]

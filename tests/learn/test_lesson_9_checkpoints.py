@@ -32,7 +32,7 @@ def test_the_picture_is_what_its_command_draws(ran):
 
 def tensors(ran, directory: str) -> tuple[int, list[dict]]:
     """(parameters, per file its tensor bytes by role), as the picture counts them."""
-    from zero_lab.analysis.checkpoint_plot import picture_numbers
+    from zero_lab.analysis.report.checkpoint_plot import picture_numbers
     from zero_lab.nano.checkpoint.offline import OpenCheckpoint
 
     checkpoint = OpenCheckpoint.open(str(ran.workdir / directory))

@@ -1,5 +1,5 @@
 """Per-rank body: nano and official DeepSpeed train the `tiny` preset at stage 3 under the same
-config, and each step's all-gathers are counted from outside (`workload.comm_meter`).
+config, and each step's all-gathers are counted from outside (`workload.meters.comm_meter`).
 
 Two more configs prefetch less than one block with reuse distance 0 (or prefetch nothing): there a
 unit per decoder layer would gather more (or less) than official, which fetches each module's own
@@ -24,8 +24,8 @@ import torch
 
 import zero_lab.nano as nano
 from zero_lab.nano.official_config import to_official_config
-from zero_lab.workload.comm_meter import CommMeter, difference
-from zero_lab.workload.wire_bytes import family
+from zero_lab.workload.meters.comm_meter import CommMeter, difference
+from zero_lab.workload.meters.wire_bytes import family
 from tests.backend_holding import backend_holding_collective_tensors
 
 STEPS, MICRO_SIZE, SEQUENCE = 3, 2, 16
@@ -110,7 +110,7 @@ def gather_bytes_per_step(module, config: dict, rank: int, meter: CommMeter, aft
     parameter groups (what `explain` assumes), else one group."""
     import gc
 
-    from zero_lab.workload.memory_meter import LiveStorageTracker
+    from zero_lab.workload.meters.memory_meter import LiveStorageTracker
     from zero_lab.workload.models import build_model, parameter_groups
 
     found, held = [], {}
@@ -215,7 +215,7 @@ def explained_gathers_worker(rank: int, world_size: int) -> list[str]:
     `model_shapes.preset_module_calls` names (forward, then backward), and from the second step on
     makes the all-gather calls and moves the wire bytes per step that `zero-lab explain` predicts
     without building it."""
-    from zero_lab.analysis.explain import explain
+    from zero_lab.analysis.explain.explain import explain
     from zero_lab.nano.config import load_config
     from zero_lab.workload.model_shapes import preset_blocks, preset_module_calls, preset_parameters
 

@@ -90,7 +90,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     from zero_lab.nano.memory_formula import model_state_bytes_by_place
     from zero_lab.nano.stage3_units import choose_units
     from zero_lab.nano.units import split_groups_by_unit
-    from zero_lab.workload.memory_meter import LiveStorageTracker
+    from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 
     failures = []
     for (stage, offload), precision in itertools.product(cases(), ("fp32", "bf16")):

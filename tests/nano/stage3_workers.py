@@ -235,7 +235,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     the documented formula exactly (tracked from outside, as at stages 0-2), in fp32 and bf16."""
     import gc
 
-    from zero_lab.workload.memory_meter import LiveStorageTracker
+    from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 
     failures = []
     for precision in ("fp32", "bf16"):
@@ -353,7 +353,7 @@ def init_memory_worker(rank: int, world_size: int) -> list[str]:
     untied head Hugging Face builds before tying it is the largest module while it is built."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from zero_lab.workload.memory_meter import LiveStorageTracker
+    from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 
     config = Qwen3Config(vocab_size=4096, hidden_size=64, intermediate_size=192, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,

@@ -10,7 +10,7 @@ import torch
 
 import zero_lab.nano as nano
 from zero_lab.nano.memory_formula import model_state_bytes
-from zero_lab.workload.memory_meter import LiveStorageTracker
+from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 from tests.backend_holding import backend_holding_collective_tensors
 from tests.tolerances import ADAM_EPS, adam_parity_bound
 from tests.nano.reference import (ReferenceTrainer, build_model, loss_of, max_difference, micro_batch,

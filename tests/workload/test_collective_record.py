@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.nano.collectives import labelled
-from zero_lab.workload.collective_record import (CollectiveRecord, NotARecord, read_record, read_records,
+from zero_lab.workload.meters.collective_record import (CollectiveRecord, NotARecord, read_record, read_records,
                                                  record_path)
-from zero_lab.workload.comm_meter import CommMeter, OpCount
-from zero_lab.workload.out_of_memory import Phase, StepPhase
+from zero_lab.workload.meters.comm_meter import CommMeter, OpCount
+from zero_lab.workload.faults.out_of_memory import Phase, StepPhase
 
 
 def test_calls_read_back_in_order_and_the_ring_keeps_the_last(tmp_path):
@@ -49,7 +49,7 @@ def test_the_record_is_complete_after_the_process_aborts(tmp_path):
     """SIGABRT (what gloo's EnforceNotMet ends in) runs no Python cleanup: the calls written before it are in the file."""
     script = textwrap.dedent(f"""
         import os
-        from zero_lab.workload.collective_record import CollectiveRecord
+        from zero_lab.workload.meters.collective_record import CollectiveRecord
         record = CollectiveRecord.open({str(tmp_path)!r}, rank=0, world_size=2)
         for seq in range(3):
             record.started("all_reduce", 4, 4, "float32", "1", 2, 1, "step", "unscale_clip")

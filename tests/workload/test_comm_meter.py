@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.nano.collectives import EMULATED_COLLECTIVE
-from zero_lab.workload.comm_meter import CommMeter, OpCount, difference
+from zero_lab.workload.meters.comm_meter import CommMeter, OpCount, difference
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from zero_lab.cli.doctor_cmd import toolkit_checks
-from zero_lab.workload.cuda_toolkit import cuda_home, deepspeed_arch_list, toolkit_problems
+from zero_lab.workload.engines.cuda_toolkit import cuda_home, deepspeed_arch_list, toolkit_problems
 
 
 def toolkit(root: Path, nvcc: bool = True) -> Path:
@@ -70,7 +70,7 @@ def test_official_builder_reads_the_arch_list_once_its_suffixes_are_dropped(monk
 
 
 def test_official_runs_on_cuda_get_the_readable_arch_list(monkeypatch):
-    from zero_lab.workload.official_import import prepare_environment
+    from zero_lab.workload.engines.official_import import prepare_environment
 
     for name in ("DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR"):  # restored after the test: prepare_environment sets them
         monkeypatch.setenv(name, os.environ.get(name, ""))

@@ -2,7 +2,7 @@
 
 import sys
 
-from zero_lab.workload import deepspeed_moments
+from zero_lab.workload.tracing import deepspeed_moments
 
 
 def test_without_deepspeed_loaded_nothing_is_watched(monkeypatch):

@@ -2,7 +2,7 @@
 
 import torch
 
-from zero_lab.workload.memory_meter import LiveStorageTracker, MemoryMeter
+from zero_lab.workload.meters.memory_meter import LiveStorageTracker, MemoryMeter
 
 
 def test_tracker_sees_an_allocation_and_its_release():

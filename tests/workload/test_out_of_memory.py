@@ -1,4 +1,4 @@
-"""A refused allocation as one line (zero_lab/workload/out_of_memory.py): the size asked read from
+"""A refused allocation as one line (zero_lab/workload/faults/out_of_memory.py): the size asked read from
 CUDA's and the CPU allocator's own messages, the figures, and which errors count."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zero_lab.workload.out_of_memory import (MESSAGE_PREFIX, AllocatorFigures, Phase, StepPhase, is_out_of_memory,
+from zero_lab.workload.faults.out_of_memory import (MESSAGE_PREFIX, AllocatorFigures, Phase, StepPhase, is_out_of_memory,
                                              out_of_memory_line, requested_bytes)
 
 GB, MB = 2**30, 2**20

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from zero_lab.workload import rank_pause, restarts
+from zero_lab.workload.faults import rank_pause
+from zero_lab.workload.faults import restart_hooks as restarts
 
 
 def test_only_a_restarted_attempt_resumes_from_latest_and_only_when_one_was_saved(tmp_path):

@@ -2,7 +2,7 @@
 
 import math
 
-from zero_lab.workload.step_metrics import step_warnings
+from zero_lab.workload.meters.step_metrics import step_warnings
 
 
 def test_a_finite_applied_step_warns_nothing():
@@ -59,8 +59,8 @@ def test_on_cuda_the_kernels_queued_before_a_sample_count_in_the_step(monkeypatc
     sample now waits for the device first; only the sampling itself (30 ms) is taken away."""
     import torch
 
-    from zero_lab.workload import step_metrics
-    from zero_lab.workload.comm_meter import CommMeter
+    from zero_lab.workload.meters import step_metrics
+    from zero_lab.workload.meters.comm_meter import CommMeter
 
     device = QueuedDevice()
     monkeypatch.setattr(step_metrics.time, "perf_counter_ns", device.perf_counter_ns)

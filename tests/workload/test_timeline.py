@@ -10,14 +10,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from zero_lab.analysis import traces
+from zero_lab.analysis.runs import traces
 from zero_lab.cli.app import app
 from zero_lab.nano.collectives import labelled
-from zero_lab.workload.comm_meter import CommMeter
-from zero_lab.workload.memory_meter import MemoryMeter
-from zero_lab.workload.out_of_memory import Phase, StepPhase
-from zero_lab.workload.timeline import start_tracing
-from zero_lab.workload.trace_settings import (TRACE_DIRECTORY_ENVIRONMENT, TRACE_STEPS_ENVIRONMENT, TraceRequest,
+from zero_lab.workload.meters.comm_meter import CommMeter
+from zero_lab.workload.meters.memory_meter import MemoryMeter
+from zero_lab.workload.faults.out_of_memory import Phase, StepPhase
+from zero_lab.workload.tracing.timeline import start_tracing
+from zero_lab.workload.tracing.trace_settings import (TRACE_DIRECTORY_ENVIRONMENT, TRACE_STEPS_ENVIRONMENT, TraceRequest,
                                               parse_steps, trace_environment)
 
 
@@ -137,7 +137,7 @@ def test_a_storage_freed_between_traced_windows_is_forgotten_and_one_resized_the
     """With a gap between traced steps (`--trace-steps 1,3`) the tracker's changes in the gap are not
     recorded; a window opens with the storages alive then, so an address reused in the gap is a new
     allocation, not the free of the old one, and a storage resized in the gap frees what it holds."""
-    from zero_lab.workload.memory_history import AllocationHistory
+    from zero_lab.workload.tracing.memory_history import AllocationHistory
 
     history = AllocationHistory()
     history.changed(7, 400, 400, 1, None)  # window 1: two allocations

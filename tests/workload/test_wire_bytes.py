@@ -2,7 +2,7 @@
 
 import pytest
 
-from zero_lab.workload.wire_bytes import family, wire_bytes
+from zero_lab.workload.meters.wire_bytes import family, wire_bytes
 
 S = 1200  # bytes of the whole array
 

@@ -14,7 +14,7 @@ from tests.nano.stage3_workers import stage3_config, train
 from tests.nano.workers import LR, MICRO_SIZE, WEIGHT_DECAY
 from zero_lab.nano.zeropp.hierarchical_partition import HierarchicalShardedBuffer
 from zero_lab.nano.memory_formula import model_state_bytes
-from zero_lab.workload.comm_meter import CommMeter, difference
+from zero_lab.workload.meters.comm_meter import CommMeter, difference
 
 RANKS_PER_NODE = 2
 CASES = (dict(accumulation=1, clipping=0.0, overlap=False, checkpointed=False),
@@ -104,7 +104,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     buffer and in all (live bytes tracked from outside the engine), fp32 and bf16."""
     import gc
 
-    from zero_lab.workload.memory_meter import LiveStorageTracker
+    from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 
     failures = []
     for precision in ("fp32", "bf16"):

@@ -35,7 +35,7 @@ def tiny_config(dtype: str, world_size: int):
         path = Path(directory) / "zero3.json"
         path.write_text(json.dumps(settings))
         built, typed, _ = explained_config(path, 3, dtype, "none", world_size)
-    from zero_lab.analysis.explain import explain
+    from zero_lab.analysis.explain.explain import explain
     from zero_lab.cli.explain_cmd import model_table
 
     return built, explain("tiny", *model_table("tiny"), typed, world_size, RANKS_PER_NODE).to_json()
@@ -67,7 +67,7 @@ def temporaries_worker(rank: int, world_size: int) -> list[str]:
     collective held until the end, as a slow gloo thread would)."""
     import os
 
-    from zero_lab.workload.memory_meter import LiveStorageTracker
+    from zero_lab.workload.meters.memory_meter import LiveStorageTracker
     from zero_lab.workload.models import build_model, parameter_groups
 
     os.environ[RANKS_PER_NODE_ENVIRONMENT] = str(RANKS_PER_NODE)

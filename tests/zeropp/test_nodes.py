@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from zero_lab.cli.app import app
 from zero_lab.workload.nodes import ranks_per_node_problem, resolve_ranks_per_node
-from zero_lab.workload.wire_bytes import ranks_on_node, wire_bytes, wire_split
+from zero_lab.workload.meters.wire_bytes import ranks_on_node, wire_bytes, wire_split
 
 S = 4800  # bytes of the whole array
 

@@ -60,7 +60,7 @@ def inspect(directory: Directory, tag: Tag = None, format: Format = "table",
     if plot is not None:
         from zero_lab.nano.checkpoint.offline import OpenCheckpoint
         checkpoint = OpenCheckpoint.open(str(directory), tag)
-        from zero_lab.analysis.checkpoint_plot import plot_checkpoint
+        from zero_lab.analysis.report.checkpoint_plot import plot_checkpoint
 
         output.stderr.print(f"drew {plot_checkpoint(checkpoint, plot)}", markup=False)
 

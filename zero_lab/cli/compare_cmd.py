@@ -16,7 +16,7 @@ Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed o
          halfway and one that resumes.
          With --script each cell runs the user's script instead of the harness, given the cell's
          config as `--deepspeed_config PATH`; its engine prints the log contract (zero_lab.clients).
-Phase 3: rows, deltas, step times and verdict (analysis.comparison), printed as tables, JSON or
+Phase 3: rows, deltas, step times and verdict (analysis.compare.comparison), printed as tables, JSON or
          markdown, saved as compare.json, and rendered as a report when asked; one line says when
          `zero-lab doctor` finds something in the comparison.
 """
@@ -30,9 +30,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from zero_lab.analysis import rundir
-from zero_lab.analysis.trace_report import comm_summaries
-from zero_lab.analysis.markdown import cell_tables, render_report, run_table, verdict_lines
+from zero_lab.analysis.runs import rundir
+from zero_lab.analysis.report.trace_report import comm_summaries
+from zero_lab.analysis.report.markdown import cell_tables, render_report, run_table, verdict_lines
 from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli import trace_options
 from zero_lab.cli.environment import environment, say_where_auto_runs
@@ -137,7 +137,7 @@ def compare(
             raise typer.Exit(exit_code_of(summaries, interrupted_by))
         summaries += jobs.not_run(shared, lacking_gpus, stage_list, impl_list)
     # Phase 3
-    from zero_lab.analysis.comparison import build_comparison  # pandas: once the runs have ended
+    from zero_lab.analysis.compare.comparison import build_comparison  # pandas: once the runs have ended
 
     comparison = build_comparison(summaries, impl_list, loss_tol, fail_on_regression, interrupted_by,
                                   resumed=[run for run in resumed if run["run_dir"].endswith("resumed")]
@@ -171,8 +171,8 @@ def cells_save_every(shared: jobs.SharedSettings, save_every: int):
 
 
 def find_divergences(summaries: list[dict], impl_list: list[str], baseline_impl: str, tolerance: float) -> list[dict]:
-    """Each run whose losses part from the baseline's: the step, the gradients, the collectives (analysis.divergence)."""
-    from zero_lab.analysis.divergence import divergences
+    """Each run whose losses part from the baseline's: the step, the gradients, the collectives (analysis.compare.divergence)."""
+    from zero_lab.analysis.compare.divergence import divergences
 
     baseline = baseline_impl if baseline_impl in impl_list else impl_list[min(1, len(impl_list) - 1)]
     return divergences(summaries, baseline, tolerance)
@@ -180,7 +180,7 @@ def find_divergences(summaries: list[dict], impl_list: list[str], baseline_impl:
 
 def show_divergences(comparison: dict, format: str) -> None:
     """Under the verdict, where each run that parts from the baseline parts first (JSON: `divergences`)."""
-    from zero_lab.analysis.divergence import divergence_lines
+    from zero_lab.analysis.compare.divergence import divergence_lines
 
     if format == "json":
         return

@@ -59,7 +59,7 @@ def doctor_checks() -> list[tuple[str, bool, str, str]]:
 def toolkit_checks(device: str, environ=os.environ, which=shutil.which) -> list[tuple[str, bool, str, str]]:
     """On a GPU machine: CUDA_HOME, nvcc and ninja, which official DeepSpeed needs to build FusedAdam
     (without them official runs torch's AdamW; cuda_toolkit.py). Not needed on CPU."""
-    from zero_lab.workload import cuda_toolkit
+    from zero_lab.workload.engines import cuda_toolkit
 
     if device != "cuda":
         return [(name, True, "not needed on CPU", "") for name in ("CUDA_HOME", "nvcc", "ninja")]

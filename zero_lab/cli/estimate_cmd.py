@@ -15,8 +15,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from zero_lab.analysis.estimate import MIB, OFFLOADS, estimate_rows, parse_param_count
-from zero_lab.analysis.markdown import fmt
+from zero_lab.analysis.memory.estimate import MIB, OFFLOADS, estimate_rows, parse_param_count
+from zero_lab.analysis.report.markdown import fmt
 from zero_lab.cli import input_checks, output, preflight
 from zero_lab.cli.environment import cuda_devices
 from zero_lab.workload.optimizer_choice import OPTIMIZERS
@@ -39,8 +39,8 @@ def activation_figures(model: str, precision: str, seq_len: int, micro_batch: in
                        gradient_checkpointing: bool, rows: list[dict]) -> str | None:
     """Add each row's activations and predicted peak (nano, one rank) in place; the reason when the
     model has no architecture to count them from (a bare parameter count, an unknown model_type)."""
-    from zero_lab.analysis.activation_memory import decoder_shape
-    from zero_lab.analysis.peak_memory import predict_peak
+    from zero_lab.analysis.memory.activation_memory import decoder_shape
+    from zero_lab.analysis.memory.peak_memory import predict_peak
 
     try:
         shape = decoder_shape(model) if parse_param_count(model) is None else None
@@ -103,7 +103,7 @@ def estimate(
     The last column is the preflight's verdict for the predicted peak (`run` and `compare` refuse
     "will not fit"): per GPU on a CUDA machine, all of a row's ranks on the host otherwise.
     """
-    from zero_lab.analysis.activation_memory import ATTENTION_IMPLEMENTATIONS
+    from zero_lab.analysis.memory.activation_memory import ATTENTION_IMPLEMENTATIONS
 
     check_choice(dtype, "--dtype", tuple(PRECISION_OF_DTYPE_NAME))
     check_choice(offload, "--offload", OFFLOADS)
@@ -139,7 +139,7 @@ def estimate(
     title = f"{model}: {numel:,} parameters, {dtype}, micro-batch {micro_batch} x {seq_len} tokens, per rank" + (
         f", {offload} offloaded to the host" if offload != "none" else "")
     if plot is not None:
-        from zero_lab.analysis.estimate_plot import plot_estimate
+        from zero_lab.analysis.report.estimate_plot import plot_estimate
 
         output.stderr.print(f"drew {plot_estimate(title + ' (zero-lab estimate)', rows, plot)}", markup=False)
     if format == "json":
@@ -189,8 +189,8 @@ def check_offload_stages(offload: str, stage_list: list[int]) -> None:
 def muon_rows(rows: list[dict], model: str, dtype: str, offload: str) -> None:
     """--optimizer muon: each row's nano figure becomes Muon's (`estimate.muon_nano_bytes`), from the
     model's matrices as explain lays them out; the paper's and official's columns stay Adam's."""
-    from zero_lab.analysis.estimate import megabytes, muon_nano_bytes
-    from zero_lab.analysis.explain import flat_buffers
+    from zero_lab.analysis.memory.estimate import megabytes, muon_nano_bytes
+    from zero_lab.analysis.explain.explain import flat_buffers
     from zero_lab.cli.explain_cmd import explained_config, model_table
 
     if parse_param_count(model) is not None:

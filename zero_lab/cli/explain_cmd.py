@@ -9,13 +9,13 @@
 Phase 1: the config the harness would train with (its own builder: --stage, --dtype, --offload
          applied to --config or harness/configs/zero<stage>.json), loaded as nano loads it.
 Phase 2: the model's parameter table (presets: pure data; a local directory: built on the meta
-         device) and the walk-through (`analysis.explain`): nothing launched, no torch for a preset.
-         --plot FILE draws it (`analysis.explain_plot`).
+         device) and the walk-through (`analysis.explain.explain`): nothing launched, no torch for a preset.
+         --plot FILE draws it (`analysis.explain.explain_plot`).
 Phase 3 (--measure): the same stage on the `tiny` preset, one process per rank on CPU
-         (`workload.step_trace`), its recorded step printed beside the prediction; exit 1 when
+         (`workload.tracing.step_trace`), its recorded step printed beside the prediction; exit 1 when
          they disagree, 3 when the run fails.
 --reading-path prints, instead of the step, what to read to understand the stage's code: the
-modules zero_lab/nano/stage<N>.py imports, in reading order, with their lines (`analysis.reading_path`).
+modules zero_lab/nano/stage<N>.py imports, in reading order, with their lines (`analysis.explain.reading_path`).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from typing import Annotated, Optional
 import typer
 
 from zero_lab.launch.ports import free_port
-from zero_lab.analysis.explain import explain as walk_through
-from zero_lab.analysis.explain_check import (collectives_comparison, disagreements, memory_comparison,
+from zero_lab.analysis.explain.explain import explain as walk_through
+from zero_lab.analysis.explain.explain_check import (collectives_comparison, disagreements, memory_comparison,
                                              recorded_sequence)
-from zero_lab.analysis.explain_tables import (collectives_table, holdings_table, peak_line, phases_table,
+from zero_lab.analysis.explain.explain_tables import (collectives_table, holdings_table, peak_line, phases_table,
                                               render_markdown, title)
-from zero_lab.analysis.markdown import markdown_table
-from zero_lab.analysis.reading_path import path_table, reading_path
-from zero_lab.analysis.reading_path import title as reading_path_title
+from zero_lab.analysis.report.markdown import markdown_table
+from zero_lab.analysis.explain.reading_path import path_table, reading_path
+from zero_lab.analysis.explain.reading_path import title as reading_path_title
 from zero_lab.cli import input_checks, output
 from zero_lab.cli.errors import (EXIT_GATE, EXIT_RUN_FAILED, BadInput, check_choice, check_picture_path,
                                  one_line_errors)
@@ -87,7 +87,7 @@ def model_table(model: str):
 
 
 def measure(config: dict, dtype: str, world_size: int) -> dict:
-    """Phase 3: run `workload.step_trace` on `world_size` local processes; rank 0's record."""
+    """Phase 3: run `workload.tracing.step_trace` on `world_size` local processes; rank 0's record."""
     port = free_port()
     request = json.dumps({"config": config, "dtype": dtype, "seq_len": MEASURE_SEQ_LEN})
     processes = []
@@ -95,7 +95,7 @@ def measure(config: dict, dtype: str, world_size: int) -> dict:
         for rank in range(world_size):
             env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                    "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
-            processes.append(subprocess.Popen([sys.executable, "-m", "zero_lab.workload.step_trace", request],
+            processes.append(subprocess.Popen([sys.executable, "-m", "zero_lab.workload.tracing.step_trace", request],
                                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         finished = [process.communicate(timeout=MEASURE_TIMEOUT_S) for process in processes]
     except subprocess.TimeoutExpired:
@@ -156,7 +156,7 @@ def explain(
     entries, blocks = model_table(model)
     walk = walk_through(model, entries, blocks, typed, gpus, ranks_per_node)
     if plot is not None:
-        from zero_lab.analysis.explain_plot import plot_walkthrough
+        from zero_lab.analysis.explain.explain_plot import plot_walkthrough
 
         output.stderr.print(f"drew {plot_walkthrough(walk, plot)}", markup=False)
     result = walk.to_json()

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from zero_lab.analysis import rundir
+from zero_lab.analysis.runs import rundir
 from zero_lab.launch import moments, torchrun
 from zero_lab.cli.environment import cpu_cores, cuda_devices
 from zero_lab.cli.errors import BadInput, check_choice
@@ -118,7 +118,7 @@ def check_impls(impls: list[str]) -> None:
 
 def own_impls(texts: list[str]) -> tuple[list[str], dict[str, Path]]:
     """--impls/--impl items as (names, {name: engine path} of the own engines, NAME=PATH), or BadInput."""
-    from zero_lab.workload.own_engine import OWN_IMPL_FIX, impl_problem, split_impl
+    from zero_lab.workload.engines.own_engine import OWN_IMPL_FIX, impl_problem, split_impl
 
     names, own = [], {}
     for text in texts:

@@ -16,8 +16,8 @@ from typing import Annotated, List
 
 import typer
 
-from zero_lab.analysis import rundir
-from zero_lab.analysis.logparse import STEP_FIELDS, ParsedLog, parse_file
+from zero_lab.analysis.runs import rundir
+from zero_lab.analysis.runs.logparse import STEP_FIELDS, ParsedLog, parse_file
 from zero_lab.cli import output
 from zero_lab.cli.errors import BadInput, check_choice, check_not_negative, one_line_errors
 from zero_lab.cli.reporting import write_report
@@ -96,10 +96,10 @@ def parse(
 
 
 def parsed_steps(parsed: dict[str, ParsedLog]):
-    """The step table of the logs (analysis.tables), `log` first, then the step and its figures,
+    """The step table of the logs (analysis.runs.tables), `log` first, then the step and its figures,
     the cell (from each log's own headers) last."""
-    from zero_lab.analysis.frames import cell_from_headers  # pandas: only for a table
-    from zero_lab.analysis.tables import CELL_COLUMNS, Run, step_table
+    from zero_lab.analysis.runs.frames import cell_from_headers  # pandas: only for a table
+    from zero_lab.analysis.runs.tables import CELL_COLUMNS, Run, step_table
 
     steps = step_table([Run(path, log, cell_from_headers(log)) for path, log in parsed.items()])
     steps = steps.rename(columns={"run": "log"})
@@ -129,7 +129,7 @@ def report(
     summaries = [summary for summary in summaries if "warmup" not in Path(summary.get("run_dir", "")).parts]
     if not summaries:
         raise BadInput("no summary.json under the given directories", "pass directories written by run or compare")
-    from zero_lab.analysis.comparison import build_comparison  # pandas: only when a report is written
+    from zero_lab.analysis.compare.comparison import build_comparison  # pandas: only when a report is written
 
     comparison = build_comparison(summaries, impls.split(","), loss_tol)
     write_report(comparison, summaries, out)

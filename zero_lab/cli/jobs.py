@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zero_lab import signals
-from zero_lab.analysis import rundir
+from zero_lab.analysis.runs import rundir
 from zero_lab.cli import input_checks, output
 from zero_lab.cli.errors import BadInput
 from zero_lab.launch import torchrun

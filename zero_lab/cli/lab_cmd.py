@@ -96,7 +96,7 @@ def shared_settings(lab: Lab, directory: Path, steps: int) -> jobs.SharedSetting
 
 def run_cell(shared: jobs.SharedSettings, impl: str, lab: Lab, world_size: int, run_dir: Path, keep: bool) -> dict:
     """One run's summary: a kept one when `keep` and it finished with these steps, else a new run."""
-    from zero_lab.analysis import rundir
+    from zero_lab.analysis.runs import rundir
     from zero_lab.cli.environment import environment
 
     summary_path = run_dir / rundir.SUMMARY
@@ -139,7 +139,7 @@ def check(
 
     Exit codes: 0 every check passed, 1 a check failed, 2 bad input.
     """
-    from zero_lab.analysis.metrics import resolve_loss_tol
+    from zero_lab.analysis.compare.metrics import resolve_loss_tol
     from zero_lab.labs import check as checks
 
     # Phase 1

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from zero_lab.analysis.activation_memory import ATTENTION_IMPLEMENTATIONS
+from zero_lab.analysis.memory.activation_memory import ATTENTION_IMPLEMENTATIONS
 from zero_lab.launch import torchrun
 from zero_lab.cli.environment import DEVICES, resolve_device_name
 from zero_lab.cli.errors import check_choice, check_not_negative, check_positive

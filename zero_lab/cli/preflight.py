@@ -10,7 +10,7 @@ Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its 
          will log, offload included): on CUDA the device's bytes alone (what offload moved to the
          host is not the GPU's), on CPU every byte; None where there is none (an unreadable
          architecture, a user's script).
-Phase 3: `check`: the verdict per job (analysis.memory_fit); a tight one is a warning, one that
+Phase 3: `check`: the verdict per job (analysis.memory.memory_fit); a tight one is a warning, one that
          will not fit stops the command with exit 2 and the knobs that would help, unless --force.
 """
 
@@ -20,7 +20,7 @@ import json
 import subprocess
 import sys
 
-from zero_lab.analysis.memory_fit import KNOBS, TIGHT_FRACTION, Fit, fit, fit_line
+from zero_lab.analysis.memory.memory_fit import KNOBS, TIGHT_FRACTION, Fit, fit, fit_line
 from zero_lab.cli.errors import BadInput
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.log_lines import MB as MIB, size_text
@@ -60,7 +60,7 @@ def offered_memory(device: str, device_memory_gb: float | None) -> tuple[int | N
 
 def predicted_peak(job) -> int | None:
     """Phase 2: one rank's predicted peak for a prepared job (zero_lab.cli.jobs.Job)."""
-    from zero_lab.analysis.peak_memory import predict_run_peak
+    from zero_lab.analysis.memory.peak_memory import predict_run_peak
     from zero_lab.nano.config import load_config, without_official_only_keys
     from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from zero_lab.analysis.markdown import render_report
-from zero_lab.analysis.trace_report import timeline_section
+from zero_lab.analysis.report.markdown import render_report
+from zero_lab.analysis.report.trace_report import timeline_section
 
 
 def write_report(comparison: dict, summaries: list[dict], path: Path, title: str = "zero-lab: nano vs official DeepSpeed") -> str:
     """The report at path, PNGs beside it; appended to $GITHUB_STEP_SUMMARY when that is set."""
-    from zero_lab.analysis.plots import write_plots  # matplotlib: only when a report is written
+    from zero_lab.analysis.report.plots import write_plots  # matplotlib: only when a report is written
 
     path.parent.mkdir(parents=True, exist_ok=True)
     plots = write_plots(summaries, comparison["rows"], path)

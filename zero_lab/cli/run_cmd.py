@@ -15,8 +15,8 @@ from typing import Annotated
 import typer
 
 from zero_lab import signals
-from zero_lab.analysis import rundir
-from zero_lab.analysis.markdown import run_table
+from zero_lab.analysis.runs import rundir
+from zero_lab.analysis.report.markdown import run_table
 from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli import trace_options
 from zero_lab.cli.environment import environment, say_where_auto_runs

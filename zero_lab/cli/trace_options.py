@@ -1,6 +1,6 @@
 """`--trace` and `--trace-steps`, shared by `run` and `compare`: checked once, before any launch.
 
-The launcher hands the chosen steps to every rank (`workload.trace_settings`); each rank writes its
+The launcher hands the chosen steps to every rank (`workload.tracing.trace_settings`); each rank writes its
 timeline and memory snapshot into `<run dir>/trace/` (docs/trace.md).
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from zero_lab.cli.errors import BadInput
-from zero_lab.workload.trace_settings import DEFAULT_TRACE_STEPS, STEPS_FIX, parse_steps
+from zero_lab.workload.tracing.trace_settings import DEFAULT_TRACE_STEPS, STEPS_FIX, parse_steps
 
 TRACE = "Trace (docs/trace.md)"
 

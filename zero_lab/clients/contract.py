@@ -27,13 +27,14 @@ import torch.distributed as dist
 from zero_lab.clients.step_hook import StepHook
 from zero_lab.nano.config import load_config, read_config_source, without_official_only_keys
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.workload import collective_record, state_formula
-from zero_lab.workload.comm_meter import CommMeter
+from zero_lab.workload import state_formula
+from zero_lab.workload.meters import collective_record
+from zero_lab.workload.meters.comm_meter import CommMeter
 from zero_lab.workload.contract_lines import announce_rank, emit, zero_header
-from zero_lab.workload.memory_meter import MemoryMeter
-from zero_lab.workload.out_of_memory import StepPhase
-from zero_lab.workload.timeline import start_tracing
-from zero_lab.workload.trace_settings import TraceRequest
+from zero_lab.workload.meters.memory_meter import MemoryMeter
+from zero_lab.workload.faults.out_of_memory import StepPhase
+from zero_lab.workload.tracing.timeline import start_tracing
+from zero_lab.workload.tracing.trace_settings import TraceRequest
 
 _comm: CommMeter | None = None
 _memory: MemoryMeter | None = None

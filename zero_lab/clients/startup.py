@@ -17,7 +17,7 @@ from pathlib import Path
 
 from zero_lab.clients.post_import import after_import
 from zero_lab.launch.engine_switch import LOG_CONTRACT
-from zero_lab.workload import official_import
+from zero_lab.workload.engines import official_import
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 

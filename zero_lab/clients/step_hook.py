@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from zero_lab.workload.comm_meter import CommMeter, OpCount, accumulate, difference
+from zero_lab.workload.meters.comm_meter import CommMeter, OpCount, accumulate, difference
 from zero_lab.workload.contract_lines import emit, model_header, opt_step_fields
-from zero_lab.workload.memory_meter import MemoryMeter
-from zero_lab.workload.out_of_memory import Phase, StepPhase
-from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
+from zero_lab.workload.meters.memory_meter import MemoryMeter
+from zero_lab.workload.faults.out_of_memory import Phase, StepPhase
+from zero_lab.workload.meters.step_metrics import StepMetrics, comm_totals, step_warnings
 
 
 def input_tokens(args: tuple, kwargs: dict) -> torch.Tensor | None:

@@ -33,11 +33,11 @@ a config stage contradicting --zero-stage, fp16 with official DeepSpeed on CPU) 
 `error: <problem>. <fix>` on stderr and exits 2 before any engine starts; so do the problems only
 the engine or Hugging Face find (a config value nano rejects, an --attn-impl that is not
 installed, a model directory that does not load). An allocation the device refuses prints one
-`out of memory: rank R in <phase>: ...` line and exits 4 (zero_lab/workload/out_of_memory.py).
+`out of memory: rank R in <phase>: ...` line and exits 4 (zero_lab/workload/faults/out_of_memory.py).
 With ZERO_LAB_COLLECTIVE_RECORD naming a directory (the launcher names the run's logs/), each rank
-keeps its flight record of collectives there (zero_lab/workload/collective_record.py); with
+keeps its flight record of collectives there (zero_lab/workload/meters/collective_record.py); with
 ZERO_LAB_PARAMETER_NORMS naming a file, rank 0 writes each parameter's norm after every step there
-(zero_lab/workload/parameter_norms.py), which names the parameters where two runs part first.
+(zero_lab/workload/meters/parameter_norms.py), which names the parameters where two runs part first.
 """
 
 from __future__ import annotations
@@ -52,29 +52,29 @@ import torch.distributed as dist
 
 from zero_lab.nano.config import load_config, without_official_only_keys
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.workload import collective_record
-from zero_lab.workload.comm_meter import CommMeter
+from zero_lab.workload.meters import collective_record
+from zero_lab.workload.meters.comm_meter import CommMeter
 from zero_lab.workload.data import make_batches
 from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.contract_lines import announce_rank, emit, model_header, opt_step_fields, zero_header
-from zero_lab.workload.impls import default_single_process_env, engine_config, load_engine_module
+from zero_lab.workload.engines.impls import default_single_process_env, engine_config, load_engine_module
 from zero_lab.workload import state_formula
-from zero_lab.workload import own_engine
-from zero_lab.workload.own_engine import split_impl
-from zero_lab.workload.memory_meter import MemoryMeter
+from zero_lab.workload.engines import own_engine
+from zero_lab.workload.engines.own_engine import split_impl
+from zero_lab.workload.meters.memory_meter import MemoryMeter
 from zero_lab.workload.nodes import resolve_ranks_per_node
 from zero_lab.nano.collectives import RANKS_PER_NODE_ENVIRONMENT
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
-from zero_lab.workload.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Phase, StepPhase, allocator_figures,
+from zero_lab.workload.faults.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Phase, StepPhase, allocator_figures,
                                              is_out_of_memory, out_of_memory_line)
 from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
 from zero_lab.workload.run_config import build_parser, check_launch, passed_to_official, precision_of
-from zero_lab.workload.step_metrics import StepMetrics, comm_totals, step_warnings
-from zero_lab.workload import rank_pause
-from zero_lab.workload import restarts
-from zero_lab.workload.timeline import start_tracing
-from zero_lab.workload import parameter_norms
-from zero_lab.workload.trace_settings import TraceRequest
+from zero_lab.workload.meters.step_metrics import StepMetrics, comm_totals, step_warnings
+from zero_lab.workload.faults import rank_pause
+from zero_lab.workload.faults import restart_hooks as restarts
+from zero_lab.workload.tracing.timeline import start_tracing
+from zero_lab.workload.meters import parameter_norms
+from zero_lab.workload.tracing.trace_settings import TraceRequest
 
 
 def checkpoint_fields(action: str, step: int, save_dir: str, tag: str, seconds: float) -> dict:

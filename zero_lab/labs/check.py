@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from zero_lab.analysis.divergence import divergence_lines, first_divergence, per_step, per_step_grad_norms
+from zero_lab.analysis.compare.divergence import divergence_lines, first_divergence, per_step, per_step_grad_norms
 from zero_lab.labs.catalog import Lab
 
 GRAD_NORM_RTOL = 1e-4

@@ -42,7 +42,7 @@ class Workload:
     gradient_checkpointing: bool = False  # the harness's --gradient-checkpointing
     global_batch_size: int | None = None  # the harness's --global-batch-size N (an elastic range keeps it)
     optimizer: str | None = None  # the harness's --optimizer adamw|muon (None: the config's)
-    trace_steps: str | None = None  # --trace: the steps each rank traces (None: no trace; workload.trace_settings)
+    trace_steps: str | None = None  # --trace: the steps each rank traces (None: no trace; workload.tracing.trace_settings)
 
 
 @dataclass
@@ -137,7 +137,7 @@ def restart_environment(spec: LaunchSpec) -> dict[str, str]:
     """With --max-restarts, the ranks share the agent's store (torch's default, said here so a caller's
     environment cannot turn it off): it is bound once, by the agent, while a store of each attempt's own
     would need a port picked free and bound seconds later, which another process can take in between.
-    The harness keeps each attempt's keys apart in it (`workload.restarts.join_attempt_group`)."""
+    The harness keeps each attempt's keys apart in it (`workload.faults.restart_hooks.join_attempt_group`)."""
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"} if spec.max_restarts else {}
 
 

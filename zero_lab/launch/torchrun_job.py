@@ -11,7 +11,7 @@ Phase 2: pick a free port, then at once start torchrun in its own session (a por
 Phase 3: on Ctrl-C, SIGTERM or SIGHUP (zero_lab.signals), stop torchrun's process group and
          every worker's (torchrun starts each worker in a session of its own), SIGTERM then
          SIGKILL, within seconds.
-Phase 4: gather every rank's log, and have `analysis.rundir` parse rank 0's and write
+Phase 4: gather every rank's log, and have `analysis.runs.rundir` parse rank 0's and write
          metrics.csv and summary.json - also for a failed or interrupted run, so its partial
          results stay; a rank that ran out of memory is named with the figures
          (`failure: out_of_memory`), from the harness's own line or the memory watch's verdict.
@@ -32,15 +32,15 @@ import psutil
 from rich.progress import Progress
 
 from zero_lab import signals
-from zero_lab.analysis import rundir
-from zero_lab.analysis.logparse import step_and_loss
+from zero_lab.analysis.runs import rundir
+from zero_lab.analysis.runs.logparse import step_and_loss
 from zero_lab.launch import moments, ports, torchrun
 from zero_lab.launch.engine_switch import impl_environment
-from zero_lab.workload.trace_settings import trace_environment
+from zero_lab.workload.tracing.trace_settings import trace_environment
 from zero_lab.launch.memory_watch import MemoryWatch
 from zero_lab.launch.stall import StallWatch
-from zero_lab.workload.collective_record import RECORD_DIRECTORY_ENVIRONMENT
-from zero_lab.workload.parameter_norms import PARAMETER_NORMS_ENVIRONMENT, PARAMETER_NORMS_FILE
+from zero_lab.workload.meters.collective_record import RECORD_DIRECTORY_ENVIRONMENT
+from zero_lab.workload.meters.parameter_norms import PARAMETER_NORMS_ENVIRONMENT, PARAMETER_NORMS_FILE
 
 STOP_GRACE_S = 5.0
 

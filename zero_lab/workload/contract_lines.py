@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from zero_lab.workload.impls import loss_scale, optimizer_name
+from zero_lab.workload.engines.impls import loss_scale, optimizer_name
 from zero_lab.workload.log_lines import MB, format_line
 
 

@@ -9,7 +9,7 @@ and the one tokenizer every reader uses.
 Values are typed one way everywhere (`parse_value`): int, float (`nan`, `inf` too), bool (`true`
 and `false`, and the seed's `True` and `False`), None, else the text.
 `parse_line` is the strict reader the tests use: the whole line is one contract line. The tolerant
-reader (`zero_lab.analysis.logparse`) adds what logs in the wild need on top of the same tokenizer.
+reader (`zero_lab.analysis.runs.logparse`) adds what logs in the wild need on top of the same tokenizer.
 Values never contain spaces: `format_value` replaces them, so `key=value` pairs split on whitespace.
 """
 

@@ -35,7 +35,7 @@ IMPLS = ("nano", "official", "fsdp2")
 
 def impl_argument(text: str) -> str:
     """--impl's value as given (a built-in impl or NAME=PATH), or argparse's one-line refusal."""
-    from zero_lab.workload.own_engine import impl_problem
+    from zero_lab.workload.engines.own_engine import impl_problem
 
     problem = impl_problem(text)
     if problem:
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--impl", type=impl_argument, default="nano", metavar="{nano,official,fsdp2,NAME=PATH}",
         help="which engine provides initialize(): zero_lab.nano, official deepspeed, FSDP2 "
              "(torch's fully_shard, the config mapped by zero_lab.fsdp2.config_map), or your own engine "
-             "(NAME=PATH: zero_lab/workload/own_engine.py)")
+             "(NAME=PATH: zero_lab/workload/engines/own_engine.py)")
     add("--deepspeed_config", default=None,
         help="DeepSpeed JSON config (default: harness/configs/zero<stage>.json)")
     add("--steps", type=int, default=10, help="optimizer steps (each is gradient_accumulation_steps micro-steps)")

@@ -25,8 +25,8 @@ import math
 
 from zero_lab.analysis.diagnosis.finding import Finding
 from zero_lab.analysis.diagnosis.run_data import RunData
-from zero_lab.analysis.logparse import is_number
-from zero_lab.analysis.metrics import DEFAULT_LOSS_TOL, resolve_loss_tol
+from zero_lab.analysis.runs.logparse import is_number
+from zero_lab.analysis.compare.metrics import DEFAULT_LOSS_TOL, resolve_loss_tol
 
 HALF = ("bfloat16", "float16")
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from zero_lab.analysis.diagnosis.finding import Finding, mb
 from zero_lab.analysis.diagnosis.run_data import RunData
-from zero_lab.analysis.logparse import is_number
-from zero_lab.analysis.peak_memory import (PeakPrediction, communication_buffer_bytes, model_state_categories_at,
+from zero_lab.analysis.runs.logparse import is_number
+from zero_lab.analysis.memory.peak_memory import (PeakPrediction, communication_buffer_bytes, model_state_categories_at,
                                            predict_run_peak)
 from zero_lab.analysis.diagnosis.stage3 import fetch_rules
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION

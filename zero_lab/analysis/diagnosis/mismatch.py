@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from zero_lab.analysis.diagnosis.finding import Finding
 from zero_lab.analysis.diagnosis.run_data import RunData
-from zero_lab.workload.collective_record import Record, RecordedCall
+from zero_lab.workload.meters.collective_record import Record, RecordedCall
 
 ABORT_TEXT = "collective mismatch"  # gloo's own words when a rank receives more than it expects
 

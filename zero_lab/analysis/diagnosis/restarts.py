@@ -2,7 +2,7 @@
 
 torchrun restarts every worker when one dies; the harness resumes each new attempt from the newest
 complete checkpoint and runs the steps after it again (docs/restarts.md). summary.json keeps the
-restarts (`analysis.restarts`): which rank was lost, how it ended, after which step, and the step the
+restarts (`analysis.runs.restart_history`): which rank was lost, how it ended, after which step, and the step the
 next attempt resumed from; and how far each repeated step's loss lay from its first run.
 
 `rank-restarted` (info): each restart, in words, and what it cost in repeated steps.

@@ -1,6 +1,6 @@
 """What the doctor reads of a run or a comparison: only the files the run wrote.
 
-A run directory (`analysis.rundir`): summary.json (status, measured and predicted figures, headers),
+A run directory (`analysis.runs.rundir`): summary.json (status, measured and predicted figures, headers),
 rank 0's log (every `[opt_step]`, `[phase]` and `[ckpt]` line), config.json (the config the engine
 was given) and logs/collectives-rank<N>.bin (each rank's flight record, `collective_record`). A
 compare directory: compare.json and a run directory per cell under cells/.
@@ -17,10 +17,10 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zero_lab.analysis import rundir
-from zero_lab.analysis.activation_memory import DecoderShape, decoder_shape
-from zero_lab.analysis.logparse import ParsedLog, is_number, parse_file
-from zero_lab.workload.collective_record import NotARecord, Record, read_records
+from zero_lab.analysis.runs import rundir
+from zero_lab.analysis.memory.activation_memory import DecoderShape, decoder_shape
+from zero_lab.analysis.runs.logparse import ParsedLog, is_number, parse_file
+from zero_lab.workload.meters.collective_record import NotARecord, Record, read_records
 
 
 @dataclass

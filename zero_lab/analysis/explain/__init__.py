@@ -1,0 +1,1 @@
+"""One optimizer step explained on paper: the walk-through, its tables and picture, its check, the reading path."""

@@ -1,0 +1,352 @@
+"""The peak bytes one rank holds during a training step, predicted: model states from nano's formula,
+activations from `activation_memory`, and the temporaries between them.
+
+A step's moments, each with what is alive on the rank (nano's moments, `memory_formula.MOMENTS`):
+    turn:            the forward is done and the backward starts: model states at nano's "forward"
+                     moment (no gradients yet; at stage 3 the root unit, embeddings and head, is
+                     gathered), every saved activation, the loss's temporaries, and from stage 2
+                     the gradient bucket the head's gradient lands in (nano allocates a bucket at
+                     its first gradient: the last `reduce_bucket_size` elements of the flat buffer
+                     at stage 2, of the root unit at stage 3, in the communication dtype);
+    recompute:       with gradient checkpointing, the first layer recomputed in the backward;
+    end of backward: model states at the "backward" moment (full gradients at stages 0/1, the
+                     gradient partition from stage 2), activations gone;
+    boundary:        nano at stages 0/1 packs `param.grad` into buckets after the backward: the
+                     full gradients, the fp32 gradient partition and the first bucket at once (with
+                     one partition, stage 0 or one rank, an fp32 bucket is a slice of the partition);
+    optimizer step:  model states at the "step" moment.
+Phase 1: count each moment's bytes. Phase 2: the peak is the largest, and its moment says why.
+
+Parameters are counted per flat buffer: at stages 0-2 the whole model, as nano lays it out; at
+stage 3 a unit per decoder layer and the root (the ZeRO-3 figures of `memory_formula` per unit), a
+coarser cut than nano's (a unit per module's own parameters, as official fetches): the same bytes
+but for each buffer's padding, and the same layers whole at the turn where the prefetch reaches
+every layer (the harness's small models with the default prefetch).
+
+Official DeepSpeed (0.19, `stage_1_and_2.py`) holds more at stages 1 and 2, and the prediction for
+it adds that to the turn: an fp32 copy of its partition even in fp32 training (nano's fp32
+partition is its own master), and, with `contiguous_gradients` (its default), a staging buffer of
+`reduce_bucket_size` elements from the start of every backward (`setup_buckets`; fp32 at stage 1,
+which accumulates in fp32, the parameters' dtype at stage 2) instead of nano's first bucket. At
+stage 3 (`stage3.py`) it allocates its fp32 gradient partitions and a reduce bucket of
+`reduce_bucket_size` elements when it starts, for good, and keeps the persistent parameters whole
+beside their partitions (`official_stage3_bytes`).
+
+At stage 3 both impls gather by official's fetch rules (`zero_lab/nano/fetch_policy.py`): the turn
+holds the root and the layers those rules keep whole after the forward (`layers_whole_after_forward`,
+from the run's `stage3_*` keys; the harness's small models with the default prefetch: every layer).
+
+Each moment's bytes are split by place: the device's and the host's. Offload (`Offload`) moves the
+optimizer's tensors (fp32 master and gradient partitions, Adam's states; official's fp32 partition
+copies too) and, with `offload_param` at stage 3, the parameter partitions to the host; activations,
+buckets and gathered parameters stay on the device. A meter on CPU sees both places (every tensor is
+a CPU tensor), the caching allocator on CUDA only the device: `PeakPrediction.peak_seen_on` gives
+the figure to set beside each, so an offload run on a GPU is not judged against the host's bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zero_lab.analysis.memory.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES, DecoderShape,
+                                                activation_bytes, decoder_shape)
+from zero_lab.nano.dtypes import BYTES_OF_PRECISION
+from zero_lab.nano.fetch_policy import FetchRules, MicroStep, TracedUse, simulate_micro_step
+from zero_lab.nano.memory_formula import model_state_bytes, model_state_bytes_by_place
+
+DEEPSPEED_FETCH_RULES = FetchRules(50_000_000, 1_000_000_000, 1_000_000_000)  # its stage3_* defaults
+
+
+PLACES = ("device", "host")
+
+
+@dataclass(frozen=True)
+class Offload:
+    """What a run's config moves to the host: `offload_optimizer` (stages 1-3), `offload_param` (stage 3)."""
+
+    optimizer: bool = False
+    parameters: bool = False
+
+    @property
+    def optimizer_place(self) -> str:
+        return "host" if self.optimizer else "device"
+
+    def flags(self) -> dict[str, bool]:
+        """As `memory_formula.model_state_bytes_by_place` takes them."""
+        return {"offload_optimizer": self.optimizer, "offload_parameters": self.parameters}
+
+
+NO_OFFLOAD = Offload()
+
+
+def placed(device: int = 0, host: int = 0) -> dict[str, int]:
+    return {"device": device, "host": host}
+
+
+def added(*figures: dict[str, int]) -> dict[str, int]:
+    """Place by place, the sum of several {"device": bytes, "host": bytes}."""
+    return {place: sum(figure[place] for figure in figures) for place in PLACES}
+
+
+@dataclass(frozen=True)
+class PeakPrediction:
+    """Predicted bytes per rank at each moment of a step, per place, and the peaks among them."""
+
+    places: dict[str, dict[str, int]]  # moment -> {"device": bytes, "host": bytes}
+    activations: int  # saved for the backward (what `turn` adds to the model states, with the loss's temporaries)
+
+    @property
+    def moments(self) -> dict[str, int]:
+        """Each moment's bytes in one memory, device and host together, as a CPU run holds them."""
+        return {moment: sum(figures.values()) for moment, figures in self.places.items()}
+
+    @property
+    def moment(self) -> str:
+        return max(self.moments, key=self.moments.get)
+
+    @property
+    def peak(self) -> int:
+        return self.moments[self.moment]
+
+    def peak_in(self, place: str) -> int:
+        """The most one place holds at any moment (the two places may peak at different moments)."""
+        return max(figures[place] for figures in self.places.values())
+
+    def peak_seen_on(self, device_type: str) -> int:
+        """The peak a run's memory meter on `device_type` measures: CUDA's allocator counts the device
+        alone, the CPU storage tracker every tensor of both places."""
+        return self.peak_in("device") if device_type == "cuda" else self.peak
+
+
+def unit_parameters(shape: DecoderShape) -> tuple[int, int]:
+    """(parameters of one decoder layer, parameters of the root: embeddings, final norm, head)."""
+    h, i, a, k, d = shape.hidden_size, shape.intermediate_size, shape.heads, shape.kv_heads, shape.head_dim
+    attention = h * a * d + 2 * h * k * d + a * d * h + (2 * d if shape.family == "qwen3" else 0)
+    layer = attention + 3 * h * i + 2 * h
+    root = shape.vocab_size * h * (1 if shape.tied_embeddings else 2) + h
+    return layer, root
+
+
+def decoder_micro_step(shape: DecoderShape, rules: FetchRules) -> MicroStep:
+    """Stage 3: `fetch_policy`'s rules over the trace of a decoder (embedding, layers, final norm,
+    head) in a steady step."""
+    layer, root = unit_parameters(shape)
+    head = shape.vocab_size * shape.hidden_size
+    trace = ([TracedUse("model", None, 0), TracedUse("embedding", "root", head)]
+             + [TracedUse(index, f"layer {index}", layer) for index in range(shape.layers)]
+             + [TracedUse("norm", None, shape.hidden_size), TracedUse("head", "root", head)])
+    numel = {f"layer {index}": layer for index in range(shape.layers)} | {"root": root}
+    return simulate_micro_step(trace, numel, rules, held="root")
+
+
+def layers_whole_after_forward(shape: DecoderShape, rules: FetchRules) -> int:
+    """Stage 3: the decoder layers whole when the backward starts."""
+    return len(decoder_micro_step(shape, rules).whole_after_forward - {"root"})
+
+
+def model_states_by_place_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape,
+                             rules: FetchRules = DEEPSPEED_FETCH_RULES, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """Model-state bytes per rank and place at one of nano's moments (at stage 3 the root, and the
+    layers the fetch rules keep, gathered in the forward)."""
+    layer, root = unit_parameters(shape)
+    if stage != 3:
+        figures = [model_state_bytes_by_place(stage, precision, shape.layers * layer + root, world_size, moment,
+                                              **offload.flags())]
+    else:
+        in_forward = moment == "forward"
+        whole = layers_whole_after_forward(shape, rules) if in_forward else 0
+        figures = [model_state_bytes_by_place(3, precision, layer, world_size, moment, sharded=True,
+                                              gathered=index < whole, **offload.flags())
+                   for index in range(shape.layers)]
+        figures.append(model_state_bytes_by_place(3, precision, root, world_size, moment, sharded=True,
+                                                  gathered=in_forward, **offload.flags()))
+    return {place: sum(sum(figure[place].values()) for figure in figures) for place in PLACES}
+
+
+def model_states_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape,
+                    rules: FetchRules = DEEPSPEED_FETCH_RULES, offload: Offload = NO_OFFLOAD) -> int:
+    """`model_states_by_place_at`, both places together."""
+    return sum(model_states_by_place_at(moment, stage, precision, world_size, shape, rules, offload).values())
+
+
+def model_state_categories_at(moment: str, stage: int, precision: str, world_size: int, shape: DecoderShape,
+                              rules: FetchRules = DEEPSPEED_FETCH_RULES) -> dict[str, int]:
+    """Model-state bytes per rank and category (`memory_formula.CATEGORIES`) at one of nano's moments
+    (at stage 3 the root, and the layers the fetch rules keep, gathered in the forward)."""
+    layer, root = unit_parameters(shape)
+    if stage != 3:
+        return model_state_bytes(stage, precision, shape.layers * layer + root, world_size, moment)
+    in_forward = moment == "forward"
+    whole = layers_whole_after_forward(shape, rules) if in_forward else 0
+    figures = [model_state_bytes(3, precision, layer, world_size, moment, sharded=True, gathered=index < whole)
+               for index in range(shape.layers)]
+    figures.append(model_state_bytes(3, precision, root, world_size, moment, sharded=True, gathered=in_forward))
+    return {category: sum(figure[category] for figure in figures) for category in figures[0]}
+
+
+def communication_buffer_bytes(shape: DecoderShape, stage: int, precision: str, impl: str,
+                               reduce_bucket_size: int | None, communication_precision: str,
+                               rules: FetchRules = DEEPSPEED_FETCH_RULES) -> int:
+    """The communication buffers the prediction counts at the turn (the module docstring): nano's
+    first gradient bucket; official's `reduce_bucket_size`-element staging buffer at stages 1-2,
+    and at stage 3 its reduce bucket and the copy of its largest prefetch."""
+    if impl == "nano":
+        return first_bucket_bytes(shape, stage, reduce_bucket_size, communication_precision)
+    if stage in (1, 2):
+        return (reduce_bucket_size or 0) * (FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision])
+    if stage == 3:
+        return ((reduce_bucket_size or 0) * BYTES_OF_PRECISION[communication_precision]
+                + decoder_micro_step(shape, rules).largest_prefetch * BYTES_OF_PRECISION[precision])
+    return 0
+
+
+def first_bucket_bytes(shape: DecoderShape, stage: int, reduce_bucket_size: int | None, precision: str) -> int:
+    """The gradient bucket alive from the backward's first gradient (stages 2 and 3; 0 otherwise)."""
+    if stage < 2 or not reduce_bucket_size:
+        return 0
+    layer, root = unit_parameters(shape)
+    flat_numel = root if stage == 3 else shape.layers * layer + root
+    return min(reduce_bucket_size, flat_numel) * BYTES_OF_PRECISION[precision]
+
+
+def boundary_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int, reduce_bucket_size: int | None,
+                   communication_precision: str, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """nano's stages 0/1 at the optimizer step's first bucket, per place: full gradients, the
+    gradient partition (with the optimizer's tensors), a bucket (on the device)."""
+    layer, root = unit_parameters(shape)
+    numel = shape.layers * layer + root
+    partition = model_state_bytes(stage, precision, numel, world_size, "step")["gradient_partition"]
+    # one partition on the device: the bucket is packed in place
+    in_place = (stage == 0 or world_size == 1) and communication_precision == "fp32" and not offload.optimizer
+    bucket = 0 if in_place else min(reduce_bucket_size or numel, numel) * BYTES_OF_PRECISION[communication_precision]
+    return added(model_states_by_place_at("backward", stage, precision, world_size, shape, offload=offload),
+                 placed(**{offload.optimizer_place: partition}), placed(device=bucket))
+
+
+def official_turn_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int,
+                        reduce_bucket_size: int | None, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """What official DeepSpeed holds at the turn beyond nano's model states, stages 1-2 (module
+    docstring), per place: its fp32 partition copy with the optimizer, the staging buffer on the device."""
+    if stage not in (1, 2):
+        return placed()
+    layer, root = unit_parameters(shape)
+    numel = shape.layers * layer + root
+    master_copy = model_state_bytes(stage, "bf16", numel, world_size)["fp32_master_partition"] if precision == "fp32" else 0
+    staging_width = FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision]
+    return added(placed(**{offload.optimizer_place: master_copy}), placed(device=(reduce_bucket_size or 0) * staging_width))
+
+
+def layer_parameter_sizes(shape: DecoderShape) -> list[int]:
+    """The elements of each parameter of one decoder layer."""
+    h, i, a, k, d = shape.hidden_size, shape.intermediate_size, shape.heads, shape.kv_heads, shape.head_dim
+    norms = [d, d] if shape.family == "qwen3" else []
+    return [h * a * d, h * k * d, h * k * d, a * d * h, *norms, h * i, h * i, i * h, h, h]
+
+
+def official_stage3_bytes(shape: DecoderShape, precision: str, world_size: int, moment: str,
+                          reduce_bucket_size: int | None, persistence_threshold: int,
+                          communication_precision: str, rules: FetchRules,
+                          offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """What official DeepSpeed's stage 3 (0.19) holds beyond nano's model states at a moment:
+    - from initialization on (`stage3.py`): the fp32 gradient partitions (nano's exist from the
+      first gradient on); the reduce bucket, `reduce_bucket_size` elements in the communication
+      dtype; and a zeroed fp32 buffer of the largest sub-group's partition (here the matrices'
+      group, `sub_group_size` being larger), left in place as the fp32 partition's `.grad` by
+      `initialize_optimizer_states`;
+    - the persistent parameters whole, beside their partitions;
+    - in the forward (`partition_parameters.py`, `AllGatherCoalescedHandle`): a prefetch lands in
+      one flat buffer that every parameter is then copied out of; the buffer lives until the last
+      of those parameters is used, near the end of the forward, so the turn holds the largest
+      prefetch twice.
+    Per place: the gradient partitions and the fp32 `.grad` buffer are the optimizer's (on the host
+    with `offload_optimizer`), the rest on the device."""
+    layer, root = unit_parameters(shape)
+    numel = shape.layers * layer + root
+    width = BYTES_OF_PRECISION[precision]
+    gradient_partition = model_state_bytes(3, precision, numel, world_size, "step")["gradient_partition"]
+    sizes = layer_parameter_sizes(shape)
+    matrices = shape.layers * sum(size for size in sizes if size not in (shape.hidden_size, shape.head_dim)) \
+        + shape.vocab_size * shape.hidden_size * (1 if shape.tied_embeddings else 2)
+    persistent = (shape.layers * sum(size for size in sizes if size <= persistence_threshold)
+                  + (shape.hidden_size if shape.hidden_size <= persistence_threshold else 0))
+    prefetched = decoder_micro_step(shape, rules).largest_prefetch if moment == "forward" else 0
+    optimizers = (gradient_partition if moment == "forward" else 0) + -(-matrices // world_size) * FP32_BYTES
+    on_device = ((reduce_bucket_size or 0) * BYTES_OF_PRECISION[communication_precision]
+                 + persistent * width + prefetched * width)
+    return added(placed(**{offload.optimizer_place: optimizers}), placed(device=on_device))
+
+
+def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: int, seq_len: int, micro_batch: int,
+                 attention: str = "sdpa", gradient_checkpointing: bool = False,
+                 accumulation: int = 1, reduce_bucket_size: int | None = None,
+                 communication_precision: str | None = None, impl: str = "nano",
+                 fetch_rules: FetchRules = DEEPSPEED_FETCH_RULES,
+                 persistence_threshold: int = 100_000, offload: Offload = NO_OFFLOAD) -> PeakPrediction | None:
+    """Phases 1-2 for one rank of a run, per place. With gradient accumulation the last
+    micro-step's forward runs beside the gradients the earlier ones left (nano's "backward"
+    moment). At stage 3 `fetch_rules` decide which layers are gathered at the turn (both impls
+    follow official's rules). Activations and buckets are on the device. None for an impl other
+    than nano and official."""
+    if impl not in ("nano", "official"):
+        return None
+    activations = activation_bytes(shape, seq_len, micro_batch, precision, attention, gradient_checkpointing)
+    communication = communication_precision or precision
+
+    def states(moment: str) -> dict[str, int]:
+        held = model_states_by_place_at(moment, stage, precision, world_size, shape, fetch_rules, offload)
+        if impl == "official" and stage == 3:
+            held = added(held, official_stage3_bytes(shape, precision, world_size, moment, reduce_bucket_size,
+                                                     persistence_threshold, communication, fetch_rules, offload))
+        return held
+
+    turn = added(states("forward" if accumulation == 1 else "backward"), placed(device=activations.saved))
+    if impl == "nano":
+        turn = added(turn, placed(device=first_bucket_bytes(shape, stage, reduce_bucket_size, communication)))
+    else:
+        turn = added(turn, official_turn_bytes(shape, stage, precision, world_size, reduce_bucket_size, offload))
+    places = {"turn": added(turn, placed(device=activations.loss_transient)),
+              "end_of_backward": states("backward"),
+              "optimizer_step": states("step")}
+    if gradient_checkpointing:
+        places["recompute"] = added(turn, placed(device=activations.recompute))
+    if impl == "nano" and stage in (0, 1):
+        places["boundary"] = boundary_bytes(shape, stage, precision, world_size, reduce_bucket_size, communication,
+                                            offload)
+    return PeakPrediction(places=places, activations=activations.saved)
+
+
+def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_size: int) -> PeakPrediction | None:
+    """The prediction for a run of the impl its `[zero]` line names, from its `[model]` and `[zero]`
+    lines (docs/log-format.md), its offload too; None when the model's architecture cannot be read
+    here, the lines lack a figure, or the impl is neither nano nor official."""
+    try:
+        shape = decoder_shape(str(model.get("name")))
+    except ValueError:
+        return None
+    seq_len, micro_batch = model.get("seq_len"), model.get("micro_batch")
+    if shape is None or not isinstance(seq_len, int) or not isinstance(micro_batch, int):
+        return None
+    attention = model.get("attn_impl") if model.get("attn_impl") in ATTENTION_IMPLEMENTATIONS else "sdpa"
+    communication = zero.get("communication_data_type")  # "auto": the parameters' dtype
+    bucket = zero.get("reduce_bucket_size")
+
+    def stage3_key(key: str, default: int) -> int:
+        value = zero.get(f"stage3_{key}")
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    rules = FetchRules(stage3_key("prefetch_bucket_size", DEEPSPEED_FETCH_RULES.prefetch_bucket_size),
+                       stage3_key("max_live_parameters", DEEPSPEED_FETCH_RULES.max_live_parameters),
+                       stage3_key("max_reuse_distance", DEEPSPEED_FETCH_RULES.max_reuse_distance))
+    return predict_peak(shape, stage, precision, world_size, seq_len, micro_batch, attention,
+                        model.get("gradient_checkpointing") is True, int(zero.get("gradient_accumulation_steps") or 1),
+                        bucket if isinstance(bucket, int) else None,
+                        communication if communication in BYTES_OF_PRECISION else None, str(zero.get("impl", "nano")),
+                        rules, stage3_key("param_persistence_threshold", 100_000),
+                        Offload(zero.get("offload_optimizer") == "cpu", zero.get("offload_param") == "cpu"))
+
+
+def error_percent(predicted: float | None, measured: float | None) -> float | None:
+    """(predicted - measured) / measured, in percent; None when either is missing or measured is 0."""
+    if predicted is None or not measured:
+        return None
+    return 100.0 * (predicted - measured) / measured

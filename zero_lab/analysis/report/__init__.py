@@ -1,0 +1,1 @@
+"""Drawing and reporting: markdown, pictures, plots, and the versions a report names."""

@@ -1,0 +1,1 @@
+"""`--trace` and `explain --measure` inside a rank: the timeline, the memory history, the engines' moments."""
