@@ -72,7 +72,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from zero_lab.workload.meters.comm_meter import CommMeter
     from zero_lab.workload.engines.impls import engine_config
     from zero_lab.workload.models import build_model, parameter_groups
-    from zero_lab.workload.faults.out_of_memory import Phase, StepPhase
+    from zero_lab.workload.step_phase import Phase, StepPhase
 
     torch.set_num_threads(1)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -17,7 +17,7 @@ from zero_lab.nano.collectives import labelled
 from zero_lab.workload.meters.collective_record import (CollectiveRecord, NotARecord, read_record, read_records,
                                                  record_path)
 from zero_lab.workload.meters.comm_meter import CommMeter, OpCount
-from zero_lab.workload.faults.out_of_memory import Phase, StepPhase
+from zero_lab.workload.step_phase import Phase, StepPhase
 
 
 def test_calls_read_back_in_order_and_the_ring_keeps_the_last(tmp_path):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zero_lab.workload.faults.out_of_memory import (MESSAGE_PREFIX, AllocatorFigures, Phase, StepPhase, is_out_of_memory,
-                                             out_of_memory_line, requested_bytes)
+from zero_lab.workload.faults.out_of_memory import (MESSAGE_PREFIX, AllocatorFigures, is_out_of_memory, out_of_memory_line,
+                                                    requested_bytes)
+from zero_lab.workload.step_phase import Phase, StepPhase
 
 GB, MB = 2**30, 2**20
 # torch 2.x's CUDA caching allocator message, as it raises it

@@ -15,7 +15,7 @@ from zero_lab.cli.app import app
 from zero_lab.nano.collectives import labelled
 from zero_lab.workload.meters.comm_meter import CommMeter
 from zero_lab.workload.meters.memory_meter import MemoryMeter
-from zero_lab.workload.faults.out_of_memory import Phase, StepPhase
+from zero_lab.workload.step_phase import Phase, StepPhase
 from zero_lab.workload.tracing.timeline import start_tracing
 from zero_lab.workload.tracing.trace_settings import (TRACE_DIRECTORY_ENVIRONMENT, TRACE_STEPS_ENVIRONMENT, TraceRequest,
                                               parse_steps, trace_environment)

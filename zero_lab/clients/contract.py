@@ -32,7 +32,7 @@ from zero_lab.workload.meters import collective_record
 from zero_lab.workload.meters.comm_meter import CommMeter
 from zero_lab.workload.contract_lines import announce_rank, emit, zero_header
 from zero_lab.workload.meters.memory_meter import MemoryMeter
-from zero_lab.workload.faults.out_of_memory import StepPhase
+from zero_lab.workload.step_phase import StepPhase
 from zero_lab.workload.tracing.timeline import start_tracing
 from zero_lab.workload.tracing.trace_settings import TraceRequest
 

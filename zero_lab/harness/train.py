@@ -65,8 +65,9 @@ from zero_lab.workload.meters.memory_meter import MemoryMeter
 from zero_lab.workload.nodes import resolve_ranks_per_node
 from zero_lab.nano.collectives import RANKS_PER_NODE_ENVIRONMENT
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
-from zero_lab.workload.faults.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, Phase, StepPhase, allocator_figures,
-                                             is_out_of_memory, out_of_memory_line)
+from zero_lab.workload.faults.out_of_memory import (EXIT_OUT_OF_MEMORY, OutOfMemory, allocator_figures, is_out_of_memory,
+                                                    out_of_memory_line)
+from zero_lab.workload.step_phase import Phase, StepPhase
 from zero_lab.nano.dtypes import DTYPE_NAME_OF_PRECISION
 from zero_lab.workload.run_config import build_parser, check_launch, passed_to_official, precision_of
 from zero_lab.workload.meters.step_metrics import StepMetrics, comm_totals, step_warnings

@@ -2,7 +2,7 @@
 
 Here: the model (`models`, `model_shapes`), tokens and data (`tokenizer`, `data`), a run's flags
 and config (`run_config`, `optimizer_choice`, `state_formula`), the log contract (`log_lines`,
-`contract_lines`), nodes. Rooms beside it:
+`contract_lines`), nodes, and where a rank is in its loop (`step_phase`). Rooms beside it:
     engines/   which engine a run uses: nano, official DeepSpeed and what its import needs, the user's own
     meters/    the rank-side meters: memory, collectives and their wire bytes, a step's figures,
                parameter norms, the flight record of the last collectives

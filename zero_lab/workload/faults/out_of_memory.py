@@ -8,8 +8,8 @@ out of memory" (a pinned host allocation, cuBLAS creating its handle: `CUBLAS_ST
 or as NCCL's `DistBackendError` ("... Last error: Cuda failure 2 'out of memory'") when NCCL could
 not allocate its buffers. The harness instead:
 
-Phase 1: marks the phase of the step each rank is in (`StepPhase`: start-up, then forward,
-         backward and step for every micro-step);
+Phase 1: the training loop marks where each rank is (`workload.step_phase`: start-up, then
+         forward, backward and step for every micro-step);
 Phase 2: turns the error into `OutOfMemory`, whose message is one line:
          `out of memory: rank 1 in backward: tried to allocate 2.0 GB; allocated 74.1 GB, reserved
          76.3 GB of 79.2 GB; peak live 75.0 GB this step` - the size asked (from the error's own
@@ -23,44 +23,17 @@ No torch import here at module level: the launcher reads the exit code and prefi
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass
 
 from zero_lab.workload.log_lines import size_text
+from zero_lab.workload.step_phase import Phase
 
 EXIT_OUT_OF_MEMORY = 4
 MESSAGE_PREFIX = "out of memory:"
 UNITS = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 # CUDA: "Tried to allocate 20.00 MiB"; the CPU allocator: "you tried to allocate 1073741824 bytes"
 REQUESTED = re.compile(r"tried to allocate\s+([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB)", re.IGNORECASE)
-
-
-class Phase(enum.Enum):
-    """Where in a run an allocation failed."""
-
-    START_UP = "start-up"  # building the model and the engine, loading a checkpoint
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    STEP = "step"  # the optimizer step (engine.step)
-    BETWEEN_STEPS = "between steps"  # logging, saving a checkpoint
-
-
-class StepPhase:
-    """Phase 1: the phase a rank is in now, and the optimizer step (None before the first); the
-    training loop sets them before each call (the flight record reads them too, `comm_meter`)."""
-
-    def __init__(self) -> None:
-        self.current = Phase.START_UP
-        self.step: int | None = None
-        self.observers: list = []  # called with this StepPhase after each enter (a timeline: `--trace`)
-
-    def enter(self, phase: Phase, step: int | None = None) -> None:
-        self.current = phase
-        if step is not None:
-            self.step = step
-        for observer in self.observers:
-            observer(self)
 
 
 # What a RuntimeError (or its subclasses AcceleratorError and NCCL's DistBackendError) says when an

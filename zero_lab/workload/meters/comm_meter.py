@@ -45,7 +45,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from zero_lab.nano.collectives import COLLECTIVE_LABEL, EMULATED_COLLECTIVE
 from zero_lab.workload.meters.collective_record import NOT_IN_A_STEP, CollectiveRecord
-from zero_lab.workload.faults.out_of_memory import StepPhase
+from zero_lab.workload.step_phase import StepPhase
 from zero_lab.workload.meters.wire_bytes import ranks_on_node, wire_split
 
 

@@ -45,7 +45,7 @@ from zero_lab.nano import collectives
 from zero_lab.workload.tracing import deepspeed_moments
 from zero_lab.workload.tracing import nano_moments
 from zero_lab.workload.tracing.memory_history import AllocationHistory, CudaHistory, captured_stack
-from zero_lab.workload.faults.out_of_memory import Phase, StepPhase
+from zero_lab.workload.step_phase import Phase, StepPhase
 from zero_lab.workload.tracing.trace_settings import TraceRequest, snapshot_path, trace_path
 
 SPAN_NAMES = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward", Phase.STEP: "optimizer step"}
