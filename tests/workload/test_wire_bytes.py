@@ -36,3 +36,19 @@ def test_every_name_of_a_collective_maps_to_its_family_and_an_unknown_one_is_ref
     assert family("reduce_scatter_tensor") == "reduce_scatter"
     with pytest.raises(ValueError, match="unknown collective 'gather'"):
         wire_bytes("gather", S, 2)
+
+
+def test_one_table_gives_the_family_of_every_name_a_trace_records_and_nccl_tests_bus_factor():
+    from zero_lab.analysis.runs import traces
+    from zero_lab.workload.meters.wire_bytes import bus_factor, family_of_name
+
+    assert family_of_name("all_gather_into_tensor_coalesced") == "all_gather"
+    assert family_of_name("reduce_scatter_tensor_coalesced") == "reduce_scatter"  # not "reduce"
+    assert family_of_name("reduce") == "reduce" and family_of_name("barrier") is None
+    assert traces.family("barrier") == "barrier" and traces.family("all_reduce_coalesced") == "all_reduce"
+    # NCCL-tests' doc/PERFORMANCE.md: all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; else 1
+    assert [bus_factor(name, 4) for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                                             "all_to_all_single", "broadcast", "reduce", "barrier")] == [
+        1.5, 0.75, 0.75, 0.75, 1.0, 1.0, 1.0]
+    algbw, busbw = traces.bandwidths("all_reduce", 10**9, 1.0, 4)
+    assert (algbw, busbw) == (8.0, 12.0)

@@ -24,14 +24,11 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from zero_lab.workload.meters.wire_bytes import bus_factor, family_of_name
 from zero_lab.workload.tracing.trace_settings import TRACE_DIRECTORY
 
 TRACE_FILE = re.compile(r"trace-rank(\d+)\.json$")
 MEMORY_COUNTER = "allocated bytes"
-# Collective families by name (`_single`, `_tensor`, `_into_tensor`, `_coalesced` variants join their op).
-FAMILIES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
 SPLIT_MESSAGE = ("all_gather", "reduce_scatter")  # DeepSpeed's message size: one rank's part
 
 
@@ -60,8 +57,9 @@ def memory_series(trace: dict) -> list[tuple[float, int]]:
 
 
 def family(op: str) -> str:
-    """The collective an op name implements: `all_gather_into_tensor` -> all_gather."""
-    return next((name for name in FAMILIES if op == name or op.startswith(name + "_")), op)
+    """The collective an op name implements (`all_gather_into_tensor` -> all_gather; the families
+    are `workload.meters.wire_bytes`'s); a name of no family stays itself."""
+    return family_of_name(op) or op
 
 
 def bandwidths(op: str, size: int, seconds: float, world_size: int) -> tuple[float, float]:
@@ -69,8 +67,7 @@ def bandwidths(op: str, size: int, seconds: float, world_size: int) -> tuple[flo
     if seconds <= 0:
         return 0.0, 0.0
     algbw = size * 8 / seconds / 1e9
-    factor = BUS_FACTOR.get(family(op), lambda n: 1.0)(world_size)
-    return algbw, algbw * factor
+    return algbw, algbw * bus_factor(op, world_size)
 
 
 def message_size(op: str, payload: int, group_size: int) -> int:

@@ -61,11 +61,23 @@ FAMILY = {
 }
 
 
+FAMILIES = tuple(dict.fromkeys(FAMILY.values()))  # the six families, each once
+
+
 def family(operation: str) -> str:
     """The collective family of a function name (all_gather_into_tensor -> all_gather)."""
     if operation not in FAMILY:
         raise ValueError(f"unknown collective {operation!r}; known: {', '.join(sorted(FAMILY))}")
     return FAMILY[operation]
+
+
+def family_of_name(operation: str) -> str | None:
+    """The family of any name a trace records: a name of the table, or a variant it does not list
+    by its prefix (`all_gather_into_tensor_coalesced` -> all_gather); None: not a collective."""
+    if operation in FAMILY:
+        return FAMILY[operation]
+    prefixes = sorted(FAMILIES, key=len, reverse=True)  # reduce_scatter before reduce
+    return next((name for name in prefixes if operation.startswith(name + "_")), None)
 
 
 def wire_factor(operation: str, world_size: int) -> tuple[int, int]:
@@ -78,6 +90,16 @@ def wire_factor(operation: str, world_size: int) -> tuple[int, int]:
     if kind in ("reduce_scatter", "all_gather", "all_to_all"):
         return world_size - 1, world_size
     return 1, 1  # broadcast, reduce
+
+
+def bus_factor(operation: str, world_size: int) -> float:
+    """NCCL-tests' bus bandwidth over algorithm bandwidth (busbw = algbw x factor) for any name a
+    trace records: the wire factor above, and 1 for a broadcast, a reduce or a name of no family."""
+    kind = family_of_name(operation)
+    if kind is None or kind in ("broadcast", "reduce"):
+        return 1.0
+    numerator, denominator = wire_factor(kind, world_size)
+    return numerator / denominator
 
 
 def wire_bytes(operation: str, payload_bytes: int, world_size: int) -> int:
