@@ -93,6 +93,23 @@ def test_gradients_that_part_before_the_losses_point_at_the_reduction():
     assert finding.figures["gradients_parted_at"] is None and "the update did not" in finding.cause
 
 
+def test_the_doctor_names_the_step_compares_divergence_names_nan_losses_included():
+    """One rule finds where losses part (`compare.divergence.first_loss_step`): a NaN loss parts, on
+    one side or on both, as a NaN gap never passes the verdict."""
+    from zero_lab.analysis.compare.divergence import first_loss_step
+
+    reference = fixture_run("w2-s2-nano")
+    nan = float("nan")
+    for ours_losses, their_losses in (([5.0, nan, 3.0], [5.0, nan, 3.0]), ([5.0, 4.0, nan], [5.0, 4.0, 3.0]),
+                                      ([5.0, 4.5, 3.0], [5.0, 4.0, 3.0])):
+        ours = with_steps(reference, [{"loss": loss, "lr": 1e-3, "grad_norm": 2.0} for loss in ours_losses])
+        theirs = with_steps(reference, [{"loss": loss, "lr": 1e-3, "grad_norm": 2.0} for loss in their_losses])
+        [finding] = comparison.loss_divergence(theirs, ours, 1e-4)
+        compared = first_loss_step(dict(enumerate(ours_losses, 1)), dict(enumerate(their_losses, 1)), 1e-4)
+        assert finding.figures["step"] == compared == 1 + next(
+            index for index, (a, b) in enumerate(zip(ours_losses, their_losses)) if not abs(a - b) <= 1e-4)
+
+
 def test_the_recorded_comparison_has_facts_only():
     """nano and official at stages 1-3 (fp32): official's 20,000,000-element buffers dominate its
     peaks (80,000,000 bytes at stages 1 and 2), and nothing is wrong."""

@@ -26,6 +26,7 @@ import math
 from zero_lab.analysis.diagnosis.finding import Finding
 from zero_lab.analysis.diagnosis.run_data import RunData
 from zero_lab.analysis.runs.logparse import is_number
+from zero_lab.analysis.compare.divergence import first_loss_step
 from zero_lab.analysis.compare.metrics import DEFAULT_LOSS_TOL, resolve_loss_tol
 
 HALF = ("bfloat16", "float16")
@@ -65,7 +66,7 @@ def differs(first: float, second: float, tolerance: float, relative: bool = Fals
 def loss_divergence(reference: RunData, run: RunData, tolerance: float) -> list[Finding]:
     losses, theirs = by_step(run, "loss"), by_step(reference, "loss")
     common = sorted(set(losses) & set(theirs))
-    parted = next((step for step in common if differs(losses[step], theirs[step], tolerance)), None)
+    parted = first_loss_step(losses, theirs, tolerance)  # the step `compare`'s divergence names, by one rule
     if parted is None:
         return []
     gradient_tolerance = max(DEFAULT_LOSS_TOL.get(r.precision, DEFAULT_LOSS_TOL["fp32"]) for r in (reference, run))
