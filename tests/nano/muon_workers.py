@@ -100,7 +100,7 @@ def bytes_worker(rank: int, world_size: int) -> list[str]:
         model = build_model()
         engine, *_ = nano.initialize(model=model, model_parameters=model.parameters(), config=muon_config(stage))
         optimizer, gathered = engine.optimizer, []
-        muon, prepare = optimizer.adam, optimizer.adam.prepare_updates
+        muon, prepare = optimizer.partition_optimizer, optimizer.partition_optimizer.prepare_updates
 
         def counted(partitions):
             before = optimizer.collectives.stats().get("all_gather", {"calls": 0, "bytes": 0})

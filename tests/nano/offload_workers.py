@@ -104,7 +104,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
                 gc.collect()
                 return tracker.live_bytes - batch["ids"].untyped_storage().nbytes()
 
-            engine.optimizer.adam.register_step_pre_hook(
+            engine.optimizer.partition_optimizer.register_step_pre_hook(
                 lambda *_: measured.__setitem__("step", (live(), engine.memory_breakdown(by_device=True))))
             for step in range(2):
                 batch["ids"] = token_batch(step, 0, rank, MICRO_SIZE)

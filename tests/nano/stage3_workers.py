@@ -134,7 +134,8 @@ def modifier_rank_worker(rank: int, world_size: int) -> list[str]:
         if not torch.all(embed == 0.5) or torch.any(linear == 7.0):
             failures.append(f"{precision}: embed all 0.5: {bool(torch.all(embed == 0.5))}, "
                             f"unkept edit dropped: {not bool(torch.any(linear == 7.0))}")
-        engine.optimizer.adam.param_groups[0]["lr"] = 0.0  # a step that changes nothing but decay (none at lr 0)
+        # a step that changes nothing but decay (none at lr 0)
+        engine.optimizer.partition_optimizer.param_groups[0]["lr"] = 0.0
         engine.backward(token_loss(engine, token_batch(0, 0, rank, MICRO_SIZE)))
         engine.step()
         with nano.zero.GatheredParameters(model.embed.weight):
@@ -260,7 +261,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
                 measured["step"] = (live_besides_the_batch(), engine.memory_breakdown())
 
             model.blocks[2].linear.register_forward_pre_hook(inside_forward)
-            engine.optimizer.adam.register_step_pre_hook(inside_step)
+            engine.optimizer.partition_optimizer.register_step_pre_hook(inside_step)
             for step in range(2):  # Adam's states exist from the first step on: measure the second
                 batch["ids"] = token_batch(step, 0, rank, MICRO_SIZE)
                 with torch.no_grad():

@@ -160,7 +160,7 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
             def measure_step(optimizer, args, kwargs):  # the moment Adam runs
                 moments["step"] = (_live_bytes(tracker), engine.memory_breakdown())
 
-            hook = engine.optimizer.adam.register_step_pre_hook(measure_step)
+            hook = engine.optimizer.partition_optimizer.register_step_pre_hook(measure_step)
             for step in range(2):  # Adam's states exist from the first step on: measure the second
                 dtype = next(model.parameters()).dtype  # no input tensor may outlive backward here
                 engine.backward(loss_of(engine, micro_batch(step, 0, rank, MICRO_SIZE).to(dtype)))

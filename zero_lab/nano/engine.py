@@ -131,7 +131,7 @@ class NanoEngine(torch.nn.Module):
     # DeepSpeed's checkpoints (checkpoint/save.py, checkpoint/load.py): its calls, its files, any world size
     def _check_checkpoints_supported(self) -> None:
         """An optimizer whose states the checkpoint files cannot hold says so (Muon's momentum: `muon/`)."""
-        refusal = getattr(self.optimizer.adam, "checkpoint_refusal", None)
+        refusal = getattr(self.optimizer.partition_optimizer, "checkpoint_refusal", None)
         if refusal:
             raise CheckpointError(refusal)
 

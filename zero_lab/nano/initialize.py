@@ -190,7 +190,7 @@ def initialize(args: Any = None, model: Optional[torch.nn.Module] = None, optimi
         **_policies(nano_config, collectives, owned))
     if uses_muon:
         muon.install(zero_optimizer, nano_config)
-    scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.adam)
+    scheduler = _scheduler(nano_config, lr_scheduler, zero_optimizer.partition_optimizer)
     dataloader = _dataloader(training_data, nano_config, collate_fn)
     engine = NanoEngine(model, nano_config, zero_optimizer, scheduler, collectives, device, dataloader, raw_config)
     placement = zero_optimizer.placement

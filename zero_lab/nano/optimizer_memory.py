@@ -29,7 +29,7 @@ def memory_breakdown(optimizer, by_device: bool = False) -> dict:
         add("device", "gathered_parameters", buffer.gathered_bytes())
         if master is not buffer.partition:
             add(optimizer_place, "fp32_master_partition", optional_bytes(master))
-    add(optimizer_place, "optimizer_states", optimizer.adam.state_bytes())
+    add(optimizer_place, "optimizer_states", optimizer.partition_optimizer.state_bytes())
     for partition in optimizer.gradient_partitions:
         add(optimizer_place, "gradient_partition", optional_bytes(partition))
     add("device", "gradients", optimizer.gradient_collection.gradient_bytes())

@@ -119,15 +119,15 @@ class ZeroOptimizer:
                                      predivide=self.stage_facts.predivides and self._uses_reduce_scatter(),
                                      placement=placement)
         self.gradient_collection = self.GradientCollection(self)
-        # Phase 4: Adam, over the groups' own dicts (a client optimizer's: its scheduler drives the lr).
+        # Phase 4: the partition optimizer: Adam, over the groups' own dicts (a client's: its scheduler drives the lr).
         masters_of_group = [[master for buffer, master in zip(self.buffers, self.master_partitions)
                              if buffer.group_index == index] for index in range(len(parameter_groups))]
         if config.optimizer is not None:
-            hyper = config.optimizer.params
-            self.adam = PartitionedAdam(masters_of_group, parameter_groups, hyper.lr, hyper.betas, hyper.eps,
-                                        hyper.weight_decay, config.optimizer.decoupled_weight_decay)
+            hyper, decoupled = config.optimizer.params, config.optimizer.decoupled_weight_decay
+            self.partition_optimizer = PartitionedAdam(masters_of_group, parameter_groups, hyper.lr, hyper.betas,
+                                                       hyper.eps, hyper.weight_decay, decoupled)
         else:  # a client's torch Adam/AdamW (client_optimizers.py): every group carries its options
-            self.adam = PartitionedAdam(masters_of_group, parameter_groups, **{
+            self.partition_optimizer = PartitionedAdam(masters_of_group, parameter_groups, **{
                 key: parameter_groups[0][key] for key in ("lr", "betas", "eps", "weight_decay",
                                                           "decoupled_weight_decay")})
         self.loss_scaler = LossScaler(config.fp16)
@@ -202,7 +202,7 @@ class ZeroOptimizer:
             for partition in partitions:
                 partition.div_(scale)
         # Phase 2b: an optimizer reading whole matrices (Muon, `muon/`) turns gradients into updates.
-        self.adam.prepare_updates(partitions)
+        self.partition_optimizer.prepare_updates(partitions)
         # Phase 3: global norm; skip on non-finite; clip (torch.nn.utils.clip_grad_norm_'s coefficient).
         with labelled("unscale_clip"):
             self.global_grad_norm = self._global_norm(partitions)
@@ -220,8 +220,8 @@ class ZeroOptimizer:
                     partition.mul_(coefficient)
         # Phase 4: Adam on the master partitions, each with its buffer's gradient partition.
         gradients_of_group = [[partition for buffer, partition in zip(self.buffers, partitions)
-                               if buffer.group_index == index] for index in range(len(self.adam.param_groups))]
-        self.adam.step(gradients_of_group)
+                               if buffer.group_index == index] for index in range(len(self.param_groups))]
+        self.partition_optimizer.step(gradients_of_group)
         del partitions, gradients_of_group
         # Phase 5
         with labelled("all_gather"):
@@ -278,12 +278,12 @@ class ZeroOptimizer:
     # ----- DeepSpeed's optimizer attributes --------------------------------------------------
     @property
     def optimizer(self) -> PartitionedAdam:
-        """DeepSpeed's name for the torch optimizer a ZeRO optimizer wraps: here, Adam."""
-        return self.adam
+        """DeepSpeed's name for the torch optimizer a ZeRO optimizer wraps: the partition optimizer (Adam, or Muon)."""
+        return self.partition_optimizer
 
     @property
     def param_groups(self) -> list[dict]:
-        return self.adam.param_groups
+        return self.partition_optimizer.param_groups
 
     @property
     def dynamic_loss_scale(self) -> bool:

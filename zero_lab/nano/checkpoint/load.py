@@ -80,9 +80,9 @@ def _adopt_chunk_ranges(optimizer, chunked: ChunkedFiles, with_optimizer: bool) 
                                    partitions[key][low:low + piece.numel])
         master = optimizer.master_partitions[index]
         master.copy_(partitions["master"])
-        optimizer.adam.state.pop(master, None)
+        optimizer.partition_optimizer.state.pop(master, None)
         if len(keys) > 1:
-            optimizer.adam.state[master] = {"step": chunked.step(),
+            optimizer.partition_optimizer.state[master] = {"step": chunked.step(),
                                             **{key: partitions[key].to(master.device) for key in MOMENTS}}
 
 
@@ -93,14 +93,14 @@ def _adopt_own_partitions(optimizer, partitions: list, with_optimizer: bool) -> 
         master = optimizer.master_partitions[buffer_indices[0]]
         master.zero_()
         master[:stored.numel()].copy_(stored)
-        optimizer.adam.state.pop(master, None)
+        optimizer.partition_optimizer.state.pop(master, None)
         if with_optimizer and step > 0 and len(moments) == len(MOMENTS):
-            optimizer.adam.state[master] = {"step": step}
+            optimizer.partition_optimizer.state[master] = {"step": step}
             for key, values in moments.items():
                 padded = torch.zeros_like(master)
                 kept = min(values.numel(), master.numel())
                 padded[:kept].copy_(values[:kept])  # nano's older files dropped the padding
-                optimizer.adam.state[master][key] = padded
+                optimizer.partition_optimizer.state[master][key] = padded
 
 
 def _adopt_whole_parameters(optimizer, saved: SavedTraining, with_optimizer: bool) -> None:
@@ -110,9 +110,9 @@ def _adopt_whole_parameters(optimizer, saved: SavedTraining, with_optimizer: boo
         names = [optimizer.parameter_names[parameter] for parameter in buffer.parameters]
         master = optimizer.master_partitions[index]
         master.copy_(reshard.flat_partition([saved.whole[name] for name in names], buffer.layout, rank))
-        optimizer.adam.state.pop(master, None)
+        optimizer.partition_optimizer.state.pop(master, None)
         if with_optimizer and all(name in saved.moments for name in names) and saved.step_of[names[0]] > 0:
-            optimizer.adam.state[master] = {"step": saved.step_of[names[0]], **{
+            optimizer.partition_optimizer.state[master] = {"step": saved.step_of[names[0]], **{
                 key: reshard.flat_partition([saved.moments[name][key] for name in names], buffer.layout,
                                             rank).to(master.device) for key in MOMENTS}}
 
@@ -171,7 +171,7 @@ def load_checkpoint(engine, load_dir: str, tag=None, load_module_strict: bool = 
     else:
         _adopt_whole_parameters(optimizer, saved, with_optimizer)
     if with_optimizer:
-        for group, saved_group in zip(optimizer.adam.param_groups, saved.param_groups):
+        for group, saved_group in zip(optimizer.partition_optimizer.param_groups, saved.param_groups):
             if "lr" in saved_group:
                 group["lr"] = saved_group["lr"]
         for key, value in saved.loss_scaler.items():  # whether scaling is dynamic is the config's to say

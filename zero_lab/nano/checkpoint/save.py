@@ -30,7 +30,7 @@ from zero_lab.nano.errors import CheckpointError
 def buffers_of_each_group(optimizer) -> list[list[int]]:
     """Buffer indices of each parameter group, in buffer order (the load reads them so too)."""
     return [[index for index, buffer in enumerate(optimizer.buffers) if buffer.group_index == group]
-            for group in range(len(optimizer.adam.param_groups))]
+            for group in range(len(optimizer.partition_optimizer.param_groups))]
 
 
 def _stored_tensors(engine, stage: stages.Stage) -> list[tuple[int, list[str]]]:
@@ -52,7 +52,7 @@ def _stored_tensors(engine, stage: stages.Stage) -> list[tuple[int, list[str]]]:
 def _moments_of(optimizer, index: int) -> tuple[int, dict[str, torch.Tensor]]:
     """(Adam step, exp_avg and exp_avg_sq) of buffer `index`'s master, zeros before the first step."""
     master = optimizer.master_partitions[index]
-    state = optimizer.adam.state.get(master, {})
+    state = optimizer.partition_optimizer.state.get(master, {})
     moments = {key: state[key] if key in state else torch.zeros_like(master) for key in MOMENTS}
     return int(state.get("step", 0)), moments
 
@@ -176,7 +176,7 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
         group_of += [group_index] * len(parts)
     if rank < stage.partition_count(collectives.world_size):  # each partition's owner writes its file
         hyper = [{key: value for key, value in group.items() if key != "params"}
-                 for group in optimizer.adam.param_groups]
+                 for group in optimizer.partition_optimizer.param_groups]
         states = optimizer_states(stage.number, collectives.world_size, hyper, group_of, masters, moments, steps,
                                   scaler_fields(optimizer.loss_scaler))
         written += files.write_file(states, os.path.join(directory, files.optim_states_name(precision, rank)))

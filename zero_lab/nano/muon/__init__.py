@@ -37,11 +37,13 @@ def check(config, client_optimizer) -> None:
 
 
 def install(zero_optimizer, config):
-    """Phase 5: Muon in the place of the ZeRO optimizer's Adam; returns it (the LR schedule's optimizer).
+    """Phase 5: Muon as the ZeRO optimizer's partition optimizer, in Adam's place; returns it (the LR
+    schedule's optimizer).
     Imported here: the room's pure part (`groups`) serves `explain`, which loads no torch."""
     from zero_lab.nano.muon.partitioned_muon import PartitionedMuon
 
     # Where the momentum lives, as official keeps it: partitioned where the parameters are (stage 3).
-    zero_optimizer.adam = PartitionedMuon(zero_optimizer, config.optimizer.decoupled_weight_decay,
-                                          partitioned_momentum=zero_optimizer.stage_facts.partitions_parameters)
-    return zero_optimizer.adam
+    zero_optimizer.partition_optimizer = PartitionedMuon(
+        zero_optimizer, config.optimizer.decoupled_weight_decay,
+        partitioned_momentum=zero_optimizer.stage_facts.partitions_parameters)
+    return zero_optimizer.partition_optimizer

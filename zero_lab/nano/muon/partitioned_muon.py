@@ -44,7 +44,7 @@ class PartitionedMuon(PartitionedAdam):
         self.buffers = zero_optimizer.buffers
         self.collectives = zero_optimizer.collectives
         self.pending: dict[int, torch.Tensor] = {}  # master id -> momentum staged by this step's Phase 2b
-        groups = zero_optimizer.adam.param_groups  # the groups' own dicts, masters already in place
+        groups = zero_optimizer.partition_optimizer.param_groups  # the groups' own dicts, masters already in place
         for group in groups:
             group.setdefault("decoupled_weight_decay", decoupled_weight_decay)
         torch.optim.Optimizer.__init__(self, groups, {})

@@ -36,7 +36,7 @@ PRESET = "tiny"
 def record_step(engine, comm: CommMeter, micro_batches: list[torch.Tensor]) -> dict:
     """Phase 3: one optimizer step, its collectives by engine call and its moments."""
     memory: dict[str, dict] = {}
-    adam = engine.optimizer.adam
+    adam = engine.optimizer.partition_optimizer
     adam_step = adam.step
 
     def sampled_adam_step(*args, **kwargs):
