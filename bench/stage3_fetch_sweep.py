@@ -9,7 +9,7 @@ Phase 1: for each (prefetch, reuse distance), write the harness's zero3.json wit
          and run one `zero-lab compare --stages 3 --config` (both impls, same model, data, seed).
 Phase 2: print, per setting and impl, the median wire MB per step (all collectives; the
          reduce-scatters are the same for every setting, so what changes is the all-gathers) and
-         the peak MB within a step. Both impls follow official's fetch rules (zero_lab/nano/fetch_policy.py)
+         the peak MB within a step. Both impls follow official's fetch rules (zero_lab/nano/policies/fetch_policy.py)
          at official's granularity (a unit per module's own parameters), so equal wire bytes are
          expected on every setting. With --plot, also draw peak MB against wire MB per step, one
          point per setting and impl.

@@ -17,7 +17,7 @@ import torch
 import torch.distributed  # noqa: F401
 import transformers.models.qwen3.modeling_qwen3  # noqa: F401
 
-import zero_lab.nano.engine  # noqa: F401
+import zero_lab.nano.facade.engine  # noqa: F401
 import zero_lab.nano.stage3  # noqa: F401
 
 if not torch.cuda.is_available():

@@ -13,7 +13,7 @@ from zero_lab.analysis.memory.activation_memory import decoder_shape
 from zero_lab.analysis.runs.logparse import parse_file, parse_text
 from zero_lab.analysis.memory.peak_memory import (DEEPSPEED_FETCH_RULES, error_percent, layers_whole_after_forward,
                                            model_states_at, predict_peak, predict_run_peak, unit_parameters)
-from zero_lab.nano.fetch_policy import FetchRules
+from zero_lab.nano.policies.fetch_policy import FetchRules
 from zero_lab.workload.log_lines import MB
 
 

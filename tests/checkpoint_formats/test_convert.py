@@ -22,7 +22,7 @@ from zero_lab.checkpoint_formats.common import FORMATS, KEYS, MASTER
 from zero_lab.cli.app import app
 from zero_lab.launch.ports import free_port
 from zero_lab.nano.checkpoint import files
-from zero_lab.nano.distributed import init_distributed
+from zero_lab.nano.facade.distributed import init_distributed
 from zero_lab.workload.data import make_batches
 from zero_lab.workload.models import build_model, load_tokenizer, parameter_groups
 

@@ -113,7 +113,7 @@ def test_malformed_config_is_one_line_and_exit_2(tmp_path):
 
 
 def test_config_nano_refuses_is_one_line_and_exit_2(tmp_path):
-    pytest.importorskip("zero_lab.nano.official_config")
+    pytest.importorskip("zero_lab.nano.facade.official_config")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "no_such_key": 1}}))
     line = one_line_error(runner.invoke(app, ["compare", "--device", "cpu", "--config", str(bad)]))
@@ -305,7 +305,7 @@ def test_estimate_refuses_a_micro_batch_it_cannot_size(arguments, words):
 
 
 def test_config_official_prints_a_config_deepspeed_accepts(tmp_path):
-    pytest.importorskip("zero_lab.nano.official_config")
+    pytest.importorskip("zero_lab.nano.facade.official_config")
     nano = tmp_path / "nano.json"
     nano.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
                                 "zero_optimization": {"stage": 2}}))

@@ -19,8 +19,9 @@ from deepspeed.runtime.zero import partition_parameters
 from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
 from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
 from deepspeed.utils import logger
-from zero_lab.nano.engine import NanoEngine
-from zero_lab.nano import lr_schedules, zero
+from zero_lab.nano.facade.engine import NanoEngine
+from zero_lab.nano import zero
+from zero_lab.nano.facade import lr_schedules
 official = [d.version for d in importlib.metadata.distributions()
             if d.metadata["Name"] == "deepspeed" and "nano" not in d.version]
 deepspeed.init_distributed()
@@ -152,7 +153,7 @@ def test_destroy_process_group_ends_the_gloo_threads_a_nano_script_started():
     """After `destroy_process_group()` no gloo thread is left to race the interpreter's teardown
     (where one can abort a finished script with SIGABRT): nano's `init_distributed` imports what the
     first optimizer imports before the group exists, so no module default argument holds the group
-    (zero_lab/nano/distributed.py). One rank; MASTER_PORT 0: the store binds a port the OS gives."""
+    (zero_lab/nano/facade/distributed.py). One rank; MASTER_PORT 0: the store binds a port the OS gives."""
     code = TEARDOWN.replace("CONFIG", repr(PLAIN_CONFIG))
     result = _result(run_python("nano", code, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"))
     assert "pt_gloo_runloop" in result["before"], result  # the worker that ran the all-reduce

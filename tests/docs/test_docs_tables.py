@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 
 import zero_lab.nano
-from zero_lab.nano.memory_formula import model_state_bytes, peak_model_state_bytes
+from zero_lab.nano.memory.memory_formula import model_state_bytes, peak_model_state_bytes
 from tests.docs.doc_text import REPO, read, table_after
 from tests.nano.test_layers import layer_of, module_name
 

@@ -177,7 +177,7 @@ def test_memory_through_a_step_nano(train_module, one_process, capsys, stage):
     the predicted one."""
     from zero_lab.analysis.memory.activation_memory import activation_bytes, decoder_shape
     from zero_lab.analysis.memory.peak_memory import error_percent, predict_run_peak
-    from zero_lab.nano.memory_formula import model_state_bytes
+    from zero_lab.nano.memory.memory_formula import model_state_bytes
     from zero_lab.workload.log_lines import MB
     from zero_lab.workload.meters.phase_memory import PHASES
 

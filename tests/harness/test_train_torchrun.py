@@ -23,7 +23,7 @@ import pytest
 from tests.harness_world import Worlds
 from zero_lab.launch.ports import free_port
 from zero_lab.nano.layout import FlatLayout
-from zero_lab.nano.memory_formula import model_state_bytes
+from zero_lab.nano.memory.memory_formula import model_state_bytes
 from zero_lab.workload.log_lines import parse_line
 from zero_lab.workload.models import build_model, parameter_groups
 from zero_lab.workload.meters.wire_bytes import wire_bytes
@@ -266,7 +266,7 @@ def stage3_buffers() -> list[tuple[int, str]]:
     """(padded fp32 elements, unit) of every flat buffer nano makes of tiny at stage 3 with the
     harness's zero3.json: the unit policy, read from nano, applied to the harness's model."""
     from zero_lab.nano.config import load_config
-    from zero_lab.nano.stage3_units import choose_units, flat_buffer_roles
+    from zero_lab.nano.policies.stage3_units import choose_units, flat_buffer_roles
 
     settings = load_config(json.loads((REPO / "harness" / "configs" / "zero3.json").read_text()),
                            world_size=WORLD_SIZE)

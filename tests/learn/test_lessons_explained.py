@@ -104,7 +104,7 @@ def lesson_2(ran) -> tuple[dict, tuple]:
 def lesson_3(ran) -> tuple[dict, tuple]:
     from zero_lab.analysis.memory.activation_memory import decoder_shape
     from zero_lab.analysis.memory.peak_memory import first_bucket_bytes
-    from zero_lab.nano.memory_formula import model_state_bytes
+    from zero_lab.nano.memory.memory_formula import model_state_bytes
 
     run, estimated = commands(3, "Run it")
     tried = commands(3, "Try it")[0]

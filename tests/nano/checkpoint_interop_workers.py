@@ -44,7 +44,7 @@ def nano_to_official_worker(rank: int, world_size: int, root: str, cases: list) 
     within 1e-6 in fp32, and within bf16's resolution in bf16. (Official cannot run fp16 on CPU:
     test_checkpoint_files checks the dynamic scaler's object instead.)"""
     from tests.nano.official_workers import import_official_deepspeed
-    from zero_lab.nano.official_config import to_official_config
+    from zero_lab.nano.facade.official_config import to_official_config
     deepspeed = import_official_deepspeed(world_size)
     failures = []
     for stage, precision in cases:
@@ -106,7 +106,7 @@ def engine_module(implementation: str, world_size: int):
 
 
 def engine_config(implementation: str, config: dict) -> dict:
-    from zero_lab.nano.official_config import to_official_config
+    from zero_lab.nano.facade.official_config import to_official_config
     return config if implementation == "nano" else to_official_config(config, device="cpu")
 
 

@@ -212,7 +212,7 @@ def official_cross_load_worker(rank: int, world_size: int, root: str) -> list[st
     ulps from a common start without any checkpoint), so after two steps bf16 is held to bf16's
     resolution instead."""
     from tests.nano.official_workers import import_official_deepspeed
-    from zero_lab.nano.official_config import to_official_config
+    from zero_lab.nano.facade.official_config import to_official_config
     deepspeed = import_official_deepspeed(world_size)
     failures = []
     for stage, precision in ((1, "fp32"), (2, "fp32"), (3, "fp32"), (2, "bf16")):

@@ -8,7 +8,7 @@ import copy
 import torch
 
 import zero_lab.nano as nano
-from zero_lab.nano.official_config import to_official_config
+from zero_lab.nano.facade.official_config import to_official_config
 from tests.nano.official_workers import import_official_deepspeed
 from tests.nano.reference import build_model, loss_of, max_difference, micro_batch, parameter_groups
 from tests.nano.workers import MICRO_SIZE, WEIGHT_DECAY, nano_config

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 import zero_lab.nano as nano
 from zero_lab.nano.external_parameters import external_parameters
-from zero_lab.nano.official_config import to_official_config
+from zero_lab.nano.facade.official_config import to_official_config
 from zero_lab.workload.meters.comm_meter import CommMeter
 from tests.nano.gather_bytes_workers import all_gathers
 from tests.nano.stage3_reference import VOCAB, Block, TokenReference, decay_groups, token_batch, token_loss

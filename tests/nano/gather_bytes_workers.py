@@ -23,7 +23,7 @@ from importlib import resources
 import torch
 
 import zero_lab.nano as nano
-from zero_lab.nano.official_config import to_official_config
+from zero_lab.nano.facade.official_config import to_official_config
 from zero_lab.workload.meters.comm_meter import CommMeter, difference
 from zero_lab.workload.meters.wire_bytes import family
 from tests.backend_holding import backend_holding_collective_tensors
@@ -74,7 +74,7 @@ def module_granularity_wire_bytes(config: dict, world_size: int) -> int:
     """All-gather wire bytes of one steady micro-step (fp32) by `fetch_policy`'s rules with official's
     granularity: a unit per module's own parameters above the persistence threshold."""
     from zero_lab.nano.config import NanoConfig
-    from zero_lab.nano.fetch_policy import FetchRules, TracedUse, simulate_micro_step
+    from zero_lab.nano.policies.fetch_policy import FetchRules, TracedUse, simulate_micro_step
     from zero_lab.workload.models import build_model
 
     zero = NanoConfig.model_validate(config).zero_optimization

@@ -72,7 +72,7 @@ def official_worker(rank: int, world_size: int) -> list[str]:
     import torch._dynamo.config
 
     from tests.nano.official_workers import import_official_deepspeed
-    from zero_lab.nano.official_config import to_official_config
+    from zero_lab.nano.facade.official_config import to_official_config
 
     torch._dynamo.config.disable = True  # what TORCHDYNAMO_DISABLE=1 sets: official's @torch.compile runs eagerly
     deepspeed = import_official_deepspeed(world_size)

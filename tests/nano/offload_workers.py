@@ -87,8 +87,8 @@ def memory_worker(rank: int, world_size: int) -> list[str]:
     the documented formula: memory_breakdown(by_device=True) per place, and the live storage
     tracked from outside in total (host and device are one memory on this CPU)."""
     from zero_lab.nano.config import load_config
-    from zero_lab.nano.memory_formula import model_state_bytes_by_place
-    from zero_lab.nano.stage3_units import choose_units
+    from zero_lab.nano.memory.memory_formula import model_state_bytes_by_place
+    from zero_lab.nano.policies.stage3_units import choose_units
     from zero_lab.nano.units import split_groups_by_unit
     from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 

@@ -217,8 +217,8 @@ def formula(config: dict, model, world_size: int, moment: str, gathered: set[str
     """nano's documented bytes for every flat buffer the unit policy makes of this model, summed;
     `gathered` names the units whole at the moment."""
     from zero_lab.nano.config import load_config
-    from zero_lab.nano.memory_formula import model_state_bytes, total
-    from zero_lab.nano.stage3_units import choose_units
+    from zero_lab.nano.memory.memory_formula import model_state_bytes, total
+    from zero_lab.nano.policies.stage3_units import choose_units
     from zero_lab.nano.units import split_groups_by_unit
 
     settings = load_config(config, world_size=world_size)
@@ -290,7 +290,7 @@ def knobs_worker(rank: int, world_size: int) -> list[str]:
     """Under DeepSpeed's stage-3 keys the engine gathers what `fetch_policy` says for the trace it
     recorded at the first step: the units gathered in the second step's forward and backward, in
     order, and those whole right after its forward. overlap_comm plays no part."""
-    from zero_lab.nano.fetch_policy import FetchRules, simulate_micro_step
+    from zero_lab.nano.policies.fetch_policy import FetchRules, simulate_micro_step
 
     failures = []
     cases = [  # (overlap, prefetch, max_live, reuse distance)

@@ -6,7 +6,7 @@ import pytest
 
 from zero_lab.nano.config import load_config
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.nano.official_config import to_official_config
+from zero_lab.nano.facade.official_config import to_official_config
 
 BASE = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
 

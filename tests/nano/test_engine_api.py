@@ -141,13 +141,12 @@ def test_memory_breakdown_by_device_adds_up_to_the_totals(single_process):
 
 
 def test_initialize_stays_the_function_after_its_module_is_imported():
-    """Importing `zero_lab.nano.initialize` (here, or first thing in a process that preloads nano's
-    modules) makes the import system bind the submodule to the package under the name of the
-    function it defines, as below; `nano.initialize` must still be the function."""
+    """Importing the facade's module (here, or first thing in a process that preloads nano's modules)
+    binds it in `zero_lab.nano.facade`, so `nano.initialize` stays the function; `nano.zero` is the
+    API's one module."""
     import importlib
 
-    module = importlib.import_module("zero_lab.nano.initialize")
-    setattr(nano, "initialize", module)  # what `import zero_lab.nano.initialize` does to the package
-    assert nano.initialize is module.initialize
-    setattr(nano, "zero", importlib.import_module("zero_lab.nano.zero"))  # the API's one module stays one
+    module = importlib.import_module("zero_lab.nano.facade.initialize")
+    assert nano.initialize is module.initialize and callable(nano.initialize)
+    assert nano.init_distributed is importlib.import_module("zero_lab.nano.facade.distributed").init_distributed
     assert nano.zero is importlib.import_module("zero_lab.nano.zero")

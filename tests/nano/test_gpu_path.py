@@ -21,7 +21,7 @@ from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.offload.placement import OffloadPlacement, host_threads
 from zero_lab.nano.placement import Placement
-from zero_lab.nano.stage3_units import choose_units
+from zero_lab.nano.policies.stage3_units import choose_units
 from tests.nano.reference import build_model, loss_of, micro_batch, parameter_groups
 from tests.nano.workers import nano_config
 

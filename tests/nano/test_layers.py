@@ -67,7 +67,7 @@ def test_each_stage_reduces_its_gradients_where_its_row_of_the_stage_table_says(
     the others at the boundary (stage 0's `BoundaryPacking`), and each collection says in both of its
     methods what it does then, rather than inheriting a silent no-op. Every row has its optimizer."""
     from zero_lab.nano import stages
-    from zero_lab.nano.initialize import STAGE_OPTIMIZERS
+    from zero_lab.nano.facade.initialize import STAGE_OPTIMIZERS
     from zero_lab.nano.stage0 import BoundaryPacking
     from zero_lab.nano.stage1_fp32_accumulation import Fp32Accumulation
     from zero_lab.nano.stage2 import ArrivalPacking

@@ -7,7 +7,7 @@ import torch
 
 from zero_lab.nano.config import Fp16Config
 from zero_lab.nano.loss_scaler import LossScaler
-from zero_lab.nano import lr_schedules
+from zero_lab.nano.facade import lr_schedules
 
 SCHEDULES = [
     ("WarmupLR", {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01, "warmup_num_steps": 10}),

@@ -4,7 +4,7 @@ import torch
 
 from tests.nano.stage3_reference import build_trapnet
 from zero_lab.nano.config import load_config
-from zero_lab.nano.stage3_units import choose_units
+from zero_lab.nano.policies.stage3_units import choose_units
 
 BASE = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}}
 

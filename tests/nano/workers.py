@@ -9,7 +9,7 @@ import itertools
 import torch
 
 import zero_lab.nano as nano
-from zero_lab.nano.memory_formula import model_state_bytes
+from zero_lab.nano.memory.memory_formula import model_state_bytes
 from zero_lab.workload.meters.memory_meter import LiveStorageTracker
 from tests.backend_holding import backend_holding_collective_tensors
 from tests.tolerances import ADAM_EPS, adam_parity_bound

@@ -30,7 +30,7 @@ def _engine_module(impl: str, world_size: int):
 
 
 def _config(impl: str) -> dict:
-    from zero_lab.nano.official_config import to_official_config
+    from zero_lab.nano.facade.official_config import to_official_config
     config = stage3_config()
     return config if impl == "nano" else to_official_config(config, device="cpu")
 

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from zero_lab.workload.data import IGNORE_INDEX, conversation_example
 from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.model_shapes import PRESETS, preset_blocks, preset_parameters
-from zero_lab.nano.stage3_units import fetch_modules, parameter_entries
+from zero_lab.nano.policies.stage3_units import fetch_modules, parameter_entries
 from zero_lab.workload.models import build_model, check_model_name, load_tokenizer, parameter_groups
 
 WORDS = ["[UNK]", "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "hi", "there", "hello", "friend"]

@@ -13,7 +13,7 @@ from tests.nano.stage3_reference import TokenReference, build_trapnet, decay_gro
 from tests.nano.stage3_workers import stage3_config, train
 from tests.nano.workers import LR, MICRO_SIZE, WEIGHT_DECAY
 from zero_lab.nano.zeropp.hierarchical_partition import HierarchicalShardedBuffer
-from zero_lab.nano.memory_formula import model_state_bytes
+from zero_lab.nano.memory.memory_formula import model_state_bytes
 from zero_lab.workload.meters.comm_meter import CommMeter, difference
 
 RANKS_PER_NODE = 2
@@ -85,7 +85,7 @@ def formula_total(config: dict, model, world_size: int, moment: str) -> int:
     """nano's documented bytes of every flat buffer the unit policy makes of this model, hpZ's
     secondary partitions included, nothing gathered."""
     from zero_lab.nano.config import load_config
-    from zero_lab.nano.stage3_units import choose_units
+    from zero_lab.nano.policies.stage3_units import choose_units
     from zero_lab.nano.units import split_groups_by_unit
 
     settings = load_config(config, world_size=world_size)

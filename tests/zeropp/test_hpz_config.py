@@ -7,7 +7,7 @@ import pytest
 from zero_lab.nano.config import load_config
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.zeropp.hierarchical_partition import Stage3HierarchicalOptimizer
-from zero_lab.nano.initialize import STAGE_OPTIMIZERS, stage_optimizer
+from zero_lab.nano.facade.initialize import STAGE_OPTIMIZERS, stage_optimizer
 
 
 def config(stage: int, partition_size: int) -> dict:

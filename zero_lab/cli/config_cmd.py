@@ -32,7 +32,7 @@ def config_official(
     device = resolve_device_name(check_choice(device, "--device", DEVICES))
     config = input_checks.load_config_file(path)
     from zero_lab.nano.config import without_official_only_keys
-    from zero_lab.nano.official_config import to_official_config
+    from zero_lab.nano.facade.official_config import to_official_config
 
     official = to_official_config(config, device=device)  # official's own keys pass through as they are
     check_value_types(without_official_only_keys(config), where=f"{path}: ")

@@ -87,7 +87,7 @@ def built_by_harness(staged: dict, arguments_for, world_size: int, source: Path)
 
 def official_config(config: dict, device: str) -> dict:
     """What official DeepSpeed receives: the engine's conversion of the nano config."""
-    from zero_lab.nano.official_config import to_official_config
+    from zero_lab.nano.facade.official_config import to_official_config
 
     return to_official_config(config, device=device)
 

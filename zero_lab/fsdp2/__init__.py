@@ -27,8 +27,8 @@ import torch.distributed as dist
 from zero_lab.fsdp2.config_map import Fsdp2ConfigError, map_config, not_applicable_message
 from zero_lab.fsdp2.engine import Fsdp2Engine
 from zero_lab.fsdp2.muon import MuonAndAdamW, muon_names
-from zero_lab.nano.distributed import init_distributed
-from zero_lab.nano.lr_schedules import build_scheduler
+from zero_lab.nano.facade.distributed import init_distributed
+from zero_lab.nano.facade.lr_schedules import build_scheduler
 
 __all__ = ["Fsdp2ConfigError", "Fsdp2Engine", "init_distributed", "initialize"]
 

@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from zero_lab.fsdp2.config_map import Fsdp2Plan
-from zero_lab.nano.stage3_units import find_blocks
+from zero_lab.nano.policies.stage3_units import find_blocks
 
 
 def _dtype(name: str | None) -> torch.dtype | None:

@@ -7,7 +7,7 @@ For one world size the learner's run (the lab package as an impl) is held, in or
        relative 1e-4 (an overflowing step's infinite norm equals an infinite norm);
     3. bytes per rank by category: at the last step's phases (after forward, after backward, after
        the step), each category the engine counts equals nano's, which nano's tests hold to the
-       formula of zero_lab/nano/memory_formula.py; and all that the rank holds after backward and
+       formula of zero_lab/nano/memory/memory_formula.py; and all that the rank holds after backward and
        after the step (the memory tracker's live bytes) is no more than nano's;
     4. wire bytes per collective: per step, the same collective types, each with the same wire bytes.
 Each check gives a `Result`; the first that fails stops the check, with a hint that names the

@@ -29,51 +29,41 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, fetch_trace, config.keys, config.zeropp -> layout, fetch_policy, unit_policy ->
-    config.schema, spanning_layout -> config.loading -> config -> official_config, memory_formula ->
-    collectives, distributed, placement, units, gradient_collection, external_parameters ->
-    flat_buffer, gradient_buckets, adamw, loss_scaler, lr_schedules, client_optimizers, muon.newton_schulz,
+    errors, stages, dtypes, fetch_trace, facade, memory, policies, config.keys, config.zeropp -> layout, policies.fetch_policy, policies.unit_policy ->
+    config.schema, spanning_layout -> config.loading -> config -> facade.official_config, memory.memory_formula ->
+    collectives, facade.distributed, placement, units, gradient_collection, external_parameters ->
+    flat_buffer, gradient_buckets, adamw, loss_scaler, facade.lr_schedules, facade.client_optimizers, muon.newton_schulz,
     muon.memory ->
-    gradient_reduction, sharded_flat_buffer -> coalesced_gather -> unit_gathering, optimizer_memory ->
+    gradient_reduction, sharded_flat_buffer -> coalesced_gather -> unit_gathering, memory.optimizer_memory ->
     zero_optimizer -> stage0 -> stage1 -> stage2 -> persistent_reduction -> stage3, stage1_fp32_accumulation ->
     init, init.partitions, offload, offload.placement, zeropp, zeropp.quantization, muon.groups,
-    muon.partitioned_muon -> stage3_units, zeropp.hierarchical_partition, muon -> zeropp.quantized_weights ->
+    muon.partitioned_muon -> policies.stage3_units, zeropp.hierarchical_partition, muon -> zeropp.quantized_weights ->
     zeropp.quantized_gradients ->
     checkpoint -> checkpoint.reshard, checkpoint.files -> checkpoint.contents -> checkpoint.save ->
-    checkpoint.load, checkpoint.offline -> engine -> initialize, zero (the API re-exported here). A module of a
-    sub-package goes by its dotted name (`config.keys` is keys.py in the package config/), and the
-    package's __init__ by the package's name (`config` re-exports the names of config/'s modules).
+    checkpoint.load, checkpoint.offline -> facade.engine -> facade.initialize, zero (the API re-exported
+    here). A module of a sub-package goes by its dotted name (`config.keys` is keys.py in the package
+    config/), and the package's __init__ by the package's name (`config` re-exports the names of
+    config/'s modules).
 The stage path (what `stageN.py` imports, docs/nano.md "Reading path", `zero-lab explain --stage N
---reading-path`) is the top of the package; what only the engine facade (`initialize`, `engine`)
-imports, policies of a later stage or of an optional feature, sits beside it or in its own room:
-`offload/`, `init/` (`zero.Init`), `zeropp/` (ZeRO++), `checkpoint/`, `config/`, `muon/` (the Muon
-optimizer: whole matrices gathered for Newton-Schulz, docs/muon.md).
+--reading-path`) is the top of the package, with `zero.py` (DeepSpeed's `deepspeed.zero` API) beside
+it; everything else is in a room: `facade/` (what a client calls: `initialize`, the engine, the
+schedules), `memory/` (the bytes per rank, by formula and by count), `policies/` (stage 3's units
+and fetch rules, applied by `initialize`), `config/`, `checkpoint/`, and the optional features
+`offload/`, `init/` (`zero.Init`), `zeropp/` (ZeRO++), `muon/` (the Muon optimizer: whole matrices
+gathered for Newton-Schulz, docs/muon.md).
 Checkpoints (the `checkpoint` package, off the step's path; docs/checkpoints.md):
 `engine.save_checkpoint`/`load_checkpoint` write and read official DeepSpeed's files, and load them
 at any world size (partition -> whole parameter -> partition, `checkpoint/reshard.py`).
 """
 
 import importlib
-import sys
-import types
 
 # The API, imported on first use (PEP 562): `import zero_lab.nano.dtypes` from the CLI loads no torch.
-_API = {"initialize": "initialize", "add_config_arguments": "initialize", "init_distributed": "distributed",
-        "NanoEngine": "engine", "NanoConfigError": "errors", "zero": None}
+# The facade's modules live in facade/, so importing one binds it there, never over these names here.
+_API = {"initialize": "facade.initialize", "add_config_arguments": "facade.initialize",
+        "init_distributed": "facade.distributed", "NanoEngine": "facade.engine", "NanoConfigError": "errors",
+        "zero": None}
 __all__ = list(_API)
-
-
-class _Package(types.ModuleType):
-    """`import zero_lab.nano.initialize` binds the submodule to this package under the name of the
-    function it defines; without this, a later `nano.initialize(...)` would call the module."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if isinstance(value, types.ModuleType) and _API.get(name) == name:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):

@@ -47,7 +47,7 @@ import torch
 
 from zero_lab.nano.init import partitions as init_partitions
 from zero_lab.nano.collectives import Collectives
-from zero_lab.nano.distributed import init_distributed
+from zero_lab.nano.facade.distributed import init_distributed
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.external_parameters import register_external_parameter, unregister_external_parameter
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zero_lab.nano.unit_policy import ParameterEntry
+from zero_lab.nano.policies.unit_policy import ParameterEntry
 from zero_lab.workload.errors import WorkloadError
 from zero_lab.workload.tokenizer import ByteTokenizer
 

@@ -80,7 +80,7 @@ def directory_parameters(path: str):
     them (`stage3_units.fetch_modules`). Presets need none of this: `model_shapes.preset_parameters`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from zero_lab.nano.stage3_units import fetch_modules, parameter_entries
+    from zero_lab.nano.policies.stage3_units import fetch_modules, parameter_entries
 
     check_model_name(path, flag="--model")
     try:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from zero_lab.nano.config import NanoConfig
-from zero_lab.nano.memory_formula import peak_model_state_bytes_by_place
-from zero_lab.nano.stage3_units import choose_units, flat_buffer_roles
+from zero_lab.nano.memory.memory_formula import peak_model_state_bytes_by_place
+from zero_lab.nano.policies.stage3_units import choose_units, flat_buffer_roles
 from zero_lab.workload.models import parameter_groups
 
 

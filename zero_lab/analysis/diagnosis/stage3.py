@@ -28,7 +28,7 @@ from zero_lab.analysis.runs.logparse import is_number
 from zero_lab.analysis.memory.peak_memory import (DEEPSPEED_FETCH_RULES, decoder_micro_step, layer_parameter_sizes,
                                            layers_whole_after_forward, predict_run_peak, unit_parameters)
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
-from zero_lab.nano.fetch_policy import FetchRules
+from zero_lab.nano.policies.fetch_policy import FetchRules
 from zero_lab.workload.meters.wire_bytes import wire_bytes
 
 RULE_KEYS = {"prefetch_bucket_size": "stage3_prefetch_bucket_size", "max_live_parameters": "stage3_max_live_parameters",

@@ -48,12 +48,12 @@ from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.zeropp.quantization import (block_count, gradient_chunk, gradient_exchange_temporary_bytes,
                                         weight_gather_temporary_bytes)
-from zero_lab.nano.memory_formula import CATEGORIES, model_state_bytes_by_place
+from zero_lab.nano.memory.memory_formula import CATEGORIES, model_state_bytes_by_place
 from zero_lab.nano.muon.groups import is_hidden_matrix, largest_first
 from zero_lab.nano.muon.memory import gathers as muon_gathers, momentum_numel
 from zero_lab.nano.spanning_layout import SpanningLayout, plan_buckets
-from zero_lab.nano.fetch_policy import FetchRules, MicroStep, simulate_micro_step
-from zero_lab.nano.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units, traced_calls
+from zero_lab.nano.policies.fetch_policy import FetchRules, MicroStep, simulate_micro_step
+from zero_lab.nano.policies.unit_policy import ParameterEntry, UnitPlan, forward_trace, plan_units, traced_calls
 from zero_lab.workload.model_shapes import PRESETS, decays, preset_module_calls
 from zero_lab.workload.meters.wire_bytes import ranks_on_node, wire_split
 

@@ -12,7 +12,7 @@ from collections import Counter
 
 from zero_lab.analysis.explain.explain import PHASES
 from zero_lab.analysis.explain.explain_tables import mb
-from zero_lab.nano.memory_formula import CATEGORIES
+from zero_lab.nano.memory.memory_formula import CATEGORIES
 from zero_lab.workload.meters.wire_bytes import family
 
 ENGINE_CALLS = ("forward", "backward", "step")

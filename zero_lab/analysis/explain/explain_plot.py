@@ -21,7 +21,7 @@ from pathlib import Path
 from zero_lab.analysis.explain.explain import MOMENTS, Walkthrough
 from zero_lab.analysis.report.picture import MB, draw_picture
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
-from zero_lab.nano.memory_formula import CATEGORIES
+from zero_lab.nano.memory.memory_formula import CATEGORIES
 
 FP32_BYTES = 4
 ADAM_BYTES = 8  # exp_avg and exp_avg_sq, fp32

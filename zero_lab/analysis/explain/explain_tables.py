@@ -16,7 +16,7 @@ from itertools import groupby
 
 from zero_lab.analysis.explain.explain import MOMENTS, PHASES, Walkthrough
 from zero_lab.analysis.report.markdown import fmt, markdown_table
-from zero_lab.nano.memory_formula import CATEGORIES
+from zero_lab.nano.memory.memory_formula import CATEGORIES
 
 MIB = 2**20
 

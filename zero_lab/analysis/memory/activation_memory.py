@@ -1,7 +1,7 @@
 """Activation bytes of one micro-batch through a decoder as Hugging Face builds it (Qwen3, Llama):
 the tensors autograd saves in the forward for the backward, and the loss's temporaries.
 
-Model states (parameters, gradients, optimizer states) are `memory_formula.py`'s; this module
+Model states (parameters, gradients, optimizer states) are nano's `memory/memory_formula.py`'s; this module
 counts what the forward adds on top of them. Per token and layer, with w the parameters' bytes per
 element (4 in fp32, 2 in bf16/fp16), h the hidden size, i the MLP's, a and k the query and
 key/value heads, d the head size (every RMSNorm computes in fp32 and saves its fp32 input, its

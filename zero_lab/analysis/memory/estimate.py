@@ -15,14 +15,14 @@ counts 2-byte and 4-byte gradients in the 18, where its docs say 16), stage 3 is
 `4 * largest_layer + 18P/N`, and it has none for stages 0 and 1. With the optimizer offloaded,
 stage 2 keeps 2P on the device and stage 3 `4 * largest_layer + 2P/N`; with the parameters too,
 stage 3 keeps `4 * largest_layer`. Its host figures are per node, with a 1.5 buffer factor.
-nano's figures come from its own formula (`zero_lab.nano.memory_formula`), per place; at stage 3
+nano's figures come from its own formula (`zero_lab.nano.memory.memory_formula`), per place; at stage 3
 from the model's own flat buffers (its units), so an estimate of a bare parameter count has none.
 """
 
 from __future__ import annotations
 
 from zero_lab.nano import stages
-from zero_lab.nano.memory_formula import peak_model_state_bytes_by_place
+from zero_lab.nano.memory.memory_formula import peak_model_state_bytes_by_place
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 MIB = 2**20

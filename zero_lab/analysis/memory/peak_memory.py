@@ -32,7 +32,7 @@ stage 3 (`stage3.py`) it allocates its fp32 gradient partitions and a reduce buc
 `reduce_bucket_size` elements when it starts, for good, and keeps the persistent parameters whole
 beside their partitions (`official_stage3_bytes`).
 
-At stage 3 both impls gather by official's fetch rules (`zero_lab/nano/fetch_policy.py`): the turn
+At stage 3 both impls gather by official's fetch rules (`zero_lab/nano/policies/fetch_policy.py`): the turn
 holds the root and the layers those rules keep whole after the forward (`layers_whole_after_forward`,
 from the run's `stage3_*` keys; the harness's small models with the default prefetch: every layer).
 
@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from zero_lab.analysis.memory.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES, DecoderShape,
                                                 activation_bytes, decoder_shape)
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
-from zero_lab.nano.fetch_policy import FetchRules, MicroStep, TracedUse, simulate_micro_step
-from zero_lab.nano.memory_formula import model_state_bytes, model_state_bytes_by_place
+from zero_lab.nano.policies.fetch_policy import FetchRules, MicroStep, TracedUse, simulate_micro_step
+from zero_lab.nano.memory.memory_formula import model_state_bytes, model_state_bytes_by_place
 
 DEEPSPEED_FETCH_RULES = FetchRules(50_000_000, 1_000_000_000, 1_000_000_000)  # its stage3_* defaults
 

@@ -33,9 +33,9 @@ __version__ = "0.19.8+nano"
 __version_major__, __version_minor__, __version_patch__ = 0, 19, 8
 API_VERSION = "0.19.8"  # official DeepSpeed's release whose API and files nano follows
 
-from zero_lab.nano.distributed import init_distributed  # noqa: E402
-from zero_lab.nano.engine import NanoEngine as DeepSpeedEngine  # noqa: E402
-from zero_lab.nano.initialize import add_config_arguments, initialize  # noqa: E402
+from zero_lab.nano.facade.distributed import init_distributed  # noqa: E402
+from zero_lab.nano.facade.engine import NanoEngine as DeepSpeedEngine  # noqa: E402
+from zero_lab.nano.facade.initialize import add_config_arguments, initialize  # noqa: E402
 
 from deepspeed import accelerator, checkpoint, comm, ops, refusals, runtime, utils  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402

@@ -1,7 +1,7 @@
 """`deepspeed.accelerator.get_accelerator()`: the device nano computes on, under DeepSpeed's names.
 
 nano runs where its collectives communicate: CUDA with nccl when torch sees a GPU, else the CPU
-with gloo (`zero_lab.nano.distributed.default_backend`). Clients ask this object for device names
+with gloo (`zero_lab.nano.facade.distributed.default_backend`). Clients ask this object for device names
 (transformers, to place the buffers it broadcasts while loading a ZeRO-3 model).
 """
 
@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from zero_lab.nano.distributed import default_backend
+from zero_lab.nano.facade.distributed import default_backend
 
 
 class Accelerator:

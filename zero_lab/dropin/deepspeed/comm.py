@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed
 
-from zero_lab.nano.distributed import init_distributed
+from zero_lab.nano.facade.distributed import init_distributed
 
 ReduceOp = torch.distributed.ReduceOp
 

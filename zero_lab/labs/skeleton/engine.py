@@ -32,7 +32,7 @@ import torch.distributed as dist
 from zero_lab.nano.adamw import PartitionedAdam
 from zero_lab.nano.collectives import Collectives, free_storage, labelled
 from zero_lab.nano.layout import FlatLayout
-from zero_lab.nano.lr_schedules import build_scheduler
+from zero_lab.nano.facade.lr_schedules import build_scheduler
 
 from . import lab
 

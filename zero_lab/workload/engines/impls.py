@@ -50,7 +50,7 @@ def engine_config(impl: str, config: dict, device: torch.device) -> tuple[dict, 
     AdamW instead of failing."""
     if impl != "official":  # fsdp2 maps the nano config itself (zero_lab.fsdp2.config_map); own engines read it
         return config, []
-    from zero_lab.nano.official_config import to_official_config
+    from zero_lab.nano.facade.official_config import to_official_config
     from zero_lab.workload.engines import cuda_toolkit
 
     official = to_official_config(config, device=device.type)

@@ -4,7 +4,7 @@ VALID_LR_SCHEDULES lists the schedules nano implements (official lists more; nan
 the others in one line). accelerate recognises a DeepSpeed schedule object by its class name here.
 """
 
-from zero_lab.nano.lr_schedules import SCHEDULES, WarmupCosineLR, WarmupDecayLR, WarmupLR
+from zero_lab.nano.facade.lr_schedules import SCHEDULES, WarmupCosineLR, WarmupDecayLR, WarmupLR
 
 VALID_LR_SCHEDULES = list(SCHEDULES)
 

@@ -25,12 +25,12 @@ from zero_lab.nano.checkpoint import load, save
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig
 from zero_lab.nano.errors import CheckpointError, EngineUsageError
-from zero_lab.nano.optimizer_memory import memory_breakdown
+from zero_lab.nano.memory.optimizer_memory import memory_breakdown
 from zero_lab.nano.zero_optimizer import ZeroOptimizer
 
 
 class NanoEngine(torch.nn.Module):
-    """What `zero_lab.nano.initialize` returns first; mirrors DeepSpeedEngine's training API."""
+    """What `zero_lab.nano.facade.initialize` returns first; mirrors DeepSpeedEngine's training API."""
 
     def __init__(self, module: torch.nn.Module, config: NanoConfig, optimizer: ZeroOptimizer, lr_scheduler: Any,
                  collectives: Collectives, device: torch.device, training_dataloader: Any = None,

@@ -25,7 +25,7 @@ import torch
 
 from zero_lab.nano import stages
 from zero_lab.nano.init.partitions import is_partitioned, numel_of
-from zero_lab.nano.unit_policy import ParameterEntry, plan_units
+from zero_lab.nano.policies.unit_policy import ParameterEntry, plan_units
 from zero_lab.nano.units import Unit, split_groups_by_unit, whole_model
 
 

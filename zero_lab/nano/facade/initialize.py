@@ -26,17 +26,17 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed
 
-from zero_lab.nano.client_optimizers import adopt_groups, client_optimizer
+from zero_lab.nano.facade.client_optimizers import adopt_groups, client_optimizer
 from zero_lab.nano.collectives import Collectives
 from zero_lab.nano.config import NanoConfig, load_config, read_config_source
-from zero_lab.nano.distributed import init_distributed
-from zero_lab.nano.engine import NanoEngine
+from zero_lab.nano.facade.distributed import init_distributed
+from zero_lab.nano.facade.engine import NanoEngine
 from zero_lab.nano.errors import NanoConfigError
-from zero_lab.nano.fetch_policy import FetchRules
+from zero_lab.nano.policies.fetch_policy import FetchRules
 from zero_lab.nano.flat_buffer import WholeParameters
 from zero_lab.nano.init import partitions as init_partitions
 from zero_lab.nano import muon
-from zero_lab.nano.lr_schedules import build_scheduler
+from zero_lab.nano.facade.lr_schedules import build_scheduler
 from zero_lab.nano.dtypes import torch_dtype
 from zero_lab.nano.offload.placement import OffloadPlacement, host_threads
 from zero_lab.nano.placement import Placement
@@ -48,7 +48,7 @@ from zero_lab.nano.stage3 import Stage3Optimizer
 from zero_lab.nano.zeropp.hierarchical_partition import Stage3HierarchicalOptimizer
 from zero_lab.nano.zeropp.quantized_weights import Stage3HierarchicalQuantizedWeightsOptimizer, Stage3QuantizedWeightsOptimizer
 from zero_lab.nano.zeropp import quantized_gradients
-from zero_lab.nano.stage3_units import choose_units
+from zero_lab.nano.policies.stage3_units import choose_units
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ The engine facade asks it (`engine.memory_breakdown`); no stage imports the acco
 from __future__ import annotations
 
 from zero_lab.nano.gradient_reduction import optional_bytes
-from zero_lab.nano.memory_formula import CATEGORIES
+from zero_lab.nano.memory.memory_formula import CATEGORIES
 from zero_lab.nano.placement import TensorKind
 
 
