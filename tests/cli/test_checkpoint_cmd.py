@@ -58,6 +58,11 @@ def test_bad_checkpoints_and_outputs_are_one_line_with_nothing_overwritten(saved
     assert (root / "taken.safetensors").read_bytes() == b"keep"
     assert "exists" in one_line_error(invoke("checkpoint", "reshard", root / "ckpt", "--world-size", 2,
                                              "--out", root / "ckpt"))
+    # a new checkpoint inside the one it reads would become one of its tags: refused, nothing written
+    for command in (("checkpoint", "convert", root / "ckpt", root / "ckpt" / "inside", "--to", "dcp"),
+                    ("checkpoint", "reshard", root / "ckpt", "--world-size", 2, "--out", root / "ckpt" / "inside")):
+        assert "is inside the checkpoint it reads" in one_line_error(invoke(*command))
+        assert not (root / "ckpt" / "inside").exists()
     optimizer_file = root / "ckpt" / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     optimizer_file.write_bytes(optimizer_file.read_bytes()[:100])
     assert "truncated or corrupt" in one_line_error(invoke("checkpoint", "inspect", root / "ckpt"))

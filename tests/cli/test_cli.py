@@ -220,8 +220,9 @@ def test_report_writes_markdown_plots_and_github_step_summary(tmp_path, monkeypa
 @pytest.mark.parametrize("damage, words", [
     (lambda path: path.write_text(path.read_text()[:40]), "is not valid JSON"),
     (lambda path: path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe binary"), "is not UTF-8 text"),
-    (lambda path: path.write_text("[]"), "is not a run's summary (no world_size, stage, impl, status)"),
-], ids=["cut off", "binary", "not a summary"])
+    (lambda path: path.write_text("[]"), "holds a JSON list, not the object zero-lab writes"),
+    (lambda path: path.write_text('{"note": 1}'), "is not a run's summary (no world_size, stage, impl, status)"),
+], ids=["cut off", "binary", "a list", "not a summary"])
 def test_report_on_a_damaged_summary_is_one_line_naming_the_file(tmp_path, damage, words):
     fake_run(tmp_path / "compare" / "cells" / "w2-s2-nano", "nano", 110.0)
     fake_run(tmp_path / "compare" / "cells" / "w2-s2-official", "official", 100.0)

@@ -110,7 +110,7 @@ def test_a_failing_run_exits_3_keeps_its_logs_and_partial_results(tmp_path, monk
     assert summary["steps"] == 1, "the steps logged before the failure are kept"
     assert "injected failure on rank 1" in summary["log_tail"]
     assert "injected failure" in (tmp_path / "runs" / "boom" / "logs" / "rank1.stderr.log").read_text()
-    assert "rank 1, exit code 7" in result.stderr
+    assert "rank 1 exited with 7" in result.stderr
 
 
 def test_bad_input_only_rank_1_reports_is_its_one_line_and_exit_2(tmp_path, monkeypatch):

@@ -57,6 +57,22 @@ def test_a_cell_that_saves_for_its_restarts_keeps_its_checkpoints_in_its_directo
     assert with_restarts(spec(0), 0, tmp_path).workload.save_dir is None
 
 
+def test_restarts_with_no_checkpoint_to_resume_are_said_at_launch():
+    """A restarted group resumes from a checkpoint saved during the run; without one it trains again from
+    where the run started, which the launch says (a user's script saves its own: nothing said)."""
+    from zero_lab.cli.jobs import SharedSettings, restart_from_the_start_note
+
+    def shared(max_restarts, save_every=0, script=None):
+        return SharedSettings(None, "cpu", torchrun.Workload(save_every=save_every), torchrun.MultiNode(), [],
+                              script=script, max_restarts=max_restarts)
+
+    note = restart_from_the_start_note(shared(1), "add --save-every K")
+    assert note.startswith("note: --max-restarts 1 with no checkpoint saved during the run") and "--save-every K" in note
+    assert restart_from_the_start_note(shared(1, save_every=2), "x") is None
+    assert restart_from_the_start_note(shared(0), "x") is None
+    assert restart_from_the_start_note(shared(1, script=object()), "x") is None
+
+
 @pytest.mark.parametrize("arguments, words", [
     (["run", "--max-restarts", "-1"], "--max-restarts -1 is negative"),
     (["compare", "--max-restarts", "1", "--", "--max-restarts", "2"], "--max-restarts is given twice"),

@@ -167,6 +167,26 @@ def test_doctor_refuses_a_path_that_is_no_run(tmp_path):
         assert result.exit_code == 2 and result.stderr.startswith("error: ") and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("content, words", [("[]", "holds a JSON list"), ("", "is not valid JSON"),
+                                            ('{"status": "ok"', "is not valid JSON")])
+def test_a_summary_json_that_is_no_object_is_one_line_naming_the_file(tmp_path, content, words):
+    (tmp_path / "summary.json").write_text(content)
+    result = runner.invoke(app, ["doctor", str(tmp_path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and str(tmp_path / "summary.json") in line and words in line
+
+
+def test_how_a_run_ended_says_each_thing_once_and_who_exited():
+    from zero_lab.analysis.runs.rundir import who_exited
+
+    stalled = replace(fixture_run("w2-s2-nano"), summary={"status": "stalled", "error": "stalled: no [opt_step] progress"})
+    assert stalled.ending() == "stalled: no [opt_step] progress"
+    killed = replace(fixture_run("w2-s2-nano"), summary={"status": "failed", "rank_exit_code": -9, "failed_rank": None})
+    assert killed.ending() == "failed: the launch (torchrun) exited with -9 (SIGKILL)"
+    assert who_exited(1, -6) == "rank 1 exited with -6 (SIGABRT)" and who_exited(0, 1) == "rank 0 exited with 1"
+
+
 @pytest.mark.parametrize("cell", ["w2-s1-nano", "w2-s3-official"])
 def test_each_cell_of_the_recorded_comparison_prints_as_text(cell):
     result = runner.invoke(app, ["doctor", str(COMPARE / "cells" / cell)])

@@ -108,6 +108,14 @@ def _write_model_config(model_name: str, directory: Path) -> str:
     return str(target)
 
 
+def refuse_output_inside(out: Path, source: Path, name: str) -> None:
+    """A new checkpoint written inside the one it is read from would become one of its tags (an OUT
+    that exists is refused as existing, by the command's own check)."""
+    if not out.exists() and out.resolve().is_relative_to(Path(source).resolve()):
+        raise BadInput(f"{name} {out} is inside the checkpoint it reads ({source})",
+                       "choose a directory outside it (nothing was written)")
+
+
 @checkpoint_app.command(name="reshard")
 @one_line_errors
 def reshard_command(directory: Directory,
@@ -118,6 +126,7 @@ def reshard_command(directory: Directory,
     check_choice(format, "--format", FORMATS)
     if world_size < 1:
         raise BadInput(f"--world-size {world_size} is not a number of ranks", "pass 1 or more")
+    refuse_output_inside(out, directory, "--out")
     from zero_lab.nano.checkpoint.offline import OpenCheckpoint, reshard_checkpoint
     _show(reshard_checkpoint(OpenCheckpoint.open(str(directory), tag), world_size, str(out)), format)
 
@@ -151,6 +160,7 @@ def convert_command(source: Annotated[Path, typer.Argument(help="The checkpoint 
         raise BadInput("--model-name writes Hugging Face's config.json", "drop it, or pass --to hf")
     if out.exists():
         raise BadInput(f"OUT {out} exists", "choose a new directory (nothing was written)")
+    refuse_output_inside(out, source, "OUT")
     from zero_lab.checkpoint_formats import convert as conversion
 
     if model_name is not None:

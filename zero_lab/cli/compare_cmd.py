@@ -128,6 +128,8 @@ def compare(
         jobs.warn_passed_to_official(warmups + cells + resumes)
         preflight.check(cells, shared.device, shared.device_memory_gb, common.force)
         say_where_auto_runs(common.requested_device, shared.device)
+        if restarts_note := jobs.restart_from_the_start_note(shared, "add --save-every K"):
+            output.stderr.print(restarts_note, markup=False, highlight=False)
         # Phase 2
         env = environment(shared.device)
         _, interrupted_by = jobs.run_jobs(warmups, env) if warmups else ([], None)

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import sys
 from pathlib import Path
@@ -41,11 +40,9 @@ def existing(paths: list[Path], what: str, directories: bool) -> list[Path]:
 def read_summary(path: Path) -> dict:
     """A saved summary.json, or BadInput naming it: cut off, binary, unreadable, or not a run's."""
     try:
-        summary = rundir.read_json(path)
-    except UnicodeDecodeError:
-        problem = "is not UTF-8 text"
-    except json.JSONDecodeError as error:
-        problem = f"is not valid JSON ({error.msg} at line {error.lineno})"
+        summary = rundir.read_json(path)  # not UTF-8, not JSON, not an object: a ValueError naming the file
+    except ValueError as error:
+        raise BadInput(str(error)) from None
     except OSError as error:
         problem = f"cannot be read ({error.strerror})"
     else:

@@ -118,6 +118,16 @@ def prepare(shared: SharedSettings, impl: str, stage: int, nproc: int, run_dir: 
     return Job(spec, run_dir, config, official, label)
 
 
+def restart_from_the_start_note(shared: SharedSettings, fix: str) -> str | None:
+    """With --max-restarts and no checkpoint saved during the run, a restarted group trains again from
+    where the run started: said once at launch (None when it will resume, or a user's script, which
+    saves its own checkpoints, runs)."""
+    if not shared.max_restarts or shared.workload.save_every or shared.script is not None:
+        return None
+    return (f"note: --max-restarts {shared.max_restarts} with no checkpoint saved during the run: a restarted "
+            f"group trains again from where the run started; {fix} to resume where it stopped")
+
+
 def with_restarts(spec: torchrun.LaunchSpec, max_restarts: int, run_dir: Path) -> torchrun.LaunchSpec:
     """The launch with torchrun's --max-restarts; a run that saves every K steps without a --save-dir of
     its own (compare's cells) keeps its checkpoints in <run_dir>/checkpoints, where a restart resumes."""

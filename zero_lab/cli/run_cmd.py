@@ -60,10 +60,10 @@ def report_problems(summaries: list[dict]) -> None:
             output.stderr.print(f"{where}: {summary['error']}; logs in {summary['run_dir']}", markup=False,
                                 highlight=False)
         elif summary["status"] != "ok":
-            output.stderr.print(
-                f"{where}: {summary['status']} (rank {summary.get('failed_rank')}, exit code "
-                f"{summary.get('rank_exit_code') or summary.get('exit_code')}); logs in {summary['run_dir']}",
-                markup=False, highlight=False)
+            code = summary.get("rank_exit_code") or summary.get("exit_code")
+            ended = rundir.who_exited(summary.get("failed_rank"), code) if code is not None else "no exit code"
+            output.stderr.print(f"{where}: {summary['status']} ({ended}); logs in {summary['run_dir']}",
+                                markup=False, highlight=False)
             if summary.get("log_tail"):
                 output.stderr.print(summary["log_tail"], markup=False, highlight=False)
 
@@ -126,6 +126,8 @@ def run(
         jobs.warn_passed_to_official([job])
         preflight.check([job], shared.device, shared.device_memory_gb, common.force)
         say_where_auto_runs(common.requested_device, shared.device)
+        if restarts_note := jobs.restart_from_the_start_note(shared, "add --save-dir DIR --save-every K"):
+            output.stderr.print(restarts_note, markup=False, highlight=False)
         summaries, interrupted_by = jobs.run_jobs([job], environment(shared.device))
         if not summaries:  # interrupted before torchrun started: the directory goes again
             raise typer.Exit(exit_code_of(summaries, interrupted_by))

@@ -13,7 +13,6 @@ Phase 2: each run is read into a `RunData`; a flight record that cannot be read 
 from __future__ import annotations
 
 import json
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,11 +88,11 @@ class RunData:
         """How the run ended, in words: 'failed: rank 1 exited with -6 (SIGABRT)', 'stalled: ...'."""
         status, summary = self.summary.get("status"), self.summary
         if summary.get("error"):
-            return f"{status}: {summary['error']}"
+            error = str(summary["error"])
+            return error if error.startswith(f"{status}:") else f"{status}: {error}"  # a stall's line says it
         code = summary.get("rank_exit_code")
         if status == "failed" and is_number(code):
-            killed = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
-            return f"failed: rank {summary.get('failed_rank')} exited with {code}{killed}"
+            return f"failed: {rundir.who_exited(summary.get('failed_rank'), code)}"
         return str(status)
 
 

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -122,7 +123,18 @@ def write_json(path: Path, payload: object) -> None:
 
 
 def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
+    """A JSON object this package wrote (summary.json, compare.json); ValueError naming the file when
+    it holds something else (cut short, emptied or edited by hand), never a traceback further on."""
+    again = "run the command that wrote it again, or move that directory aside"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text; {again}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}); {again}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not the object zero-lab writes; {again}")
+    return value
 
 
 def failure_from_console(console_text: str) -> dict[str, int | None]:
@@ -134,6 +146,15 @@ def failure_from_console(console_text: str) -> dict[str, int | None]:
         "failed_rank": int(rank.group(1)) if rank else None,
         "rank_exit_code": int(code.group(1)) if code else None,
     }
+
+
+def who_exited(failed_rank, code) -> str:
+    """'rank 1 exited with -6 (SIGABRT)'; without a rank (torchrun names none when its own agent died,
+    as a kill of the launcher leaves it) 'the launch (torchrun) exited with -9 (SIGKILL)'."""
+    code = int(code)
+    killed = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
+    who = f"rank {failed_rank}" if failed_rank is not None else "the launch (torchrun)"
+    return f"{who} exited with {code}{killed}"
 
 
 def log_tail(paths: list[Path], lines: int = 20) -> str:
