@@ -10,6 +10,7 @@ def summary(impl, status="ok", alloc=100.0, reduce_scatter="True", **extra):
             "alloc_max_mb": alloc, "peak_alloc_max_mb": alloc, "reserved_max_mb": 800.0,
             "peak_reserved_max_mb": 900.0, "step_ms": 10.0, "comm_mb": 6.0, "precision": "fp32",
             "params": 1_000_000, "losses": {"1": 5.0, "2": 4.0},
+            "updates": {"1": {"lr": 1e-3, "applied": True, "moved": True}},
             "zero": {"impl": impl, "stage": 2.0, "reduce_scatter": reduce_scatter},
             "config": {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}},
             "env": {"torch": "2.13.0", "device": "cpu"}, **extra}
@@ -20,10 +21,10 @@ def test_report_has_cell_table_verdict_estimates_config_differences_and_environm
     comparison = build_comparison(summaries, ["nano", "official"])
     text = render_report(comparison, summaries, "demo", plots=["demo-loss.png"])
     assert text.startswith("# demo\n")
-    assert "**Verdict: PASS** - loss parity: yes (tolerance 0.0001)" in text
+    assert "**Verdict: PASS** - loss parity: yes over 1 update (tolerance 0.0001)" in text
     assert "## world size 2, stage 2: nano vs official" in text
     assert "| alloc MB | 110.0 | 100.0 | +10.0 | +10.00 |" in text
-    assert "| loss parity |  |  | yes |  |" in text
+    assert "| loss parity |  |  | yes (1 update) |  |" in text
     # 1M fp32 parameters, stage 2, 2 ranks: 4 + 12/2 = 10 bytes per parameter
     assert "| 2 | 2 | nano | 110.0 | 110.0 | 9.5 | 9.5 |" in text
     assert "| [zero] reduce_scatter | False | True |" in text

@@ -11,11 +11,16 @@ from zero_lab.analysis.compare.metrics import verdict
 from zero_lab.analysis.runs.tables import summarize_run
 
 
+REAL_UPDATE = {"lr": 1e-3, "applied": True, "moved": True}
+
+
 def summary(impl, stage=2, world_size=2, status="ok", losses=(5.0, 4.0), alloc=100.0, step_ms=10.0, **extra):
+    """A run whose every update was real (a learning rate above 0 that moved the parameters)."""
     return {"world_size": world_size, "stage": stage, "impl": impl, "status": status, "steps": len(losses),
             "loss_last": losses[-1] if losses else None, "alloc_max_mb": alloc, "peak_alloc_max_mb": alloc * 2,
             "reserved_max_mb": 800.0, "peak_reserved_max_mb": 900.0, "step_ms": step_ms, "comm_mb": 6.0,
-            "precision": "fp32", "losses": {str(i + 1): loss for i, loss in enumerate(losses)}, **extra}
+            "precision": "fp32", "losses": {str(i + 1): loss for i, loss in enumerate(losses)},
+            "updates": {str(i + 1): REAL_UPDATE for i in range(len(losses))}, **extra}
 
 
 def cell_delta(candidate, baseline, candidate_losses, baseline_losses, loss_tol):
@@ -57,7 +62,7 @@ def test_delta_is_candidate_minus_baseline_with_percent_of_baseline():
     assert delta["max_step_loss_delta"] == pytest.approx(1e-5)
     assert delta["step_time_ratio"] == pytest.approx(1.5)
     assert delta["comm_wire_ratio"] is None, "no wire bytes in these rows: no ratio"
-    assert delta["loss_parity"] is True
+    assert delta["loss_parity"] is True and delta["updates_compared"] == 1, "step 2's loss reflects update 1"
 
 
 def test_wire_ratio_is_candidate_over_baseline():

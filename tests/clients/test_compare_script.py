@@ -26,16 +26,18 @@ def test_compare_script_runs_the_trainer_on_both_impls_and_the_verdict_passes(tm
     done = subprocess.run(
         [ZERO_LAB, "compare", "--script", str(REPO / "examples" / "hf_trainer.py"), "--gpus", "2", "--device", "cpu",
          "--stages", "2", "--out", str(tmp_path), "--name", "cmp", "--report", str(report), "--format", "json",
-         "--stall-timeout", "600", "--", "--max-steps", "3"],
+         "--stall-timeout", "600", "--", "--max-steps", "4"],
         capture_output=True, text=True, timeout=1200, cwd=REPO)
     assert done.returncode == 0, done.stderr[-4000:]
     comparison = json.loads((tmp_path / "cmp" / "compare.json").read_text())
-    assert comparison["verdict"]["ok"] and comparison["verdict"]["loss_parity"]
-    assert comparison["script"]["arguments"] == ["--max-steps", "3"]
+    # 4 steps: the harness config's WarmupLR runs updates 1 and 2 at 0, so step 4's loss shows update 3
+    assert comparison["verdict"]["ok"] and comparison["verdict"]["loss_parity"] is True
+    assert comparison["verdict"]["updates_compared"] == 1
+    assert comparison["script"]["arguments"] == ["--max-steps", "4"]
     rows = {row["impl"]: row for row in comparison["rows"]}
     assert set(rows) == {"nano", "official"}
     for row in rows.values():
-        assert (row["status"], row["steps"], row["world_size"], row["stage"]) == ("ok", 3, 2, 2)
+        assert (row["status"], row["steps"], row["world_size"], row["stage"]) == ("ok", 4, 2, 2)
         assert row["alloc_max_mb"] > 0 and row["comm_mb"] > 0 and row["step_ms"] > 0
     assert rows["nano"]["optimizer"] == "PartitionedAdam" and rows["official"]["optimizer"] == "torch.optim.AdamW"
     [delta] = comparison["deltas"]
@@ -50,21 +52,23 @@ def test_compare_script_runs_the_trainer_on_both_impls_and_the_verdict_passes(tm
 
 def test_compare_script_runs_the_accelerate_loop_on_both_impls_and_the_verdict_passes(tmp_path):
     """examples/accelerate_loop.py (accelerate's DeepSpeedPlugin, the config's optimizer through
-    DummyOptim) under `compare --script`: 2 processes, stage 2, 2 steps of 16 tokens, the least
-    that shows a step after the first; the same batches, so fp32 losses within 1e-6. Step 2 is
+    DummyOptim) under `compare --script`: 2 processes, stage 2, 4 steps of 16 tokens, the least
+    whose losses show an update (the config's WarmupLR runs updates 1 and 2 at 0); the same batches,
+    so fp32 losses within 1e-6. Step 2 is
     traced (`--trace-steps 2`): a script's run writes the same timeline as the built-in workload's."""
     done = subprocess.run(
         [ZERO_LAB, "compare", "--script", str(REPO / "examples" / "accelerate_loop.py"), "--gpus", "2", "--device",
          "cpu", "--stages", "2", "--out", str(tmp_path), "--name", "cmp", "--format", "json",
-         "--stall-timeout", "600", "--trace-steps", "2", "--", "--max-steps", "2", "--seq-len", "16"],
+         "--stall-timeout", "600", "--trace-steps", "2", "--", "--max-steps", "4", "--seq-len", "16"],
         capture_output=True, text=True, timeout=1200, cwd=REPO)
     assert done.returncode == 0, done.stderr[-4000:]
     comparison = json.loads((tmp_path / "cmp" / "compare.json").read_text())
-    assert comparison["verdict"]["ok"] and comparison["verdict"]["loss_parity"]
+    assert comparison["verdict"]["ok"] and comparison["verdict"]["loss_parity"] is True
+    assert comparison["verdict"]["updates_compared"] == 1
     rows = {row["impl"]: row for row in comparison["rows"]}
     assert set(rows) == {"nano", "official"}
     for row in rows.values():
-        assert (row["status"], row["steps"], row["world_size"], row["stage"]) == ("ok", 2, 2, 2)
+        assert (row["status"], row["steps"], row["world_size"], row["stage"]) == ("ok", 4, 2, 2)
     [delta] = comparison["deltas"]
     assert delta["max_step_loss_delta"] <= 1e-6
     assert {entry["impl"]: entry["steps"] for entry in comparison["comm_summary"]} == {"nano": [2], "official": [2]}

@@ -1,4 +1,4 @@
-"""Lesson 0, your first comparison: its `zero-lab compare` (tiny, 3 steps, both impls: two launches)
+"""Lesson 0, your first comparison: its `zero-lab compare` (tiny, 6 steps, both impls: two launches)
 and its `explain` commands run once, as written; `make demo`'s excerpt is held to the report it
 writes (reports/cpu-demo.md); every number the lesson states is what they print."""
 
@@ -52,10 +52,14 @@ def test_every_number_the_lesson_states_is_what_the_commands_print(ran):
     assert rows["wire MB / step"][0] == mb(wire(drawn))
     assert official_wire == pytest.approx(1.5 * nano_wire, abs=0.01)
     assert mb(wire(tried)) == mb(wire(drawn)) and demo_cell(3)["wire MB / step"][3] == "ratio 1.000"
+    # the losses of 6 steps show updates 1-5, of which WarmupLR's first two run at learning rate 0
+    steps = int(re.search(r"--steps (\d+)", shown("Run it")[0].command)[1])
+    updates = int(re.search(r"loss parity: yes over (\d+) updates", compare)[1])
+    assert updates == steps - 3 == 3 and rows["loss parity"][2] == f"yes ({updates} updates)"
     facts = {
         "tolerance": re.search(r"tolerance ([\d.]+)\)", compare)[1], "P": f"{drawn['parameters']:,}",
         "nano alloc": rows["alloc MB"][0], "nano peak": rows["peak alloc MB"][0],
-        "largest loss difference": rows["max step loss delta"][2], "nano wire": rows["wire MB / step"][0],
+        "nano wire": rows["wire MB / step"][0],
         "official wire": rows["wire MB / step"][1], "ratio": rows["wire MB / step"][3].split()[1],
         "payload": rows["comm MB / step"][0],
         "between steps": mb(moment(drawn, "between_steps")["total_bytes"]),

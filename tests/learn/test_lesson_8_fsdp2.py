@@ -1,4 +1,4 @@
-"""Lesson 8, ZeRO against FSDP2: its three-way `zero-lab compare` (tiny, 3 steps, stage 3: three
+"""Lesson 8, ZeRO against FSDP2: its three-way `zero-lab compare` (tiny, 6 steps, stage 3: three
 launches) and its `estimate` and `config fsdp2` commands run once, as written; every number the
 lesson states is what they print, and its claims hold on the same numbers."""
 

@@ -100,19 +100,21 @@ class StepHook:
     def step(self, original, args: tuple, kwargs: dict):
         steps_before, skipped_before = self.engine.global_steps, self.engine.skipped_steps
         self.phase.enter(Phase.STEP)
+        update_lr = self.engine.get_lr()[0]  # the learning rate this call's update uses
         result = original(*args, **kwargs)
         self.phase.enter(Phase.BETWEEN_STEPS)
         if not self.open or self.engine.global_steps == steps_before:
             return result  # inside an accumulation window
         self.metrics.sample_phase("after_step", self.breakdown)
         accumulate(self.comm_total, difference(self.comm.snapshot(), self.comm_before))
-        fields = opt_step_fields(self.engine, self.metrics.end(self.tokens * self.world_size), self.breakdown)
+        applied = self.engine.skipped_steps == skipped_before
+        fields = opt_step_fields(self.engine, self.metrics.end(self.tokens * self.world_size), self.breakdown,
+                                 update_lr, applied)
         step = self.engine.global_steps
         emit(self.rank, "opt_step", fields, step)
         for sample in self.metrics.phases:
             emit(self.rank, "phase", sample.fields(step))
-        for warning in step_warnings(step, fields["loss"], fields["loss_scale"],
-                                     skipped=self.engine.skipped_steps > skipped_before):
+        for warning in step_warnings(step, fields["loss"], fields["loss_scale"], skipped=not applied):
             emit(self.rank, "warn", warning)
         self.open = False
         self.steps += 1

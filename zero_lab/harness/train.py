@@ -234,6 +234,8 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
     memory.freeze_survivors()  # each sample's garbage collection then walks only what the steps create
     metrics = StepMetrics(memory, comm, device, world_size)
     norms = parameter_norms.from_environment(rank)
+    if norms is not None:  # the parameters before the first update: whether it moved them shows
+        norms.after_step(first - 1, engine.module)
     # nano names the buffers it holds; official DeepSpeed's `memory_breakdown` is a config flag.
     breakdown = getattr(engine, "memory_breakdown", None) if args.impl == "nano" or args.engine_path else None
     accumulation = engine.gradient_accumulation_steps()
@@ -252,19 +254,20 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
             if last:
                 metrics.sample_phase("after_backward", breakdown)
             phase.enter(Phase.STEP)
+            update_lr = engine.get_lr()[0]  # the learning rate this step's update uses
             engine.step()
             if last:
                 metrics.sample_phase("after_step", breakdown)
             metrics.add_loss(loss)
         phase.enter(Phase.BETWEEN_STEPS)
         tokens = batch["input_ids"].numel() * accumulation * world_size
-        fields = opt_step_fields(engine, metrics.end(tokens), breakdown)
+        applied = engine.skipped_steps == skipped_before
+        fields = opt_step_fields(engine, metrics.end(tokens), breakdown, update_lr, applied)
         fields["attempt"] = rank_pause.restart_attempt()
         emit(rank, "opt_step", fields, step)
         for sample in metrics.phases:
             emit(rank, "phase", sample.fields(step))
-        for warning in step_warnings(step, fields["loss"], fields["loss_scale"],
-                                     skipped=engine.skipped_steps > skipped_before):
+        for warning in step_warnings(step, fields["loss"], fields["loss_scale"], skipped=not applied):
             emit(rank, "warn", warning)
         if norms is not None:  # rank 0: each parameter's norm, for naming where two runs part first
             norms.after_step(step, engine.module)

@@ -82,11 +82,13 @@ def states_by_place(breakdown) -> dict:
     return {f"states_{place}_mb": places.get(place, {}).get("total", 0) / MB for place in ("device", "host")}
 
 
-def opt_step_fields(engine, measured: dict, breakdown) -> dict:
+def opt_step_fields(engine, measured: dict, breakdown, update_lr: float, update_applied: bool) -> dict:
     """The `[opt_step k]` line: the loss and the step's measured figures (`StepMetrics.end`) with
-    what the engine knows after its step (grad_norm, lr, loss_scale) and nano's states by place."""
+    what the engine knows after its step (grad_norm, lr, loss_scale), the update the step made
+    (update_lr: the learning rate read just before its `engine.step()`; update_applied: false when
+    the engine skipped it) and nano's states by place."""
     grad_norm = engine.get_global_grad_norm()
     measured = dict(measured)
     return {"loss": measured.pop("loss"), "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
             "lr": float(engine.get_lr()[0]), "loss_scale": loss_scale(engine), **measured,
-            **states_by_place(breakdown)}
+            **states_by_place(breakdown), "update_lr": float(update_lr), "update_applied": update_applied}

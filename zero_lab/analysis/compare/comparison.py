@@ -15,7 +15,9 @@ Phase 2: `cell_deltas`: each pair merged on the cell; differences, percentages o
          baseline and ratios, column by column (missing where an operand is missing, or a
          percentage's or ratio's baseline is 0).
 Phase 3: `step_loss_gaps`: both runs' per-step losses joined on (cell, step), so only the steps both
-         logged count; a cell's gap is the largest |difference|, infinite when a loss is NaN.
+         logged count; a cell's gap is the largest |difference|, infinite when a loss is NaN; and
+         the real updates those losses reflect (`pair_updates_compared`, `runs.updates`): losses
+         that agree before any real update say nothing of the optimizer ("not tested").
 Phase 4: `step_time_table`: per cell and impl, the step times of all its runs after each run's
          start-up, pooled: their median and quartiles; each pair's ratio of medians gets its
          bootstrap interval (over runs, then steps) and verdict (`step_times`).
@@ -35,13 +37,14 @@ from zero_lab.analysis.runs import step_times
 from zero_lab.analysis.runs.logparse import MEMORY_FIELDS
 from zero_lab.analysis.compare.metrics import loss_parity, resolve_loss_tol, verdict
 from zero_lab.analysis.runs.tables import plain
+from zero_lab.analysis.runs.updates import updates_compared
 
 CELL = ["world_size", "stage"]
 # What a delta reads of each run.
 COMPARED = ("steps", "loss_last", *MEMORY_FIELDS, "step_ms", "comm_mb", "comm_wire_mb")
 # summary.json keys too bulky for a row: per-step losses and times, headers, configs, the environment,
 # the last step's phase samples.
-SUMMARY_ONLY = {"losses", "step_times_ms", "zero", "model", "comm", "config", "env", "command", "phases"}
+SUMMARY_ONLY = {"losses", "step_times_ms", "updates", "zero", "model", "comm", "config", "env", "command", "phases"}
 
 
 def run_frame(summaries: list[dict]) -> pd.DataFrame:
@@ -65,15 +68,27 @@ def largest_gap(gaps: pd.Series) -> float:
     return math.inf if gaps.isna().any() else gaps.max()
 
 
-def step_loss_gaps(losses: pd.DataFrame, candidates: pd.Series, baselines: pd.Series) -> pd.Series:
-    """Phase 3: per pair (candidate run i, baseline run j), the largest loss gap over the steps both
-    logged; NaN where they share no step. Indexed like `candidates`."""
+def aligned_losses(losses: pd.DataFrame, candidates: pd.Series, baselines: pd.Series) -> pd.DataFrame:
+    """Phase 3: per pair (candidate run i, baseline run j), one row per step both logged: the pair's
+    index, the step, both losses."""
     pairs = pd.DataFrame({"pair": candidates.index, "run": candidates.values, "baseline_run": baselines.values})
     candidate = pairs.merge(losses, on="run")
     baseline = losses.rename(columns={"run": "baseline_run", "loss": "baseline_loss"})
-    aligned = candidate.merge(baseline, on=["baseline_run", "step"])
+    return candidate.merge(baseline, on=["baseline_run", "step"])
+
+
+def step_loss_gaps(aligned: pd.DataFrame, index: pd.Index) -> pd.Series:
+    """Phase 3: per pair, the largest loss gap over the steps both logged; NaN where they share no step."""
     gaps = (aligned["loss"] - aligned["baseline_loss"]).abs().groupby(aligned["pair"]).agg(largest_gap)
-    return gaps.reindex(candidates.index)
+    return gaps.reindex(index)
+
+
+def pair_updates_compared(summaries: list[dict], aligned: pd.DataFrame, pairs: pd.DataFrame) -> list[int]:
+    """Phase 3: per pair, the real updates its compared losses reflect (`runs.updates`): those before
+    the last step both logged that were real in both runs."""
+    last = aligned.groupby("pair")["step"].max().reindex(pairs.index)
+    return [updates_compared(plain(step), summaries[run], summaries[baseline])
+            for step, run, baseline in zip(last, pairs["run"], pairs["run_baseline"])]
 
 
 DEFAULT_BASELINE = "official"
@@ -109,7 +124,10 @@ def cell_deltas(summaries: list[dict], loss_tol: float, baseline_impl: str,
         deltas[f"{name}_delta"] = change
         deltas[f"{name}_delta_pct"] = (100.0 * change / pairs[f"{name}_baseline"]).where(pairs[f"{name}_baseline"] != 0)
     deltas["loss_last_delta"] = pairs["loss_last"] - pairs["loss_last_baseline"]
-    deltas["max_step_loss_delta"] = step_loss_gaps(loss_frame(summaries), pairs["run"], pairs["run_baseline"])
+    aligned = aligned_losses(loss_frame(summaries), pairs["run"], pairs["run_baseline"])
+    deltas["max_step_loss_delta"] = step_loss_gaps(aligned, pairs.index)
+    deltas["updates_compared"] = pd.Series(pair_updates_compared(summaries, aligned, pairs), index=pairs.index,
+                                           dtype="int64")
     times = pd.DataFrame.from_records(
         [step_time_ratio(timed[(*cell, impl)], timed[(*cell, baseline)])
          for *cell, impl, baseline in pairs[[*CELL, "impl", "impl_baseline"]].itertuples(index=False)],
@@ -117,7 +135,8 @@ def cell_deltas(summaries: list[dict], loss_tol: float, baseline_impl: str,
     deltas[list(STEP_TIME_DELTAS)] = times
     deltas["comm_mb_delta"] = pairs["comm_mb"] - pairs["comm_mb_baseline"]
     deltas["comm_wire_ratio"] = ratio(pairs["comm_wire_mb"], pairs["comm_wire_mb_baseline"])
-    deltas["loss_parity"] = [loss_parity(plain(gap), loss_tol) for gap in deltas["max_step_loss_delta"]]
+    deltas["loss_parity"] = [loss_parity(plain(gap), loss_tol, updates)
+                             for gap, updates in zip(deltas["max_step_loss_delta"], deltas["updates_compared"])]
     return deltas
 
 
@@ -189,7 +208,9 @@ def delta_records(deltas: pd.DataFrame) -> list[dict[str, object]]:
 def resume_checks(straight: list[dict], resumed: list[dict]) -> list[dict]:
     """`compare --resume-check`: per cell, the resumed run's losses against the uninterrupted
     run's over the steps after the checkpoint, joined on the step; exact means equal as logged
-    (9 significant digits)."""
+    (9 significant digits); updates_compared counts the real updates the resumed run made itself
+    that those losses show (0: the resume restored the weights, but nothing shows its optimizer
+    states)."""
     key = ("world_size", "stage", "impl")
     reference: dict[tuple, int] = {}
     for index, summary in enumerate(straight):  # with --repeat, each impl's first run
@@ -202,8 +223,12 @@ def resume_checks(straight: list[dict], resumed: list[dict]) -> list[dict]:
         aligned = mine.merge(theirs, on="step", suffixes=("", "_reference")).sort_values("step")
         gap = plain(largest_gap((aligned["loss"] - aligned["loss_reference"]).abs())) if len(aligned) else None
         common = [int(step) for step in aligned["step"]]
+        straight_run = straight[reference[tuple(run[name] for name in key)]] if common else {}
+        updates = updates_compared(max(common), run, straight_run, first_step=min(common)) if common else 0
         checks.append({"world_size": run["world_size"], "stage": run["stage"], "impl": run["impl"],
                        "steps_compared": common, "max_step_loss_delta": gap,
+                       # the resumed run's own real updates that its compared losses show
+                       "updates_compared": updates,
                        "exact": bool(common) and run["status"] == "ok" and gap == 0.0})
     return checks
 

@@ -11,6 +11,8 @@ import json
 from zero_lab.analysis.runs import step_times
 from zero_lab.analysis.memory.estimate import MIB, nano_bytes, paper_bytes
 from zero_lab.analysis.runs.logparse import MEMORY_FIELDS
+from zero_lab.analysis.compare.metrics import (NOT_TESTED_WHY, pair_parity_note, pair_parity_text, parity_text,
+                                              updates_words)
 from zero_lab.analysis.report.version_lock import lock_note
 
 METRIC_LABELS = {
@@ -92,7 +94,7 @@ def cell_table(rows: list[dict], delta: dict, timed: dict[tuple, dict]) -> tuple
     if split_into_nodes([by_impl[candidate], by_impl[baseline]]):
         for label, name in NODE_COLUMNS:
             body.append([label, fmt(by_impl[candidate].get(name), 2), fmt(by_impl[baseline].get(name), 2), "", ""])
-    body.append(["loss parity", "", "", fmt(delta["loss_parity"]), ""])
+    body.append(["loss parity", "", "", pair_parity_text(delta), ""])
     return headers, body
 
 
@@ -141,13 +143,16 @@ def verdict_lines(verdict: dict) -> list[str]:
         status = f"INTERRUPTED ({verdict['interrupted_by']})"
     else:
         status = "PASS" if verdict["ok"] else ("RUN FAILED" if verdict["exit_code"] == 3 else "GATE FAILED")
-    parity = {True: "yes", False: "NO", None: "n/a (one impl)"}[verdict["loss_parity"]]
-    lines = [f"**Verdict: {status}** - loss parity: {parity} (tolerance {verdict['loss_tol']:g})"]
+    lines = [f"**Verdict: {status}** - loss parity: {parity_text(verdict)} (tolerance {verdict['loss_tol']:g})"]
     if verdict.get("fail_on_regression_pct") is not None:
         lines[0] += f"; regression gate: +{verdict['fail_on_regression_pct']:g}% (memory; step time when slower)"
-    if verdict.get("resume_exact") is not None:
-        lines[0] += f"; exact resume: {'yes' if verdict['resume_exact'] else 'NO'}"
-    problems = (verdict["failed_runs"] + verdict["loss_parity_failures"] + verdict["memory_regressions"]
+    if verdict.get("resume_updates_compared") is not None:
+        exact = verdict["resume_exact"]
+        lines[0] += "; exact resume: " + ("NO" if exact is False else "not tested" if exact is None else
+                                          f"yes over {updates_words(verdict['resume_updates_compared'])}")
+    not_tested = verdict.get("loss_parity_not_tested") or []
+    problems = (verdict["failed_runs"] + verdict["loss_parity_failures"] + not_tested
+                + ([NOT_TESTED_WHY] if not_tested else []) + verdict["memory_regressions"]
                 + verdict.get("step_time_regressions", []) + verdict.get("resume_failures", [])
                 + verdict.get("not_run", []))
     return lines + [f"- {problem}" for problem in problems]
@@ -232,7 +237,7 @@ def impls_table(rows: list[dict], against: list[dict], pairs: list[dict],
     for delta in pairs:  # loss parity, pairwise
         label = f"max step loss delta {delta['impl']} vs {delta['baseline']}"
         body.append([label, *([""] * len(impls)), *([""] * (len(against) - 1)),
-                     f"{fmt(delta['max_step_loss_delta'], 8)} ({'parity' if delta['loss_parity'] else 'NO parity'})"])
+                     f"{fmt(delta['max_step_loss_delta'], 8)} ({pair_parity_note(delta)})"])
     return headers, body
 
 

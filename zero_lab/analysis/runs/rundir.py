@@ -40,6 +40,7 @@ from zero_lab.analysis.runs.logparse import STEP_FIELDS, ParsedLog, is_number, p
 from zero_lab.analysis.memory.peak_memory import error_percent, predict_run_peak
 from zero_lab.analysis.runs.restart_history import restart_record
 from zero_lab.analysis.runs.step_phases import last_step_phases
+from zero_lab.analysis.runs.updates import step_updates
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.log_lines import MB
 from zero_lab.workload.faults.out_of_memory import EXIT_OUT_OF_MEMORY, MESSAGE_PREFIX
@@ -240,6 +241,7 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
     Phase 3: the measured figures (analysis.runs.tables) beside nano's predictions (the peak, the
              model-state formula)."""
     from zero_lab.analysis.runs.tables import summarize_run  # pandas: once the run has ended
+    from zero_lab.workload.meters.parameter_norms import PARAMETER_NORMS_FILE, read_norms  # torch
 
     parsed = parse_file(rank0_log(run_dir))  # Phase 1
     write_metrics_csv(run_dir / "metrics.csv", parsed)
@@ -296,6 +298,8 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
         "comm": parsed.comm,
         "phases": last_step_phases(parsed.phases),
         "losses": {str(step): loss for step, loss in parsed.losses().items()},
+        # per step, the update it made: its learning rate, applied or skipped, parameters moved
+        "updates": step_updates(parsed.steps, read_norms(run_dir / "logs" / PARAMETER_NORMS_FILE)[0]),
         # every step's time, for the step-time intervals of `compare` (analysis.runs.step_times)
         "step_times_ms": {str(row["step"]): row["step_ms"] for row in parsed.steps if is_number(row.get("step_ms"))},
         # torchrun's restarts of the workers (--max-restarts): how many, each one, the steps run twice

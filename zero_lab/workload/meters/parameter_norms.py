@@ -1,8 +1,9 @@
-"""Each parameter's norm after every optimizer step: where two runs' parameters first part, by name.
+"""Each parameter's norm after every optimizer step: where two runs' parameters first part, by name,
+and whether an update moved them at all (`analysis.runs.updates`).
 
 When two runs' losses part (`analysis.compare.divergence`), some parameters parted first. To name them, rank 0
-of a harness run writes, after each optimizer step's `[opt_step]` line, one JSON line per step to
-the file the launcher names (PARAMETER_NORMS_ENVIRONMENT, `<run_dir>/logs/parameter-norms.jsonl`):
+of a harness run writes, before the first step (as step 0, or the step a resume starts after) and
+after each optimizer step's `[opt_step]` line, one JSON line per step to the file the launcher names (PARAMETER_NORMS_ENVIRONMENT, `<run_dir>/logs/parameter-norms.jsonl`):
     {"step": k, "norms": {"<parameter name>": <L2 norm>, ...}}
 The norm is taken in float64 by a reduction that makes no copy of the parameter (the exact meter
 sees 8 bytes), after the step's figures are sampled, so the step's time and memory do not include it.
@@ -83,8 +84,11 @@ def read_norms(path: Path) -> tuple[dict[int, dict[str, float]], str | None]:
     if not path.is_file():
         return {}, "the run wrote no parameter norms"
     norms, reason = {}, None
-    for text in path.read_text(encoding="utf-8").splitlines():
-        line = json.loads(text)
+    for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:  # a line cut off when its rank was killed
+            continue
         if "partitioned" in line:
             reason = f"its parameters are partitioned between steps ({line['partitioned']} is not whole on rank 0)"
         else:
