@@ -10,7 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.labs.mistakes import planted
+from tests.labs.mistakes import Mutant, planted
+from zero_lab.labs.catalog import BY_NAME
 
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
 SOLUTIONS = Path(__file__).resolve().parent / "solutions"
@@ -67,3 +68,20 @@ def assert_beside_nano_and_official(stdout: str, world_sizes=(2, 3)) -> None:
     for world_size in map(str, world_sizes):
         assert figures[(world_size, "yours")] == figures[(world_size, "nano")], stdout
         assert figures[(world_size, "yours")][0] == figures[(world_size, "official")][0], stdout
+
+
+def assert_the_mutant_is_caught(lab: LabDirectory, mutant: Mutant) -> None:
+    """The check fails with the mutant planted, at the check the mutant names, every check before it
+    passed, and its hint names the function at fault."""
+    options = ("--gpus", "2") if lab.lab == "fp16" else ("--gpus", "2", "--no-official")
+    done = lab.check(lab.with_mistake(mutant.name), *options)
+    assert done.returncode == 1, done.stdout + done.stderr
+    order = ("runs", "losses", "bytes", "wire")
+    for check in order[:order.index(mutant.caught_by)]:
+        assert f"PASS {check} (world size 2)" in done.stdout, done.stdout
+    assert f"FAIL {mutant.caught_by} (world size 2)" in done.stdout, done.stdout
+    (hint,) = [line for line in done.stdout.splitlines() if line.startswith("  hint: ")]
+    named = sorted((hint.index(function), function) for function in BY_NAME[lab.lab].functions if function in hint)
+    assert named and named[0][1] == mutant.function, (mutant.name, hint)  # the first function it names
+    for shown in mutant.shows:
+        assert shown in done.stdout, (shown, done.stdout)

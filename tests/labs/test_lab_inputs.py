@@ -61,3 +61,17 @@ def test_a_failed_run_names_the_function_still_to_write():
     assert not result.ok and result.hint.startswith("write reduce_scatter_gradients in lab.py")
     other = check_runs({"world_size": 3, "status": "failed", "log_tail": "ValueError: boom\n", "run_dir": "x"}, lab)
     assert not other.ok and "ValueError: boom" in other.lines[0]
+
+
+def test_every_lab_has_six_mutants_and_docs_labs_md_shows_the_table_of_them():
+    from pathlib import Path
+
+    from tests.labs.mistakes import MUTANTS, mutants_of
+
+    assert all(len(mutants_of(lab.name)) >= 6 for lab in LABS), {lab.name: len(mutants_of(lab.name)) for lab in LABS}
+    assert all(mutant.function in next(lab for lab in LABS if lab.name == mutant.lab).functions for mutant in MUTANTS)
+    text = (Path(__file__).resolve().parents[2] / "docs" / "labs.md").read_text()
+    section = text.split("## Common mistakes, and what the check says")[1].split("\n## ")[0]
+    rows = [[cell.strip().strip("`") for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| lab |")]
+    assert rows == [[m.lab, m.name, m.mistake, m.caught_by, m.function] for m in MUTANTS]

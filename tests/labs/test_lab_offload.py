@@ -1,9 +1,9 @@
-"""Lab offload end to end: the untouched skeleton, the reference solution, and two common mistakes.
+"""Lab offload end to end: the untouched skeleton, the reference solution, and its mutants (tests/labs/mistakes.py).
 
 The references are nano's stage 2 with `offload_optimizer: {device: cpu}` (the learner's two moves
-run inside nano's own engine) and official DeepSpeed's, at 2 and 3 ranks on the tiny model, 4
-steps: the warm-up's learning rate first moves the weights at step 3, so step 4 is the first whose
-forward reads updated weights. One lab directory serves every test of the module (what `start`
+run inside nano's own engine) and official DeepSpeed's, at 2 and 3 ranks on the tiny model, 6
+steps: the warm-up's learning rate first moves the weights at step 3, so the losses of steps 4-6
+show 3 updates, and the parameters after each step are compared too. One lab directory serves every test of the module (what `start`
 writes is checked for every lab by test_lab_inputs.py).
 """
 
@@ -12,7 +12,8 @@ import json
 import pytest
 
 from tests.labs.lab_runs import (LabDirectory, assert_beside_nano_and_official, assert_every_check_passed,
-                                  assert_stops_at_the_first_function)
+                                 assert_stops_at_the_first_function, assert_the_mutant_is_caught)
+from tests.labs.mistakes import mutants_of
 
 pytestmark = pytest.mark.slow
 
@@ -48,16 +49,6 @@ def test_the_reference_solution_passes_byte_for_byte_beside_nano_and_official(la
     assert "lab offload: every check passed" in done.stdout
 
 
-def test_a_master_that_is_the_partition_itself_is_caught_in_the_bytes(lab):
-    done = lab.check(lab.with_mistake("master_is_partition"), "--gpus", "2", "--no-official")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "PASS losses (world size 2)" in done.stdout and "FAIL bytes (world size 2)" in done.stdout
-    assert "after_forward: fp32_master_partition 0 B, the formula (nano's) 1,708,800 B" in done.stdout
-    assert "hint: no fp32 master partition of its own" in done.stdout
-
-
-def test_not_copying_the_master_back_is_caught_where_the_weights_first_move(lab):
-    done = lab.check(lab.with_mistake("no_copy_back"), "--gpus", "2", "--no-official")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "FAIL losses (world size 2)" in done.stdout and "  step 4: gradient norm " in done.stdout
-    assert "hint: the first steps agree and a later one does not: Adam changed the master on the host" in done.stdout
+@pytest.mark.parametrize("mutant", mutants_of("offload"), ids=lambda mutant: mutant.name)
+def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant):
+    assert_the_mutant_is_caught(lab, mutant)

@@ -1,4 +1,4 @@
-"""Lab zero1 end to end: the untouched skeleton, the reference solution, and a common mistake.
+"""Lab zero1 end to end: the untouched skeleton, the reference solution, and its mutants (tests/labs/mistakes.py).
 
 The references are nano's runs (held to a single-process torch AdamW by tests/nano) and official
 DeepSpeed's, at 2 and 3 ranks on the tiny model; one lab directory serves every test of the module.
@@ -7,7 +7,8 @@ DeepSpeed's, at 2 and 3 ranks on the tiny model; one lab directory serves every 
 import pytest
 
 from tests.labs.lab_runs import (LabDirectory, assert_beside_nano_and_official, assert_every_check_passed,
-                                  assert_stops_at_the_first_function)
+                                 assert_stops_at_the_first_function, assert_the_mutant_is_caught)
+from tests.labs.mistakes import mutants_of
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +43,6 @@ def test_the_reference_solution_passes_byte_for_byte_beside_nano_and_official(la
     assert "lab zero1: every check passed" in done.stdout
 
 
-def test_not_dividing_by_the_world_size_is_caught_at_the_gradient_norm(lab):
-    done = lab.check(lab.with_mistake("no_divide"), "--gpus", "2", "--no-official")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "PASS runs (world size 2)" in done.stdout and "FAIL losses (world size 2)" in done.stdout
-    assert "your gradient norm is 2 x nano's: A reduce-scatter sums: divide the partition by the world size" \
-        in done.stdout
+@pytest.mark.parametrize("mutant", mutants_of("zero1"), ids=lambda mutant: mutant.name)
+def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant):
+    assert_the_mutant_is_caught(lab, mutant)

@@ -1,4 +1,4 @@
-"""Lab zero2 end to end: the untouched skeleton, the reference solution, and two common mistakes.
+"""Lab zero2 end to end: the untouched skeleton, the reference solution, and its mutants (tests/labs/mistakes.py).
 
 The reference is nano at 2 and 3 ranks on the tiny model (official DeepSpeed beside it is lab
 zero1's test); one lab directory serves every test of the module.
@@ -6,7 +6,8 @@ zero1's test); one lab directory serves every test of the module.
 
 import pytest
 
-from tests.labs.lab_runs import LabDirectory, assert_every_check_passed
+from tests.labs.lab_runs import LabDirectory, assert_every_check_passed, assert_the_mutant_is_caught
+from tests.labs.mistakes import mutants_of
 
 pytestmark = pytest.mark.slow
 
@@ -31,27 +32,6 @@ def test_the_reference_solution_passes_byte_for_byte_beside_nano(lab):
     assert "after_backward: holds 8,556,420 B (nano 8,556,420 B)" in done.stdout
 
 
-def test_keeping_the_full_gradients_is_caught_where_they_leak_into_the_next_step(lab):
-    done = lab.check(lab.with_mistake("keeps_gradients"), "--gpus", "2", "--no-official")
-    assert done.returncode == 1, done.stdout + done.stderr
-    # never released, parameter.grad is never zeroed either: step 2's gradients add onto step 1's
-    assert "FAIL losses (world size 2)" in done.stdout and "  step 2: gradient norm " in done.stdout
-    assert "hint: step 1 agrees and a later step does not: a step's gradients leak into the next" in done.stdout
-
-
-def test_keeping_the_bucket_is_caught_in_the_bytes(lab):
-    done = lab.check(lab.with_mistake("keeps_bucket"), "--gpus", "2", "--no-official")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "PASS losses (world size 2)" in done.stdout and "FAIL bytes (world size 2)" in done.stdout
-    # the padded flat buffer of the gradients, 4 B x P, held into the next step's forward, where the formula has none
-    assert "after_forward: communication_buckets 3,417,600 B, the formula (nano's) 0 B" in done.stdout
-    assert "hint: the gradient bucket outlives its reduce-scatter: release it" in done.stdout
-
-
-def test_all_reducing_the_bucket_is_caught_in_the_wire_bytes(lab):
-    done = lab.check(lab.with_mistake("all_reduce"), "--gpus", "2", "--no-official")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "PASS bytes (world size 2)" in done.stdout and "FAIL wire (world size 2)" in done.stdout
-    # the whole bucket all-reduced: 2 (N-1)/N x 4 B x P = 3,417,600 B, plus the gradient norm's 4 B
-    assert "all_reduce: 3 calls, 3,417,604 wire B per step; nano's 1 calls, 4 B" in done.stdout
-    assert "hint: you all-reduce where nano reduce-scatters or all-gathers" in done.stdout
+@pytest.mark.parametrize("mutant", mutants_of("zero2"), ids=lambda mutant: mutant.name)
+def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant):
+    assert_the_mutant_is_caught(lab, mutant)

@@ -1,4 +1,4 @@
-"""Lab zero3 end to end: the untouched skeleton, the reference solution, and two common mistakes.
+"""Lab zero3 end to end: the untouched skeleton, the reference solution, and its mutants (tests/labs/mistakes.py).
 
 The reference is nano's stage 3 at 2 and 3 ranks on the tiny model (the learner's gather and
 release run inside nano's own stage-3 engine); one lab directory serves every test of the module.
@@ -6,7 +6,8 @@ release run inside nano's own stage-3 engine); one lab directory serves every te
 
 import pytest
 
-from tests.labs.lab_runs import LabDirectory, assert_every_check_passed
+from tests.labs.lab_runs import LabDirectory, assert_every_check_passed, assert_the_mutant_is_caught
+from tests.labs.mistakes import mutants_of
 
 pytestmark = pytest.mark.slow
 
@@ -31,16 +32,6 @@ def test_the_reference_solution_passes_byte_for_byte_beside_nano(lab):
     assert "after_step: holds 5,272,708 B (nano 5,272,708 B)" in done.stdout
 
 
-def test_forgetting_to_release_is_caught_in_the_bytes(lab):
-    done = lab.check(lab.with_mistake("no_release"), "--gpus", "2", "--no-official")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "PASS losses (world size 2)" in done.stdout and "FAIL bytes (world size 2)" in done.stdout
-    assert "gathered_parameters 3,149,824 B, the formula (nano's) 0 B" in done.stdout
-    assert "hint: a unit's gathered parameters outlive its use: release the unit" in done.stdout
-
-
-def test_all_reducing_whole_buffers_is_caught_in_the_wire_bytes(lab):
-    done = lab.check(lab.with_mistake("all_reduce"), "--gpus", "2", "--no-official")
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "PASS bytes (world size 2)" in done.stdout and "FAIL wire (world size 2)" in done.stdout
-    assert "hint: you all-reduce where nano reduce-scatters or all-gathers" in done.stdout
+@pytest.mark.parametrize("mutant", mutants_of("zero3"), ids=lambda mutant: mutant.name)
+def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant):
+    assert_the_mutant_is_caught(lab, mutant)

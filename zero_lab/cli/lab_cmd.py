@@ -102,7 +102,8 @@ def run_cell(shared: jobs.SharedSettings, impl: str, lab: Lab, world_size: int, 
     summary_path = run_dir / rundir.SUMMARY
     if keep and summary_path.is_file():
         kept = rundir.read_json(summary_path)
-        if kept.get("status") == "ok" and kept.get("steps") == shared.workload.steps:
+        # kept when it finished these steps and says what each update was (a summary before `updates`: run again)
+        if kept.get("status") == "ok" and kept.get("steps") == shared.workload.steps and "updates" in kept:
             return kept
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -130,8 +131,9 @@ def check(
     name: Name,
     directory: Directory = None,
     gpus: Annotated[str, typer.Option(help="World sizes (processes on CPU).")] = "2,3",
-    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps of each run (default: the lab's: 3, "
-                                                       "offload's 4, fp16's 6).")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps of each run (default 6: the losses then "
+                                                       "show 3 updates, the harness's first two run at learning "
+                                                       "rate 0).")] = None,
     official: Annotated[bool, typer.Option(help="Once every check passes, run official DeepSpeed too and show its "
                                                 "figures beside yours and nano's.")] = True,
 ) -> None:
