@@ -33,6 +33,7 @@ from zero_lab.analysis.compare.metrics import DEFAULT_LOSS_TOL
 from zero_lab.nano.checkpoint import files
 from zero_lab.workload.faults.rank_pause import PAUSE_VARIABLE
 from tests.leftovers import leftovers_killed  # noqa: F401 (autouse: each test kills what it leaves)
+from tests.pauses import wait_for_pause
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,6 @@ ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
 WORKLOAD = ["--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "6", "--format", "json"]
 # The ranks killed, one a attempt: rank 1 inside step 4's save, then rank 0 after step 5.
 KILLS = "1:save-4,0:step-5"
-PAUSED = re.compile(r"\[rank (?P<rank>\d+) paused at (?P<moment>\S+)\] pid=(?P<pid>\d+)")
 
 
 def start(out: Path, name: str, save_dir: Path | None, impl: str, *arguments: str,
@@ -53,21 +53,6 @@ def start(out: Path, name: str, save_dir: Path | None, impl: str, *arguments: st
         command = ["run", "--impl", impl, "--stage", "2", *WORKLOAD, "--save-dir", str(save_dir)]
     return subprocess.Popen([ZERO_LAB, *command, "--save-every", "2", "--out", str(out), "--name", name, *arguments],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-
-
-def wait_for_pause(run_dir: Path, cli: subprocess.Popen, seen: int, timeout_s: float = 300) -> dict:
-    """The next rank that says it paused (in torchrun's per-attempt logs under run_dir): its rank, moment, pid.
-    `seen` pauses were found before; the timeout bounds a hang, it does not time the run."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert cli.poll() is None, cli.communicate()
-        found = [match.groupdict() for log in sorted((run_dir / "torchrun-logs").rglob("stdout.log"))
-                 for match in PAUSED.finditer(log.read_text(errors="replace"))]
-        if len(found) > seen:
-            return found[seen]
-        time.sleep(0.2)
-    cli.kill()
-    pytest.fail(f"no rank paused within {timeout_s} s")
 
 
 def finish(cli: subprocess.Popen) -> dict:

@@ -6,6 +6,7 @@ the JSON shape, the exit codes, bad paths."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from zero_lab.analysis.memory.activation_memory import decoder_shape
-from zero_lab.analysis.diagnosis import comparison, diagnose, memory, mismatch, stage3
+from zero_lab.analysis.diagnosis import comparison, diagnose, killed, memory, mismatch, stage3
 from zero_lab.analysis.diagnosis.finding import SEVERITY_OF, Finding, exit_code, ordered
 from zero_lab.analysis.diagnosis.run_data import load_run
 from zero_lab.analysis.runs.logparse import ParsedLog
@@ -25,7 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 COMPARE = REPO / "tests" / "fixtures" / "compare-tiny"
 CODES = {"stage3-everything-gathered": "info", "buckets-dominate": "info", "dtype-difference": "info",
          "estimate-gap": "warning", "materialized-before-partition": "warning", "no-16bit-weights-on-save": "warning",
-         "collective-mismatch": "error", "loss-divergence": "error", "out-of-memory": "error",
+         "collective-mismatch": "error", "rank-killed": "error", "run-failed": "error", "loss-divergence": "error",
+         "out-of-memory": "error",
          "rank-restarted": "info", "restart-not-reproduced": "warning"}
 
 
@@ -65,6 +67,49 @@ def test_records_that_agree_give_no_difference(tmp_path):
     assert mismatch.first_difference(read_records(tmp_path)) is None
 
 
+def killed_run(tmp_path, exit_code: int, second_rank_calls: list[tuple], failed_rank=1, said: str = ""):
+    """A failed run whose rank 0 went on to an all-reduce and whose rank 1 issued `second_rank_calls`."""
+    common = [("all_gather", 64, 1, "forward", "unit a"), ("reduce_scatter", 64, 1, "backward", "bucket 0[0:16)")]
+    logs = tmp_path / "logs"
+    logs.mkdir(parents=True)
+    write_calls(logs, 0, common + [("all_reduce", 4, 1, "step", "unscale_clip")])
+    write_calls(logs, 1, common + second_rank_calls)
+    if said:
+        (logs / "rank1.stderr.log").write_text(said)
+    summary = {"status": "failed", "rank_exit_code": exit_code, "failed_rank": failed_rank, "impl": "nano",
+               "stage": 2, "world_size": 2}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    return load_run(tmp_path)
+
+
+def test_a_rank_killed_from_outside_is_no_collective_mismatch(tmp_path):
+    run = killed_run(tmp_path, -9, [])  # rank 1's record stops: it was killed, it called nothing else
+    assert mismatch.collective_mismatch(run) == []
+    (finding,) = killed.rank_killed(run)
+    assert finding.code == "rank-killed" and finding.title == "nano stage 2 (W=2): rank 1 was killed from outside (SIGKILL)"
+    assert "at call 2 rank 1 issued nothing, and the others:" in " ".join(finding.evidence)
+    assert "out-of-memory killer" in finding.cause and "--save-every" in finding.fix
+
+
+def test_a_rank_out_of_memory_is_neither_a_kill_from_outside_nor_a_mismatch(tmp_path):
+    run = killed_run(tmp_path, -9, [])
+    run = replace(run, summary={**run.summary, "failure": "out_of_memory"})  # the harness saw it over the limit
+    assert mismatch.collective_mismatch(run) == [] and killed.rank_killed(run) == []
+
+
+def test_ranks_that_called_different_collectives_are_a_mismatch_even_when_one_was_killed(tmp_path):
+    run = killed_run(tmp_path, -9, [("barrier", 0, 1, "between steps", "")])
+    assert killed.rank_killed(run) == [] and [f.code for f in mismatch.collective_mismatch(run)] == ["collective-mismatch"]
+
+
+def test_gloos_abort_on_a_mismatch_is_no_kill_from_outside(tmp_path):
+    said = "terminate called ... Is there a distributed collective mismatch in your code?"
+    run = killed_run(tmp_path / "abort", -6, [], said=said)  # SIGABRT: gloo's own
+    assert killed.rank_killed(run) == [] and [f.code for f in mismatch.collective_mismatch(run)] == ["collective-mismatch"]
+    run = killed_run(tmp_path / "kill", -9, [], said=said)
+    assert killed.rank_killed(run) == [] and [f.code for f in mismatch.collective_mismatch(run)] == ["collective-mismatch"]
+
+
 def fixture_run(cell: str):
     return load_run(COMPARE / "cells" / cell)
 
@@ -82,10 +127,17 @@ def test_gradients_that_part_before_the_losses_point_at_the_reduction():
     [finding] = comparison.loss_divergence(theirs, ours, 1e-4)
     assert finding.figures["step"] == 3 and finding.figures["gradients_parted_at"] == 2
     assert "gradient reduction" in finding.cause
-    schedule = with_steps(reference, [{"loss": 5.0, **same}, {"loss": 4.0, "lr": 2e-3, "grad_norm": 2.0},
+    # `lr` is logged after the step: the rate of the next update. Update 2 at 2e-3 parts step 3's loss
+    schedule = with_steps(reference, [{"loss": 5.0, "lr": 2e-3, "grad_norm": 2.0}, {"loss": 4.0, **same},
                                       {"loss": 3.5, **same}])
     [finding] = comparison.loss_divergence(theirs, schedule, 1e-4)
-    assert finding.figures["learning_rate_parted_at"] == 2 and "learning rate" in finding.cause
+    assert finding.figures["learning_rate_parted_at"] == 2
+    assert finding.cause.startswith("the learning rate of step 2's update differed (0.002 against 0.001)")
+    # a rate logged after step 2 is update 3's, which no loss up to step 3 shows: not the cause
+    late = with_steps(reference, [{"loss": 5.0, **same}, {"loss": 4.0, "lr": 2e-3, "grad_norm": 2.0},
+                                  {"loss": 3.5, **same}])
+    [finding] = comparison.loss_divergence(theirs, late, 1e-4)
+    assert finding.figures["learning_rate_parted_at"] is None and "the update did not" in finding.cause
     assert comparison.loss_divergence(theirs, theirs, 1e-4) == []
     unknown = with_steps(reference, [{"loss": 5.0, "lr": 1e-3, "grad_norm": float("nan")}] * 2
                          + [{"loss": 3.5, **same}])  # official's stage 0 logs no gradient norm
@@ -138,9 +190,24 @@ def test_out_of_memory_gives_the_predicted_peak_of_each_remedy():
 def test_a_save_that_gathers_16bit_weights_is_no_finding():
     run = fixture_run("w2-s3-nano")
     run.log = replace(run.log, checkpoints=[{"action": "save", "step": 3, "tag": "global_step3", "bytes": 1, "files": 3}])
-    assert [finding.code for finding in stage3.no_16bit_weights_on_save(run)] == ["no-16bit-weights-on-save"]
+    [finding] = stage3.no_16bit_weights_on_save(run)
+    assert finding.code == "no-16bit-weights-on-save"
+    assert finding.evidence[0].startswith("stage3_gather_16bit_weights_on_model_save is not set in ")
+    assert finding.evidence[0].endswith("(DeepSpeed's default: false)")
+    # a nano checkpoint holds no zero_to_fp32.py (official copies it into the save directory): the fix says so
+    assert "zero-lab checkpoint consolidate" in finding.fix and "zero_to_fp32.py" not in finding.fix
+    run.config = {"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": False}}
+    assert stage3.no_16bit_weights_on_save(run)[0].evidence[0].startswith(
+        "stage3_gather_16bit_weights_on_model_save is false in ")
     run.config = {"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": True}}
     assert stage3.no_16bit_weights_on_save(run) == []
+
+
+def test_deepspeeds_fetch_rule_judges_only_the_engines_that_follow_it():
+    run = fixture_run("w2-s3-official")
+    assert [finding.code for finding in stage3.everything_gathered(run)] == ["stage3-everything-gathered"]
+    for impl in ("fsdp2", "yours"):  # FSDP2 gathers every block again in the backward; a user's engine: unknown
+        assert stage3.everything_gathered(replace(run, summary={**run.summary, "impl": impl})) == []
 
 
 def test_every_setting_offered_releases_layers_and_the_first_kept_releases_half():
@@ -191,3 +258,27 @@ def test_how_a_run_ended_says_each_thing_once_and_who_exited():
 def test_each_cell_of_the_recorded_comparison_prints_as_text(cell):
     result = runner.invoke(app, ["doctor", str(COMPARE / "cells" / cell)])
     assert result.exit_code == 0 and result.stdout.rstrip().splitlines()[-1].endswith("info")
+
+
+def test_a_failed_run_that_no_rule_explains_is_still_an_error_with_its_last_words(tmp_path):
+    shutil.copytree(COMPARE / "cells" / "w2-s2-nano", tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary.update(status="failed", rank_exit_code=1, failed_rank=0,
+                   log_tail="Traceback (most recent call last):\n  File \"train.py\"\nValueError: the script raised")
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    [finding] = [finding for finding in diagnose([tmp_path / "run"]) if finding.severity == "error"]
+    assert finding.code == "run-failed" and finding.title.endswith("failed: rank 0 exited with 1")
+    assert "last words: ValueError: the script raised" in finding.evidence
+    assert exit_code(diagnose([tmp_path / "run"])) == 1
+
+
+def test_a_directory_whose_launcher_was_killed_is_read_as_an_unfinished_run(tmp_path):
+    """`kill -9` of `zero-lab run` leaves the ranks' logs and flight records, and no summary.json."""
+    shutil.copytree(COMPARE / "cells" / "w2-s2-nano", tmp_path / "run")
+    (tmp_path / "run" / "summary.json").unlink()
+    [finding] = [finding for finding in diagnose([tmp_path / "run"]) if finding.severity == "error"]
+    assert finding.code == "run-failed" and "nano stage 2 (W=2): unfinished: the command that launched it ended " \
+        "before it wrote summary.json" in finding.title
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="is neither a run directory"):
+        diagnose([tmp_path / "empty"])

@@ -131,7 +131,7 @@ def test_weight_decay_parts_the_losses_after_agreeing_gradients(runs):
     [finding] = found([runs["constant"], runs["decayed"]], "loss-divergence")
     assert finding.severity == ERROR and finding.figures["step"] == 2
     assert finding.figures["gradients_parted_at"] is None and finding.figures["learning_rate_parted_at"] is None
-    assert "the update did not" in finding.cause
+    assert "the update did not" in finding.cause and "optimizer.params.weight_decay 1.0 against 0.0" in finding.cause
 
 
 def test_other_weights_and_data_part_the_losses_at_step_1(runs):

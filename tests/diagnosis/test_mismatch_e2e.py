@@ -75,3 +75,30 @@ def test_the_doctor_names_where_the_ranks_parted(aborted):
     nano = findings["w2-s3-nano"]["figures"]["ranks"]
     assert (nano["0"]["label"], nano["1"]["label"]) == ("unit head", "unit vision")  # nano names its units
     assert "a module that some ranks ran and the others skipped" in findings["w2-s3-nano"]["cause"]
+
+
+def test_a_rank_killed_from_outside_is_named_so_and_no_mismatch(tmp_path):
+    """`zero-lab run` of nano at stage 2 (2 ranks, no restarts); rank 1 pauses after step 3 and the test
+    SIGKILLs it, as the out-of-memory killer or a lost node would; rank 0 waits in step 4's first
+    collective until gloo gives up. The doctor says rank-killed, not collective-mismatch."""
+    import os
+    import signal
+
+    from tests.pauses import wait_for_pause
+    from zero_lab.workload.faults.rank_pause import PAUSE_VARIABLE
+
+    cli = subprocess.Popen([ZERO_LAB, "run", "--impl", "nano", "--stage", "2", "--gpus", "2", "--device", "cpu",
+                            "--model", "tiny", "--steps", "6", "--out", str(tmp_path), "--name", "killed",
+                            "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, PAUSE_VARIABLE: "1:step-3"}, cwd=REPO)
+    paused = wait_for_pause(tmp_path / "killed", cli, 0)
+    assert paused["rank"] == "1"
+    os.kill(int(paused["pid"]), signal.SIGKILL)
+    _, stderr = cli.communicate(timeout=600)
+    assert cli.returncode == 3, stderr[-3000:]
+    done = subprocess.run([ZERO_LAB, "doctor", str(tmp_path / "killed"), "--format", "json"], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    codes = [finding["code"] for finding in json.loads(done.stdout)["findings"]]
+    assert "rank-killed" in codes and "collective-mismatch" not in codes, codes
+    (killed,) = [finding for finding in json.loads(done.stdout)["findings"] if finding["code"] == "rank-killed"]
+    assert killed["figures"] == {"rank": 1, "signal": "SIGKILL"}, killed

@@ -11,10 +11,12 @@ set against it.
         the losses already differed at step 1         the forward differed: weights, data, compute dtype;
         a gradient norm (before clipping) differed    the gradients differed: the reduction or the
           at an earlier step while the losses agreed    precision of the backward;
-        the learning rate differed at an earlier step the schedule;
-        neither                                       the update differed: the optimizer's settings
-                                                        (weight decay and what it applies to, eps,
-                                                        betas, bias correction).
+        the learning rate of an update before it      the schedule (update k's rate: `update_lr`,
+          differed                                      else the `lr` logged after step k-1);
+        neither                                       the update differed: the optimizer's settings,
+                                                        by key where the two configs differ (weight
+                                                        decay and what it applies to, eps, betas,
+                                                        bias correction).
 `dtype-difference` (info): impls that hold a category in different dtypes (the `[model]` and `[zero]`
     lines: stored parameters, the forward's parameters, the weights Adam updates, the reduction).
 """
@@ -28,6 +30,7 @@ from zero_lab.analysis.diagnosis.run_data import RunData
 from zero_lab.analysis.runs.logparse import is_number
 from zero_lab.analysis.compare.divergence import first_loss_step
 from zero_lab.analysis.compare.metrics import DEFAULT_LOSS_TOL, resolve_loss_tol
+from zero_lab.analysis.runs.updates import step_updates
 
 HALF = ("bfloat16", "float16")
 
@@ -55,6 +58,25 @@ def by_step(run: RunData, field: str, finite_only: bool = False) -> dict[int, fl
     return {step: value for step, value in values.items() if math.isfinite(value) or not finite_only}
 
 
+def update_rates(run: RunData) -> dict[int, float]:
+    """The learning rate each step's update used (`runs.updates`: `update_lr`, else the `lr` logged
+    after the step before, which is what the scheduler set for the next update)."""
+    return {int(step): update["lr"] for step, update in step_updates(run.steps(), {}).items()
+            if update["lr"] is not None}
+
+
+def optimizer_differences(config: dict, reference: dict) -> list[tuple[str, object, object]]:
+    """(dotted key, this run's value, the reference's) for each optimizer setting the two configs give
+    differently (`optimizer.type`, `optimizer.params.*`); [] when either config has no optimizer section."""
+    mine, theirs = config.get("optimizer"), reference.get("optimizer")
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return []
+    found = [("optimizer.type", mine.get("type"), theirs.get("type"))] if mine.get("type") != theirs.get("type") else []
+    params, their_params = mine.get("params") or {}, theirs.get("params") or {}
+    return found + [(f"optimizer.params.{key}", params.get(key), their_params.get(key))
+                    for key in sorted(set(params) | set(their_params)) if params.get(key) != their_params.get(key)]
+
+
 def differs(first: float, second: float, tolerance: float, relative: bool = False) -> bool:
     """Beyond the tolerance (relative to the larger magnitude when asked); a NaN on one side only differs."""
     if math.isnan(first) or math.isnan(second):
@@ -71,10 +93,11 @@ def loss_divergence(reference: RunData, run: RunData, tolerance: float) -> list[
         return []
     gradient_tolerance = max(DEFAULT_LOSS_TOL.get(r.precision, DEFAULT_LOSS_TOL["fp32"]) for r in (reference, run))
     norms, their_norms = by_step(run, "grad_norm", finite_only=True), by_step(reference, "grad_norm", finite_only=True)
-    rates, their_rates = by_step(run, "lr"), by_step(reference, "lr")
+    rates, their_rates = update_rates(run), update_rates(reference)
     before = [step for step in common if step < parted]
     gradients_parted = next((step for step in before if step in norms and step in their_norms
                              and differs(norms[step], their_norms[step], gradient_tolerance, relative=True)), None)
+    # the loss at `parted` shows the updates before it: the first of those whose learning rates differ
     rate_parted = next((step for step in before if step in rates and step in their_rates
                         and differs(rates[step], their_rates[step], 1e-9, relative=True)), None)
     evidence = [f"step {parted}: loss {losses[parted]:.9g} ({run.label}) against {theirs[parted]:.9g} "
@@ -92,10 +115,14 @@ def loss_divergence(reference: RunData, run: RunData, tolerance: float) -> list[
                  "reduction (averaging, predivide, communication_data_type) or the precision of the backward")
         fix = "give both the same reduction settings and precision; compare their [comm] lines for the reduction's dtype"
     elif rate_parted is not None:
-        cause = f"the learning rate differed at step {rate_parted}: the schedules are not the same"
+        cause = (f"the learning rate of step {rate_parted}'s update differed ({rates[rate_parted]:g} against "
+                 f"{their_rates[rate_parted]:g}): the schedules are not the same")
         fix = "give both the same scheduler section"
     else:
-        cause = ("the gradients agreed but the update did not: the optimizer's settings differ (weight_decay and "
+        keys = optimizer_differences(run.config, reference.config)
+        named = "; ".join(f"{key} {mine} against {theirs}" for key, mine, theirs in keys)
+        cause = (f"the gradients agreed but the update did not: the optimizer's settings differ ({named})" if keys else
+                 "the gradients agreed but the update did not: the optimizer's settings differ (weight_decay and "
                  "which parameters it applies to, eps, betas, bias correction)")
         fix = ("give both the same optimizer section; with Hugging Face, TrainingArguments' weight_decay defaults to 0 "
                "while a DeepSpeed config's optimizer keeps its own")

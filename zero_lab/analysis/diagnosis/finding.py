@@ -22,6 +22,8 @@ SEVERITY_OF = {
     "materialized-before-partition": WARNING,
     "no-16bit-weights-on-save": WARNING,
     "collective-mismatch": ERROR,
+    "rank-killed": ERROR,
+    "run-failed": ERROR,
     "loss-divergence": ERROR,
     "out-of-memory": ERROR,
 }

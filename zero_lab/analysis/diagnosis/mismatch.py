@@ -1,5 +1,8 @@
 """`collective-mismatch`: ranks that stalled or failed while their sequences of collectives differ.
 
+Not when the records part only because a rank stopped, killed from outside or out of memory
+(`killed`: `rank-killed`, or `memory`'s `out-of-memory`): then no rank called another collective.
+
 Every rank of a process group must issue the same collectives in the same order: the n-th call of
 one rank meets the n-th call of every other. When they differ (one rank runs a module the others
 skip, and at stage 3 that module's parameters are gathered), the backend either hangs, each rank
@@ -43,6 +46,11 @@ def first_difference(records: dict[int, Record]) -> tuple[int, dict[int, Recorde
     return None
 
 
+def only_missing(calls: dict[int, RecordedCall | None]) -> bool:
+    """Every rank that reached the call issued the same one; the others issued none (they stopped)."""
+    return len({signature(call) for call in calls.values() if call is not None}) <= 1
+
+
 def described(call: RecordedCall | None) -> str:
     if call is None:
         return "no such call: it went on without the others, or stopped before"
@@ -76,6 +84,9 @@ def collective_mismatch(run: RunData) -> list[Finding]:
     if found is None:
         return []
     seq, calls = found
+    if only_missing(calls) and not run.ranks_saying(ABORT_TEXT) and (
+            run.killing_signal() is not None or run.summary.get("failure") == "out_of_memory"):
+        return []  # a rank killed from outside, or out of memory, stopped: no rank called another collective
     evidence = [run.ending(), f"the ranks agree on their first {seq} collectives; call {seq} differs:"]
     evidence += [f"rank {rank}: {described(call)}" for rank, call in sorted(calls.items())]
     said = run.ranks_saying(ABORT_TEXT)

@@ -13,6 +13,7 @@ Phase 2: each run is read into a `RunData`; a flight record that cannot be read 
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from zero_lab.analysis.runs import rundir
 from zero_lab.analysis.memory.activation_memory import DecoderShape, decoder_shape
 from zero_lab.analysis.runs.logparse import ParsedLog, is_number, parse_file
 from zero_lab.workload.meters.collective_record import NotARecord, Record, read_records
+
+# Signals that end a rank from outside: the out-of-memory killer, a scheduler, a user, a lost node.
+FROM_OUTSIDE = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 @dataclass
@@ -84,6 +88,15 @@ class RunData:
                 ranks.append(int(rank))
         return ranks
 
+    def killing_signal(self) -> signal.Signals | None:
+        """SIGKILL, SIGTERM, SIGHUP or SIGINT when the failed rank (or the launch) ended by it: a
+        signal from outside the training (`diagnosis.killed`), not one the rank raised itself."""
+        code = self.summary.get("rank_exit_code")
+        if self.summary.get("status") != "failed" or not is_number(code) or code >= 0:
+            return None
+        number = -int(code)
+        return signal.Signals(number) if number in {int(one) for one in FROM_OUTSIDE} else None
+
     def ending(self) -> str:
         """How the run ended, in words: 'failed: rank 1 exited with -6 (SIGABRT)', 'stalled: ...'."""
         status, summary = self.summary.get("status"), self.summary
@@ -113,9 +126,16 @@ def read_config(directory: Path) -> dict:
         return {}
 
 
+# What a run directory holds once its ranks have started, before the launcher writes summary.json.
+STARTED = ("console.log", "logs")
+UNFINISHED = ("the command that launched it ended before it wrote summary.json (it was killed, or the machine "
+              "stopped): what the ranks wrote is read as it is")
+
+
 def load_run(directory: Path) -> RunData:
-    """Phase 2 for one run directory."""
-    summary = rundir.read_json(directory / rundir.SUMMARY)
+    """Phase 2 for one run directory (one without summary.json: what its ranks wrote, as unfinished)."""
+    summary = rundir.read_json(directory / rundir.SUMMARY) if (directory / rundir.SUMMARY).is_file() else {
+        "status": "unfinished", "error": UNFINISHED}
     log_path = rundir.rank0_log(directory)
     log = parse_file(log_path) if log_path.is_file() else ParsedLog()
     run = RunData(directory, summary, log, read_config(directory))
@@ -138,6 +158,8 @@ def load(paths: list[Path]) -> tuple[list[RunData], list[ComparisonData]]:
             cells = sorted((path / "cells").glob(f"*/{rundir.SUMMARY}"))
             comparisons.append(ComparisonData(path, rundir.read_json(path / rundir.COMPARE),
                                               [load_run(cell.parent) for cell in cells]))
+        elif any((path / name).exists() for name in STARTED):  # its launcher died before the summary
+            runs.append(load_run(path))
         elif path.exists():
             raise ValueError(f"{path} is neither a run directory (summary.json) nor a compare directory "
                              f"(compare.json). Pass what `zero-lab run` or `zero-lab compare` wrote")

@@ -1,7 +1,7 @@
 """Stage 3's findings: what stays gathered, what was whole before it was partitioned, what a save writes.
 
-`stage3-everything-gathered` (info; not when nano measured less than half the model gathered, or
-    every layer parameter is persistent): official's fetch rules (`nano.fetch_policy`, which nano follows)
+`stage3-everything-gathered` (info; nano and official only, whose rules these are; not when nano
+    measured less than half the model gathered, or every layer parameter is persistent): official's fetch rules (`nano.fetch_policy`, which nano follows)
     prefetch up to `stage3_prefetch_bucket_size` elements ahead while fewer than
     `stage3_max_live_parameters` are gathered, and keep every unit the prefetch reached until its
     backward use. With the defaults (50,000,000 and 1,000,000,000 elements) that is every layer of a
@@ -63,9 +63,15 @@ def releasing_rules(shape, rules: FetchRules) -> list[tuple[str, FetchRules]]:
             (f"stage3_prefetch_bucket_size: 0{text}", replace(reuse, prefetch_bucket_size=0))]
 
 
+# The engines whose stage 3 follows DeepSpeed's fetch rules; FSDP2 gathers each block again in the backward
+# (reshard_after_forward), and an engine of the user's own may do anything.
+DEEPSPEED_RULE_IMPLS = ("nano", "official")
+
+
 def everything_gathered(run: RunData) -> list[Finding]:
     shape = run.shape()
-    if run.stage != 3 or run.world_size is None or run.world_size < 2 or shape is None:
+    if (run.stage != 3 or run.impl not in DEEPSPEED_RULE_IMPLS or run.world_size is None or run.world_size < 2
+            or shape is None):
         return []
     rules = fetch_rules(run)
     whole = layers_whole_after_forward(shape, rules)
@@ -158,16 +164,23 @@ def no_16bit_weights_on_save(run: RunData) -> list[Finding]:
     width = {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
     whole = params * width if is_number(params) else None
     last = saves[-1]
+    given = {key: run.zero_key(key) for key in GATHER_KEYS if run.zero_key(key) is not None}
+    setting = (f"{', '.join(f'{key} is {str(value).lower()}' for key, value in given.items())} in "
+               f"{run.directory / 'config.json'}") if given else (
+        f"stage3_gather_16bit_weights_on_model_save is not set in {run.directory / 'config.json'} (DeepSpeed's "
+        "default: false)")
+    offline = ("`zero-lab checkpoint consolidate` rebuilds the whole fp32 weights from the checkpoint offline"
+               + (", as does the zero_to_fp32.py official DeepSpeed copies into the save directory"
+                  if run.impl == "official" else ""))
     return [Finding(
         "no-16bit-weights-on-save", f"{run.label}: {len(saves)} save(s) without the model's whole weights",
-        [f"stage3_gather_16bit_weights_on_model_save is false in {run.directory / 'config.json'}",
+        [setting,
          f"saved at step(s) {', '.join(str(row.get('step')) for row in saves)}; the last, {last.get('tag')}: "
          f"{last.get('files')} files, {mb(last.get('bytes'))}, every weight only as {run.world_size} ranks' partitions",
          f"the whole model in {dtype}: {mb(whole)} ({params} parameters), written by no save"],
         "at stage 3 no rank holds a whole weight, and without the key nothing gathers them for a save: official's "
         "engine.save_16bit_model writes nothing and returns False, accelerate's get_state_dict raises, and the "
-        "Hugging Face Trainer's save_model then writes no weights file, only a checkpoint of partitions "
-        "(zero_to_fp32.py rebuilds fp32 weights from it offline)",
+        "Hugging Face Trainer's save_model then writes no weights file, only a checkpoint of partitions",
         f"set zero_optimization.stage3_gather_16bit_weights_on_model_save: true: a 16-bit save then gathers the "
-        f"{mb(whole)} of whole weights on rank 0 and writes them; or run zero_to_fp32.py on the checkpoint",
+        f"{mb(whole)} of whole weights on rank 0 and writes them; or, for the checkpoints already saved: {offline}",
         runs=[run.name], figures={"saves": len(saves), "checkpoint_bytes": last.get("bytes"), "whole_model_bytes": whole})]
