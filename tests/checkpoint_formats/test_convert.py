@@ -175,6 +175,16 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_written(saved, tmp_path):
     step = "global_step2"
     assert "truncated or corrupt" in bad_input(root, tmp_path, "deepspeed", lambda copy: truncate(
         copy / step / "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+
+    def zero_64_bytes(path):  # inside a tensor's record: torch.load would read other Adam moments without a word
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+        path.write_bytes(bytes(data))
+
+    damaged = bad_input(root, tmp_path, "deepspeed", lambda copy: zero_64_bytes(
+        copy / step / "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt is corrupt: its record " in damaged
+    assert "/data/" in damaged and "fails its CRC-32 check" in damaged
     assert "a rank's shard is missing" in bad_input(root, tmp_path, "deepspeed", lambda copy: os.remove(
         copy / step / "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
 

@@ -178,12 +178,27 @@ class _OfficialNamesPickler(pickle._Pickler):
 _OFFICIAL_NAMES = types.SimpleNamespace(__name__="official_names", Pickler=_OfficialNamesPickler)  # torch.save's
 
 
+def damaged_record(path: str) -> str | None:
+    """The first record of a torch zip file whose bytes do not match the CRC-32 the save wrote beside
+    them, or None. torch.load does not check: a damaged tensor would load as other numbers. A file
+    that is no zip archive (truncated, or another format) is left to torch.load to refuse."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None
+
+
 def read_file(path: str, mmap: bool = True) -> dict:
     """One checkpoint file, or a one-line CheckpointError naming the problem and the fix. `mmap`
     False: the tensors are read into memory, not mapped (a map of the whole file stays open)."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file {path} is missing; the save that wrote it did not finish "
                               f"or the file was removed; load another tag")
+    damaged = damaged_record(path)
+    if damaged is not None:
+        raise CheckpointError(f"checkpoint file {path} is corrupt: its record {damaged} fails its CRC-32 check (its "
+                              f"bytes changed after the save); load another tag or save again")
     try:
         with torch.serialization.safe_globals(STAND_INS):
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
