@@ -52,6 +52,7 @@ def training_arguments(config: dict, args: argparse.Namespace, output_dir: str) 
     optimizer = config.get("optimizer", {}).get("params", {})
     scheduler = config.get("scheduler", {}).get("params", {})
     betas = optimizer.get("betas", [0.9, 0.999])
+    bf16 = config.get("bf16", {}).get("enabled", False)
     return TrainingArguments(
         output_dir=output_dir, deepspeed=args.deepspeed_config, max_steps=args.max_steps, seed=args.seed,
         per_device_train_batch_size=config["train_micro_batch_size_per_gpu"],
@@ -59,8 +60,9 @@ def training_arguments(config: dict, args: argparse.Namespace, output_dir: str) 
         learning_rate=optimizer.get("lr", 1e-3), adam_beta1=betas[0], adam_beta2=betas[1],
         adam_epsilon=optimizer.get("eps", 1e-8), weight_decay=optimizer.get("weight_decay", 0.0),
         max_grad_norm=config.get("gradient_clipping", 1.0), warmup_steps=scheduler.get("warmup_num_steps", 0),
-        bf16=config.get("bf16", {}).get("enabled", False), logging_steps=1, save_strategy="no", report_to=[],
-        disable_tqdm=True, dataloader_num_workers=0)
+        bf16=bf16, logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, dataloader_num_workers=0,
+        # without a GPU the Trainer refuses bf16 unless it is told it runs on the CPU on purpose
+        use_cpu=bf16 and not torch.cuda.is_available())
 
 
 def main() -> None:
