@@ -93,6 +93,10 @@ def test_phases_nest_inside_their_step(traced, impl):
             assert start <= span["ts"] <= end, span
             if not span["args"].get("asynchronous"):  # an asynchronous call's end is its work's, on another thread
                 assert span["ts"] + span["dur"] <= end, span
+        collectives = traces.spans(trace, "collective")
+        for track in {span["tid"] for span in collectives}:  # Perfetto draws only nested slices on a track
+            on_track = sorted((span["ts"], span["ts"] + span["dur"]) for span in collectives if span["tid"] == track)
+            assert all(end <= following for (_, end), (following, _) in zip(on_track, on_track[1:])), track
         for span in traces.spans(trace, "nano") + traces.spans(trace, "optimizer"):  # inside their engine call
             assert any(phase["ts"] <= span["ts"] and span["ts"] + span["dur"] <= phase["ts"] + phase["dur"]
                        for phase in phases), span

@@ -147,3 +147,41 @@ def test_a_storage_freed_between_traced_windows_is_forgotten_and_one_resized_the
     history.changed(8, -120, 0, 4, None)
     assert [(action, key, size) for action, key, size, _, _ in history.events] == [
         ("alloc", 7, 400), ("alloc", 8, 40), ("alloc", 7, 16), ("free_requested", 8, 120), ("free_completed", 8, 120)]
+
+
+def test_asynchronous_collectives_in_flight_together_go_on_tracks_where_none_overlap(tmp_path):
+    """Perfetto draws only nested slices on one track: a reduce-scatter still in flight when the next
+    starts goes on a track of its own, and a track is reused once its last span has ended."""
+    from zero_lab.workload.tracing.timeline import ASYNC_COLLECTIVE_TRACK, ASYNC_LANES, Timeline
+
+    timeline = Timeline(TraceRequest(tmp_path, frozenset({1})), torch.device("cpu"), 0)
+    for start, end in ((0, 10), (5, 15), (8, 20), (12, 30), (40, 50)):  # partly overlapping, as bucket reductions
+        timeline._complete("reduce_scatter", "collective", start, end, ASYNC_COLLECTIVE_TRACK, {})
+    made = timeline.trace_events()
+    assert [event["tid"] for event in made] == [ASYNC_COLLECTIVE_TRACK, ASYNC_LANES + 1, ASYNC_LANES + 2,
+                                                ASYNC_COLLECTIVE_TRACK, ASYNC_COLLECTIVE_TRACK]
+    for track in {event["tid"] for event in made}:
+        spans = sorted((event["ts"], event["ts"] + event["dur"]) for event in made if event["tid"] == track)
+        assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), track
+    names = {event["tid"]: event["args"]["name"] for event in timeline.document(2, "gloo", [])["traceEvents"]
+             if event["name"] == "thread_name"}
+    assert names[ASYNC_LANES + 2] == "collectives (asynchronous) 3"
+
+
+def test_an_attempt_that_recorded_no_traced_step_keeps_the_earlier_attempts_trace(tmp_path, monkeypatch, capsys):
+    """torchrun restarted the workers after the traced steps (--max-restarts): the new attempt resumes
+    after them and records none; its empty trace must not replace the one that holds them."""
+    from zero_lab.workload.tracing.timeline import STEP_SPAN, STEP_TRACK, Timeline
+    from zero_lab.workload.tracing.trace_settings import trace_path
+
+    request = TraceRequest(tmp_path, frozenset({2, 3}))
+    first = Timeline(request, torch.device("cpu"), 0)
+    for step in (2, 3):
+        first._complete(f"{STEP_SPAN}{step}", "step", step * 10.0, step * 10.0 + 5, STEP_TRACK, {"step": step})
+    first.write(1, "gloo", {})
+    written = json.loads(trace_path(tmp_path, 0).read_text())
+    assert (written["recordedSteps"], written["attempt"]) == ([2, 3], 0)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    Timeline(request, torch.device("cpu"), 0).write(1, "gloo", {})  # resumed after step 6: nothing traced
+    assert json.loads(trace_path(tmp_path, 0).read_text()) == written
+    assert "trace: attempt 1 recorded none of the traced steps" in capsys.readouterr().err

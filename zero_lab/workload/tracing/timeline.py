@@ -14,7 +14,9 @@ same way, plus nano's own moments, watched from outside the engine (`nano_moment
     collectives        a span per collective the communication meter counts, from its call to
                        its return, with op, payload and wire bytes, dtype, shape, group size and
                        nano's label (unit or bucket) in `args`; an asynchronous call (one that
-                       returns a work handle) is drawn to when its work completed, on its own track;
+                       returns a work handle) is drawn to when its work completed, on tracks of its
+                       own: one more track for each call still in flight when another starts, so no
+                       two spans on a track overlap (Perfetto draws only nested slices);
     unit tracks        stage 3 (nano): a span per unit while it is whole, gathered to released;
     memory counter     allocated bytes at every change, split by the engine call each storage was
                        made in ("before" for what existed when tracing began); on CPU from the
@@ -28,13 +30,16 @@ Phase 1: `start_tracing` hooks the timeline into the step phase, the comm meter,
          and the memory meter; nothing is recorded until a traced step begins.
 Phase 2: the steps run; only those in the request's steps are recorded, each completely (a later
          step ends the recording of memory and collectives until another traced step begins).
-Phase 3: `close` writes the trace and the memory snapshot (`memory_history`) and unhooks all.
+Phase 3: `close` writes the trace and the memory snapshot (`memory_history`) and unhooks all; the
+         trace says which traced steps it recorded and by which attempt (`--max-restarts`), and an
+         attempt that recorded none (it resumed after them) leaves an earlier attempt's files.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import sys
 import time
 from time import monotonic_ns
 
@@ -42,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.nano import collectives
+from zero_lab.workload.faults.rank_pause import restart_attempt
 from zero_lab.workload.tracing import deepspeed_moments
 from zero_lab.workload.tracing import nano_moments
 from zero_lab.workload.tracing.memory_history import AllocationHistory, CudaHistory, captured_stack
@@ -56,6 +62,7 @@ WINDOW = object()  # the memory log's mark of a traced window opening
 REGION_CATEGORIES = {"label": "nano", "optimizer": "optimizer", "deepspeed": "deepspeed"}  # observed kind -> category
 # Thread ids of the tracks (units follow UNIT_TRACKS, one each).
 STEP_TRACK, COLLECTIVE_TRACK, ASYNC_COLLECTIVE_TRACK, UNIT_TRACKS = 1, 2, 3, 10
+ASYNC_LANES = 1000  # asynchronous collectives in flight together: lane k (k >= 1) on track ASYNC_LANES + k
 TRACK_NAMES = {STEP_TRACK: "step", COLLECTIVE_TRACK: "collectives",
                ASYNC_COLLECTIVE_TRACK: "collectives (asynchronous)"}
 
@@ -236,12 +243,30 @@ class Timeline:
         if self.cuda_history is not None:
             self._sample_cuda_memory(end)
 
+    def async_lanes(self) -> dict[int, int]:
+        """A track for each asynchronous collective such that no two on one track overlap: Perfetto
+        draws only nested slices on a track, and these overlap in part (a bucket's reduce-scatter still
+        in flight when the next starts). Each takes the first lane free at its start, in start order:
+        {index in `events`: its track}; lane 0 is ASYNC_COLLECTIVE_TRACK, lane k ASYNC_LANES + k."""
+        lanes: list[float] = []  # each lane's last end
+        placed = {}
+        spans = sorted((event[3], index) for index, event in enumerate(self.events)
+                       if event[0] == "X" and event[5] == ASYNC_COLLECTIVE_TRACK)
+        for start, index in spans:
+            lane = next((number for number, end in enumerate(lanes) if end <= start), len(lanes))
+            if lane == len(lanes):
+                lanes.append(0.0)
+            lanes[lane] = self.events[index][4]
+            placed[index] = ASYNC_COLLECTIVE_TRACK if lane == 0 else ASYNC_LANES + lane
+        return placed
+
     def trace_events(self) -> list[dict]:
         """The spans and CUDA memory samples in Chrome's trace-event format."""
-        made = []
-        for event in self.events:
+        made, lanes = [], self.async_lanes()
+        for index, event in enumerate(self.events):
             if event[0] == "X":
                 _, name, category, start, end, track, args = event
+                track = lanes.get(index, track)
                 made.append({"ph": "X", "name": name, "cat": category, "pid": self.rank, "tid": track, "ts": start,
                              "dur": max(0.0, end - start), "args": args})
             else:
@@ -251,7 +276,9 @@ class Timeline:
 
     def document(self, world_size: int, backend: str, changes: list[tuple[float, str | None, int]]) -> dict:
         """The whole trace: metadata, then the events (the memory counter from the replayed `changes`) in time order."""
-        names = {**TRACK_NAMES, **{track: f"unit {unit}" for unit, track in self.unit_tracks.items()}}
+        lanes = sorted(set(self.async_lanes().values()) - {ASYNC_COLLECTIVE_TRACK})
+        names = {**TRACK_NAMES, **{track: f"unit {unit}" for unit, track in self.unit_tracks.items()},
+                 **{track: f"{TRACK_NAMES[ASYNC_COLLECTIVE_TRACK]} {track - ASYNC_LANES + 1}" for track in lanes}}
         metadata = [{"ph": "M", "name": "process_name", "pid": self.rank, "tid": 0, "args": {"name": f"rank {self.rank}"}},
                     {"ph": "M", "name": "process_sort_index", "pid": self.rank, "tid": 0, "args": {"sort_index": self.rank}}]
         metadata += [{"ph": "M", "name": "thread_name", "pid": self.rank, "tid": track, "args": {"name": name}}
@@ -259,11 +286,24 @@ class Timeline:
         events = sorted(self.trace_events() + self.memory_counter(changes), key=lambda event: event["ts"])
         return {"schemaVersion": 1, "distributedInfo": {"rank": self.rank, "world_size": world_size, "backend": backend},
                 "deviceProperties": [], "displayTimeUnit": "ms", "traceSteps": sorted(self.request.steps),
+                # what this file holds: the traced steps recorded, by which attempt of the job (--max-restarts)
+                "recordedSteps": self.recorded_steps(), "attempt": restart_attempt(),
                 "traceEvents": metadata + events}
 
+    def recorded_steps(self) -> list[int]:
+        """The traced steps this attempt recorded (a restarted one that resumed after them records none)."""
+        return sorted({event[6]["step"] for event in self.events if event[0] == "X" and event[2] == "step"})
+
     def write(self, world_size: int, backend: str, live_storages: dict[int, int] | None) -> None:
+        """The trace and the snapshot; an attempt that recorded no traced step leaves an earlier
+        attempt's files as they are (torchrun restarted the workers after the traced steps) and says so."""
         directory = self.request.directory
         directory.mkdir(parents=True, exist_ok=True)
+        attempt = restart_attempt()
+        if not self.recorded_steps() and trace_path(directory, self.rank).is_file():
+            print(f"trace: attempt {attempt} recorded none of the traced steps (it resumed after them); "
+                  f"{trace_path(directory, self.rank).name} keeps an earlier attempt's", file=sys.stderr, flush=True)
+            return
         changes = self._replay_memory()  # the counter's changes; the CPU snapshot's events, into cpu_history
         with open(trace_path(directory, self.rank), "w") as file:
             json.dump(self.document(world_size, backend, changes), file)
