@@ -18,8 +18,9 @@ Phase 1: the config's training settings, and the model: a 2-layer Llama from a c
 Phase 2: the data: random token ids from --seed, as many samples as --max-steps optimizer steps
          take; the Trainer's sampler is seeded too, so every impl sees the same batches in the same
          order.
-Phase 3: Trainer.train() for --max-steps optimizer steps, no checkpoints, no evaluation; then the
-         process group is destroyed (the Trainer leaves it alive).
+Phase 3: Trainer.train() for --max-steps optimizer steps, no evaluation, and a checkpoint every
+         --save-steps steps (none by default); then the process group is destroyed (the Trainer
+         leaves it alive).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 
 import torch
@@ -60,7 +62,8 @@ def training_arguments(config: dict, args: argparse.Namespace, output_dir: str) 
         learning_rate=optimizer.get("lr", 1e-3), adam_beta1=betas[0], adam_beta2=betas[1],
         adam_epsilon=optimizer.get("eps", 1e-8), weight_decay=optimizer.get("weight_decay", 0.0),
         max_grad_norm=config.get("gradient_clipping", 1.0), warmup_steps=scheduler.get("warmup_num_steps", 0),
-        bf16=bf16, logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, dataloader_num_workers=0,
+        bf16=bf16, logging_steps=1, save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
+        report_to=[], disable_tqdm=True, dataloader_num_workers=0,
         # without a GPU the Trainer refuses bf16 unless it is told it runs on the CPU on purpose
         use_cpu=bf16 and not torch.cuda.is_available())
 
@@ -72,6 +75,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per sample")
     parser.add_argument("--seed", type=int, default=42, help="seed of the weights, the data and the sampler")
     parser.add_argument("--output-dir", default=None, help="the Trainer's output directory (default: a temporary one)")
+    parser.add_argument("--save-steps", type=int, default=0,
+                        help="save a checkpoint every N optimizer steps (save_strategy 'steps'; default 0: none)")
     args = parser.parse_args()
 
     # Phase 1
@@ -84,15 +89,19 @@ def main() -> None:
     samples = args.max_steps * config["train_micro_batch_size_per_gpu"] \
         * config.get("gradient_accumulation_steps", 1) * world_size
     dataset = RandomTokens(samples, args.seq_len, args.seed)
-    # Phase 3
-    with tempfile.TemporaryDirectory() as scratch:
-        trainer = Trainer(model=model, args=training_arguments(config, args, args.output_dir or scratch),
-                          train_dataset=dataset)
-        trainer.train()
+    # Phase 3: without --output-dir, a scratch directory every rank of this launch names alike (a
+    # checkpoint's files from all ranks go into one directory)
+    scratch = os.path.join(tempfile.gettempdir(), f"hf_trainer-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}")
+    trainer = Trainer(model=model, args=training_arguments(config, args, args.output_dir or scratch),
+                      train_dataset=dataset)
+    trainer.train()
     # The Trainer leaves the process group alive; a gloo group alive at exit can abort the
     # interpreter's teardown (SIGABRT), so end as PyTorch asks every script to.
     if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank is done with the scratch directory
         torch.distributed.destroy_process_group()
+    if args.output_dir is None and int(os.environ.get("RANK", 0)) == 0:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

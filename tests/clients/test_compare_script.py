@@ -86,3 +86,21 @@ def test_compare_script_runs_the_accelerate_loop_on_both_impls_and_the_verdict_p
         step_2 = parse_file(run / "logs" / "rank0.stdout.log").steps[1]
         highest = max(max(value for _, value in traces.memory_series(trace)) for trace in rank_traces)
         assert abs(highest - step_2["peak_alloc_max_mb"] * MB) <= 0.5e-4 * MB  # the exact tracker's peak
+
+
+def test_a_trainer_that_saves_at_stage_3_without_the_16bit_gather_is_told_by_the_doctor(tmp_path):
+    """examples/hf_trainer.py with save_strategy "steps" at stage 3, the config without
+    stage3_gather_16bit_weights_on_model_save: the Trainer's save_model finds no whole weights, says so
+    on stderr and saves the engine's checkpoint instead; the doctor reads that, not only [ckpt] lines."""
+    done = subprocess.run(
+        [ZERO_LAB, "compare", "--script", str(REPO / "examples" / "hf_trainer.py"), "--gpus", "2", "--device", "cpu",
+         "--stages", "3", "--impls", "nano", "--out", str(tmp_path), "--name", "saved", "--format", "json",
+         "--stall-timeout", "600", "--", "--max-steps", "2", "--save-steps", "2"],
+        capture_output=True, text=True, timeout=1200, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = subprocess.run([ZERO_LAB, "doctor", str(tmp_path / "saved"), "--format", "json"], capture_output=True,
+                           text=True, timeout=300, cwd=REPO)
+    [finding] = [finding for finding in json.loads(found.stdout)["findings"]
+                 if finding["code"] == "no-16bit-weights-on-save"]
+    assert finding["figures"]["trainer_saves"] and finding["title"].endswith(
+        "the Hugging Face Trainer saved without the model's whole weights")

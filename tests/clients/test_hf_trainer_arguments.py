@@ -28,6 +28,6 @@ def test_the_arguments_of_a_cpu_run_are_accepted(tmp_path, monkeypatch, bf16):
     config["bf16"] = {"enabled": bf16}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    args = argparse.Namespace(deepspeed_config=str(path), max_steps=2, seed=42)
+    args = argparse.Namespace(deepspeed_config=str(path), max_steps=2, seed=42, save_steps=0)
     arguments = hf_trainer(monkeypatch).training_arguments(config, args, str(tmp_path / "out"))
     assert arguments.bf16 is bf16 and arguments.use_cpu is bf16 and arguments.device.type == "cpu"

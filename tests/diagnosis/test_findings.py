@@ -203,6 +203,18 @@ def test_a_save_that_gathers_16bit_weights_is_no_finding():
     assert stage3.no_16bit_weights_on_save(run) == []
 
 
+def test_a_trainer_save_without_the_16bit_gather_is_found_from_what_the_trainer_said(tmp_path):
+    shutil.copytree(COMPARE / "cells" / "w2-s3-nano", tmp_path / "run")
+    run = load_run(tmp_path / "run")
+    assert stage3.no_16bit_weights_on_save(run) == []  # no save at all
+    (tmp_path / "run" / "logs" / "rank0.stderr.log").write_text(
+        "W1206 trainer.py:4167] stage3_gather_16bit_weights_on_model_save=false. Saving the full checkpoint instead, "
+        "use zero_to_fp32.py to recover weights\n")
+    [finding] = stage3.no_16bit_weights_on_save(load_run(tmp_path / "run"))
+    assert finding.figures["trainer_saves"] and finding.figures["saves"] == 0
+    assert any(line.startswith("rank 0 stderr (the Hugging Face Trainer's save_model)") for line in finding.evidence)
+
+
 def test_deepspeeds_fetch_rule_judges_only_the_engines_that_follow_it():
     run = fixture_run("w2-s3-official")
     assert [finding.code for finding in stage3.everything_gathered(run)] == ["stage3-everything-gathered"]

@@ -12,7 +12,8 @@
     rank 0's live bytes from before the model was built to the end of `initialize`) held the whole
     model's parameters and was above every later step's peak: building the model whole on each
     rank, not partitioned as it is built (`zero.Init`), set the run's peak memory.
-`no-16bit-weights-on-save` (warning): a stage-3 run saved checkpoints with
+`no-16bit-weights-on-save` (warning): a stage-3 run saved checkpoints (the harness's `[ckpt]` lines, or
+    the Hugging Face Trainer saying on a rank's stderr that it saved the full checkpoint instead) with
     `stage3_gather_16bit_weights_on_model_save` false: its checkpoint holds the weights only as
     each rank's partitions, and a 16-bit model save writes no weights (official's `save_16bit_model`
     returns False; the Hugging Face Trainer's `save_model` writes only the checkpoint).
@@ -155,15 +156,21 @@ def materialized_before_partition(run: RunData) -> list[Finding]:
 GATHER_KEYS = ("stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save")
 
 
+# What the Hugging Face Trainer logs when its save_model finds no whole weights to write (its own save
+# path, which the harness's [ckpt] lines do not see): it then writes only the engine's checkpoint.
+TRAINER_SAID = "stage3_gather_16bit_weights_on_model_save=false. Saving the full checkpoint instead"
+
+
 def no_16bit_weights_on_save(run: RunData) -> list[Finding]:
     saves = [row for row in run.log.checkpoints if row.get("action") == "save"]
-    if run.stage != 3 or not saves or any(run.zero_key(key, False) for key in GATHER_KEYS):
+    trainer = run.ranks_saying(TRAINER_SAID) if run.stage == 3 else []
+    if run.stage != 3 or not (saves or trainer) or any(run.zero_key(key, False) for key in GATHER_KEYS):
         return []
     params = run.log.model.get("params")
     dtype = str(run.log.model.get("param_dtype", "torch.float32")).removeprefix("torch.")
     width = {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
     whole = params * width if is_number(params) else None
-    last = saves[-1]
+    last = saves[-1] if saves else {}
     given = {key: run.zero_key(key) for key in GATHER_KEYS if run.zero_key(key) is not None}
     setting = (f"{', '.join(f'{key} is {str(value).lower()}' for key, value in given.items())} in "
                f"{run.directory / 'config.json'}") if given else (
@@ -172,15 +179,23 @@ def no_16bit_weights_on_save(run: RunData) -> list[Finding]:
     offline = ("`zero-lab checkpoint consolidate` rebuilds the whole fp32 weights from the checkpoint offline"
                + (", as does the zero_to_fp32.py official DeepSpeed copies into the save directory"
                   if run.impl == "official" else ""))
+    evidence = [setting]
+    if saves:
+        evidence.append(f"saved at step(s) {', '.join(str(row.get('step')) for row in saves)}; the last, "
+                        f"{last.get('tag')}: {last.get('files')} files, {mb(last.get('bytes'))}, every weight only as "
+                        f"{run.world_size} ranks' partitions")
+    if trainer:
+        evidence.append(f"rank {', '.join(map(str, trainer))} stderr (the Hugging Face Trainer's save_model): "
+                        f"\"{TRAINER_SAID}\"")
+    evidence.append(f"the whole model in {dtype}: {mb(whole)} ({params} parameters), written by no save")
     return [Finding(
-        "no-16bit-weights-on-save", f"{run.label}: {len(saves)} save(s) without the model's whole weights",
-        [setting,
-         f"saved at step(s) {', '.join(str(row.get('step')) for row in saves)}; the last, {last.get('tag')}: "
-         f"{last.get('files')} files, {mb(last.get('bytes'))}, every weight only as {run.world_size} ranks' partitions",
-         f"the whole model in {dtype}: {mb(whole)} ({params} parameters), written by no save"],
+        "no-16bit-weights-on-save", f"{run.label}: {len(saves)} save(s) without the model's whole weights" if saves
+        else f"{run.label}: the Hugging Face Trainer saved without the model's whole weights",
+        evidence,
         "at stage 3 no rank holds a whole weight, and without the key nothing gathers them for a save: official's "
         "engine.save_16bit_model writes nothing and returns False, accelerate's get_state_dict raises, and the "
         "Hugging Face Trainer's save_model then writes no weights file, only a checkpoint of partitions",
         f"set zero_optimization.stage3_gather_16bit_weights_on_model_save: true: a 16-bit save then gathers the "
         f"{mb(whole)} of whole weights on rank 0 and writes them; or, for the checkpoints already saved: {offline}",
-        runs=[run.name], figures={"saves": len(saves), "checkpoint_bytes": last.get("bytes"), "whole_model_bytes": whole})]
+        runs=[run.name], figures={"saves": len(saves), "trainer_saves": bool(trainer),
+                                  "checkpoint_bytes": last.get("bytes"), "whole_model_bytes": whole})]
