@@ -77,3 +77,14 @@ def test_estimate_draws_the_rows_it_prints(tmp_path, monkeypatch):
     for row in rows:
         printed = next(line for line in result.stdout.splitlines() if line.startswith(f"│ 2 ") and f"│     {row['stage']} │" in line)
         assert f"{row['nano_mb']:.1f}" in printed and f"{row['fsdp2_mb']:.1f}" in printed
+
+
+def test_a_collective_has_one_colour_in_every_picture():
+    """explain's wire bytes and a trace's timeline colour each collective from one table."""
+    from zero_lab.analysis.explain import explain_plot
+    from zero_lab.analysis.report import picture, timeline_plot
+
+    assert explain_plot.OP_COLOURS is picture.OP_COLOURS and timeline_plot.OP_COLOURS is picture.OP_COLOURS
+    assert set(explain_plot.EXPLAINED_OPS) <= set(picture.OP_COLOURS)
+    assert len(set(picture.OP_COLOURS.values())) == len(picture.OP_COLOURS)  # no two collectives alike
+    assert not set(picture.OP_COLOURS.values()) & set(timeline_plot.PHASE_COLOURS.values())  # nor a phase

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zero_lab.analysis.explain.explain import MOMENTS, Walkthrough
-from zero_lab.analysis.report.picture import MB, draw_picture
+from zero_lab.analysis.report.picture import MB, OP_COLOURS, draw_picture
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.memory.memory_formula import CATEGORIES
 
@@ -29,7 +29,7 @@ MOST_RANKS_DRAWN = 8
 COLOURS = {"parameters": "#4C72B0", "gathered_parameters": "#8EB1E0", "gradients": "#DD8452",
            "fp32_master_partition": "#55A868", "optimizer_states": "#C44E52", "gradient_partition": "#937860",
            "communication_buckets": "#DA8BC3"}
-OP_COLOURS = {"all_reduce": "#8C8C8C", "reduce_scatter": "#DD8452", "all_gather": "#4C72B0", "all_to_all": "#CCB974"}
+EXPLAINED_OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")  # what a ZeRO step moves, in order
 MOMENT_LABELS = {"between_steps": "between\nsteps", "end_of_forward": "end of\nforward",
                  "end_of_backward": "end of\nbackward", "optimizer_step": "optimizer\nstep"}
 
@@ -157,7 +157,7 @@ def draw_holdings(axes, numbers: dict) -> None:
 
 def draw_moves(axes, numbers: dict) -> None:
     phases = [*numbers["moves"], "step"]
-    ops = [op for op in OP_COLOURS if any(op in moved for moved in numbers["moves"].values())]
+    ops = [op for op in EXPLAINED_OPS if any(op in moved for moved in numbers["moves"].values())]
     per_phase = {phase: {op: numbers["moves"][phase].get(op, [0, 0]) for op in ops} for phase in numbers["moves"]}
     per_phase["step"] = {op: [sum(per_phase[phase][op][part] for phase in numbers["moves"]) for part in (0, 1)]
                          for op in ops}

@@ -7,6 +7,7 @@ with one bundled font (DejaVu Sans, shipped inside matplotlib), no timestamp and
 and its data go into the PNG itself, as JSON in a text chunk named "zero-lab": a test can compare
 the numbers whatever matplotlib draws, and the pixels where matplotlib's version is the same.
 
+    OP_COLOURS                                      each collective's colour, the same in every picture
     draw_picture(path, width, height, draw, data)   the PNG, `data` and matplotlib's version inside it
     picture_data(path)                              {"data": ..., "matplotlib": "3.x"} read back
     picture_pixels(path)                            its pixels, as a reader sees them
@@ -20,6 +21,10 @@ from typing import Callable
 
 MB = 2**20
 KEY = "zero-lab"
+# One colour per collective, in every picture that draws one (explain's wire bytes, a trace's timeline):
+# an all-gather is the same colour wherever a reader meets it.
+OP_COLOURS = {"all_reduce": "#8C8C8C", "reduce_scatter": "#DD8452", "all_gather": "#8172B3", "all_to_all": "#CCB974",
+              "broadcast": "#64B5CD", "reduce": "#937860"}
 STYLE = {"font.family": "DejaVu Sans", "font.size": 8, "axes.titlesize": 9, "hatch.linewidth": 0.6}
 DPI = 100
 

@@ -17,12 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from zero_lab.analysis.runs import traces
-from zero_lab.analysis.report.picture import MB, draw_picture
+from zero_lab.analysis.report.picture import MB, OP_COLOURS, draw_picture
 
 PHASE_COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "optimizer step": "#C44E52"}
 MEMORY_POINTS = 300  # per rank: the picture's line, and the numbers the PNG carries
-OP_COLOURS = {"all_reduce": "#8C8C8C", "reduce_scatter": "#DD8452", "all_gather": "#8172B3",
-              "all_to_all": "#CCB974", "broadcast": "#64B5CD", "reduce": "#937860"}
 
 
 def rank_timeline(trace: dict, step: int, origin: float) -> dict:
