@@ -97,6 +97,17 @@ def test_a_rank_out_of_memory_is_neither_a_kill_from_outside_nor_a_mismatch(tmp_
     assert mismatch.collective_mismatch(run) == [] and killed.rank_killed(run) == []
 
 
+def test_a_rank_that_stopped_in_a_stall_is_no_mismatch_and_the_stall_is_the_error(tmp_path):
+    run = killed_run(tmp_path, -9, [])
+    summary = {**run.summary, "status": "stalled", "rank_exit_code": None,
+               "error": "stalled: rank 1 logged nothing for 20 s (its last: step 3)"}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    run = load_run(tmp_path)
+    assert mismatch.collective_mismatch(run) == [] and killed.rank_killed(run) == []
+    [finding] = [finding for finding in diagnose([tmp_path]) if finding.severity == "error"]
+    assert finding.code == "run-failed" and "stalled: rank 1 logged nothing" in finding.title
+
+
 def test_ranks_that_called_different_collectives_are_a_mismatch_even_when_one_was_killed(tmp_path):
     run = killed_run(tmp_path, -9, [("barrier", 0, 1, "between steps", "")])
     assert killed.rank_killed(run) == [] and [f.code for f in mismatch.collective_mismatch(run)] == ["collective-mismatch"]
@@ -294,3 +305,12 @@ def test_a_directory_whose_launcher_was_killed_is_read_as_an_unfinished_run(tmp_
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="is neither a run directory"):
         diagnose([tmp_path / "empty"])
+
+
+def test_one_impl_run_in_two_precisions_is_a_dtype_difference():
+    fp32 = fixture_run("w2-s2-nano")
+    bf16 = replace(fixture_run("w2-s2-nano"), summary={**fp32.summary, "precision": "bf16"},
+                   log=replace(fp32.log, model={**fp32.log.model, "param_dtype": "torch.bfloat16",
+                                                "compute_dtype": "torch.bfloat16", "ds_precision": "bf16"}))
+    [finding] = comparison.dtype_difference([fp32, bf16])
+    assert finding.title.startswith("nano fp32, nano bf16 hold parameters, stored")

@@ -102,3 +102,32 @@ def test_a_rank_killed_from_outside_is_named_so_and_no_mismatch(tmp_path):
     assert "rank-killed" in codes and "collective-mismatch" not in codes, codes
     (killed,) = [finding for finding in json.loads(done.stdout)["findings"] if finding["code"] == "rank-killed"]
     assert killed["figures"] == {"rank": 1, "signal": "SIGKILL"}, killed
+
+
+def test_the_agent_killed_leaves_no_rank_running_and_is_named(tmp_path):
+    """torchrun's agent SIGKILLed while rank 1 waits paused after step 2: its ranks, each in a session of its
+    own, outlive it; the launcher stops them, and the doctor says the launch was killed from outside."""
+    import os
+
+    import psutil
+
+    from tests.pauses import wait_for_pause
+    from zero_lab.workload.faults.rank_pause import PAUSE_VARIABLE
+
+    cli = subprocess.Popen([ZERO_LAB, "run", "--impl", "nano", "--stage", "2", "--gpus", "2", "--device", "cpu",
+                            "--model", "tiny", "--steps", "4", "--out", str(tmp_path), "--name", "agent",
+                            "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, PAUSE_VARIABLE: "1:step-2"}, cwd=REPO)
+    wait_for_pause(tmp_path / "agent", cli, 0)
+    agent = next(child for child in psutil.Process(cli.pid).children(recursive=True)
+                 if "torch.distributed.run" in " ".join(child.cmdline()))
+    agent.kill()
+    _, stderr = cli.communicate(timeout=600)
+    assert cli.returncode == 3, stderr[-3000:]
+    left = [process for process in psutil.process_iter(["cmdline"])
+            if str(tmp_path / "agent") in " ".join(process.info["cmdline"] or [])]
+    assert left == [], left
+    done = subprocess.run([ZERO_LAB, "doctor", str(tmp_path / "agent"), "--format", "json"], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    [finding] = [finding for finding in json.loads(done.stdout)["findings"] if finding["severity"] == "error"]
+    assert finding["code"] == "rank-killed" and "the launch" in finding["title"], finding

@@ -12,7 +12,8 @@ Phase 1: the launcher starts the watch with torchrun. A thread samples every SAM
            a stated limit (`--device-memory GB` on CPU): the limit less the ranks' resident bytes,
              as if they ran alone in a container of that size.
          Every sample is a row of `memory.csv` in the run directory, kept with the logs.
-Phase 2: once the run has ended, `out_of_memory(rank, exit_code)` applies the rule: a rank killed
+Phase 2: once the run has ended, `leftover_workers()` are the ranks its agent left running (the
+         launcher stops them), and `out_of_memory(rank, exit_code)` applies the rule: a rank killed
          by SIGKILL (exit code -9) was most likely killed for memory when, at some sample, less
          than NEARLY_EXHAUSTED_FRACTION of the ceiling was free, or when the container's cgroup
          counted an out-of-memory kill during the run (`oom_kill` in memory.events or
@@ -155,6 +156,7 @@ class MemoryWatch:
         self.cgroup_root = cgroup_root or CGROUP_ROOT
         self.record = MemoryRecord()
         self.workers: dict[int, psutil.Process] = {}
+        self.seen: dict[int, psutil.Process] = {}  # every worker found while the run lasted, by pid
         self.samples = 0
         self.started = time.monotonic()
         self.oom_kills_before = cgroup_oom_kills(self.cgroup_root)
@@ -165,6 +167,7 @@ class MemoryWatch:
         """One sample of every rank and the tightest ceiling: recorded, and written to memory.csv."""
         if not self.workers or self.samples % FIND_WORKERS_EVERY == 0:
             self.workers = rank_processes(self.process.pid)
+            self.seen.update({worker.pid: worker for worker in self.workers.values()})
         self.samples += 1
         resident = {}
         for rank, worker in list(self.workers.items()):
@@ -191,6 +194,12 @@ class MemoryWatch:
         """Phase 2, once the run has ended."""
         return out_of_memory_message(rank, exit_code, self.record,
                                      cgroup_oom_kills(self.cgroup_root) - self.oom_kills_before)
+
+    def leftover_workers(self) -> list[psutil.Process]:
+        """Workers seen during the run that still run once it has ended: a torchrun agent that died
+        (killed, or lost) leaves its ranks behind, each in a session of its own, out of reach of the
+        agent's process group (psutil's is_running also checks the start time: a reused pid is not one)."""
+        return [worker for worker in self.seen.values() if worker.is_running()]
 
     def __enter__(self) -> MemoryWatch:
         self._thread.start()

@@ -10,7 +10,9 @@ Phase 2: pick a free port, then at once start torchrun in its own session (a por
          The memory watch (zero_lab.launch.memory_watch) samples every rank's resident memory.
 Phase 3: on Ctrl-C, SIGTERM or SIGHUP (zero_lab.signals), stop torchrun's process group and
          every worker's (torchrun starts each worker in a session of its own), SIGTERM then
-         SIGKILL, within seconds.
+         SIGKILL, within seconds. However the run ended, stop the ranks its torchrun agent left
+         running (an agent killed or lost leaves its ranks, out of reach of its process group:
+         the memory watch knows them).
 Phase 4: gather every rank's log, and have `analysis.runs.rundir` parse rank 0's and write
          metrics.csv and summary.json - also for a failed or interrupted run, so its partial
          results stay; a rank that ran out of memory is named with the figures
@@ -69,6 +71,16 @@ def stop_process_tree(process: subprocess.Popen) -> None:
         if not alive:
             break
     process.wait()
+
+
+def stop_leftovers(workers: list[psutil.Process]) -> None:
+    """SIGKILL ranks that outlived their torchrun agent (it was killed, or died): nothing else ends them."""
+    for worker in workers:
+        try:
+            worker.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(workers, timeout=STOP_GRACE_S)
 
 
 def stream(process: subprocess.Popen, console_log: Path, progress: Progress | None, task,
@@ -141,6 +153,8 @@ def execute(
     with signals.held():
         if interrupt is not None:  # Phase 3
             stop_process_tree(process)
+        if memory is not None:  # ranks a dead agent left behind
+            stop_leftovers(memory.leftover_workers())
         # Phase 4
         interrupted_by = signals.signal_name(interrupt) if interrupt is not None else None
         summary = summarize(spec, run_dir, process.returncode, interrupted_by, time.monotonic() - started,

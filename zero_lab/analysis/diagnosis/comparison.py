@@ -149,10 +149,12 @@ def dtypes_of(run: RunData) -> dict[str, str]:
 
 
 def dtype_difference(runs: list[RunData]) -> list[Finding]:
-    """One finding per group of one workload whose impls hold a category in different dtypes."""
+    """One finding per group of one workload whose impls (or one impl's runs in other precisions) hold a
+    category in different dtypes."""
     impls = {}
+    distinct = len({run.impl for run in runs}) == len(runs)  # else one impl twice: told apart by precision
     for run in runs:
-        impls.setdefault(run.impl, dtypes_of(run))
+        impls.setdefault(run.impl if distinct else f"{run.impl} {run.precision}", dtypes_of(run))
     if len(impls) < 2:
         return []
     categories = list(next(iter(impls.values())))

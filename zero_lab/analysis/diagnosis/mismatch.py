@@ -1,7 +1,8 @@
 """`collective-mismatch`: ranks that stalled or failed while their sequences of collectives differ.
 
-Not when the records part only because a rank stopped, killed from outside or out of memory
-(`killed`: `rank-killed`, or `memory`'s `out-of-memory`): then no rank called another collective.
+Not when the records part only because a rank stopped, killed from outside, out of memory or
+stalled (`killed`: `rank-killed`; `memory`'s `out-of-memory`; `failed`: `run-failed`): then no rank
+called another collective.
 
 Every rank of a process group must issue the same collectives in the same order: the n-th call of
 one rank meets the n-th call of every other. When they differ (one rank runs a module the others
@@ -85,8 +86,11 @@ def collective_mismatch(run: RunData) -> list[Finding]:
         return []
     seq, calls = found
     if only_missing(calls) and not run.ranks_saying(ABORT_TEXT) and (
-            run.killing_signal() is not None or run.summary.get("failure") == "out_of_memory"):
-        return []  # a rank killed from outside, or out of memory, stopped: no rank called another collective
+            run.killing_signal() is not None or run.summary.get("failure") == "out_of_memory"
+            or run.summary.get("status") in ("stalled", "unfinished")):
+        # a rank killed from outside, out of memory, stopped (a stall) or left when its launcher was killed
+        # issued nothing more: no rank called another collective (`rank-killed`, `out-of-memory`, `run-failed`)
+        return []
     evidence = [run.ending(), f"the ranks agree on their first {seq} collectives; call {seq} differs:"]
     evidence += [f"rank {rank}: {described(call)}" for rank, call in sorted(calls.items())]
     said = run.ranks_saying(ABORT_TEXT)

@@ -246,6 +246,8 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
     parsed = parse_file(rank0_log(run_dir))  # Phase 1
     write_metrics_csv(run_dir / "metrics.csv", parsed)
     failure = failure_from_console((run_dir / "console.log").read_text(errors="replace"))  # Phase 2
+    if failure["rank_exit_code"] is None and exit_code < 0:  # no rank named: the launch itself was killed
+        failure["rank_exit_code"] = exit_code
     status = "interrupted" if interrupted_by else "stalled" if stalled else "ok" if exit_code == 0 else "failed"
     bad_input = bad_input_message(rank_logs, failure["rank_exit_code"]) if status == "failed" else None
     if bad_input:
