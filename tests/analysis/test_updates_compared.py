@@ -90,3 +90,12 @@ def test_with_no_two_impls_that_logged_a_step_parity_is_not_applicable():
     failed = {**run("official", 3), "status": "failed", "steps": 0, "losses": {}}
     verdict = verdict_of({**run("nano", 3), "status": "failed", "steps": 0, "losses": {}}, failed)
     assert verdict["loss_parity"] is None and parity_text(verdict) == "n/a (no cell has two impls that logged a step)"
+
+
+def test_a_run_that_failed_after_one_step_tests_no_update():
+    """official failed after 1 of 3 steps: the one loss both logged shows no update, so no "yes"."""
+    failed = {**run("official", 3), "status": "failed", "steps": 1}
+    failed["losses"] = {"1": failed["losses"]["1"]}
+    verdict = verdict_of(run("nano", 3), failed)
+    assert verdict["exit_code"] == 3 and verdict["loss_parity"] is None and parity_text(verdict) == "not tested"
+    assert verdict_lines(verdict)[0].startswith("**Verdict: RUN FAILED** - loss parity: not tested")

@@ -229,10 +229,10 @@ class ZeroOptimizer:
         # Phase 6: no gradient memory between steps.
         self._release_gradients()
 
-    def _global_norm(self, partitions: list[torch.Tensor]) -> float:
+    def _global_norm(self, partitions: list[torch.Tensor], chunk: int = 1 << 22) -> float:  # squared 16 MB at a time
         squares = torch.zeros(1, dtype=torch.float32, device=self.placement.device)  # nccl sums device tensors
-        for partition in partitions:
-            squares += partition.pow(2).sum().to(squares.device)
+        for piece in (piece for partition in partitions for piece in partition.view(-1).split(chunk)):
+            squares.add_(piece.pow(2).sum())  # a 0-dim sum joins a device tensor from the host; 16 MB at most
         self._sum_over_ranks(squares)
         norm = math.sqrt(float(squares.item()))
         free_storage(squares)  # the backend's worker may still hold it
