@@ -56,6 +56,11 @@ def no_tracker_left_installed():
 # then the in-process ones, which fill the gaps. Order only: every test runs, as it would alone.
 LONGEST_FIRST = [
     "tests/clients/test_clients.py",
+    "tests/labs/test_lab_zero2.py",  # 9 mutants, each a launch (tests/labs/mistakes.py)
+    "tests/labs/test_lab_zero1.py",
+    "tests/labs/test_lab_offload.py",
+    "tests/labs/test_lab_fp16.py",
+    "tests/labs/test_lab_zero3.py",
     "tests/harness/test_train_torchrun.py",
     "tests/cli/test_compare_e2e.py",
     "tests/analysis/test_peak_memory.py",
@@ -74,12 +79,7 @@ LONGEST_FIRST = [
     "tests/nano/test_official_parity.py",
     "tests/nano/test_external_parameters.py",
     "tests/cli/test_trace_e2e.py",
-    "tests/labs/test_lab_fp16.py",
-    "tests/labs/test_lab_zero3.py",
-    "tests/labs/test_lab_zero1.py",
     "tests/cli/test_own_engine.py",
-    "tests/labs/test_lab_zero2.py",
-    "tests/labs/test_lab_offload.py",
 ]
 
 
