@@ -314,3 +314,11 @@ def test_one_impl_run_in_two_precisions_is_a_dtype_difference():
                                                 "compute_dtype": "torch.bfloat16", "ds_precision": "bf16"}))
     [finding] = comparison.dtype_difference([fp32, bf16])
     assert finding.title.startswith("nano fp32, nano bf16 hold parameters, stored")
+
+
+def test_a_run_refused_for_bad_input_gets_no_finding_beside_its_one_line(tmp_path):
+    shutil.copytree(COMPARE / "cells" / "w2-s2-nano", tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary.update(status="bad_input", rank_exit_code=2, failed_rank=1, error="injected bad input. Fix it")
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    assert [finding for finding in diagnose([tmp_path / "run"]) if finding.severity == "error"] == []

@@ -1,4 +1,4 @@
-"""`run-failed`: a run that failed, stalled or was refused, for which no other rule names a cause.
+"""`run-failed`: a run that failed, stalled or never finished, for which no other rule names a cause.
 
 Every run that did not end well gets at least one error finding: a rule that reads a cause (a
 collective mismatch, a rank killed from outside, an out-of-memory) says why; when none does (a
@@ -6,7 +6,8 @@ script that raised, a launcher that died, a stall with no flight record), this o
 known: how the run ended, its last lines, and what could not be read. So "0 findings" never stands
 for a failed run.
 
-Phase 1: `not_ended_well(run)`: failed, stalled or bad input (interrupted runs are the user's doing).
+Phase 1: `not_ended_well(run)`: failed, stalled or unfinished (interrupted runs are the user's doing;
+         a run refused for bad input said why in its one error line, and nothing is added to it).
 Phase 2: `run_failed(run, found)`: the finding, when `found` (this run's findings) holds no error.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 from zero_lab.analysis.diagnosis.finding import ERROR, Finding
 from zero_lab.analysis.diagnosis.run_data import RunData
 
-NOT_WELL = ("failed", "stalled", "bad_input", "unfinished")
+NOT_WELL = ("failed", "stalled", "unfinished")
 TAIL_LINES = 5
 
 
