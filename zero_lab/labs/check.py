@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
 from pathlib import Path
 
 from zero_lab.analysis.compare.divergence import (PARAMETER_RTOL, SHOWN_PARAMETERS, divergence_lines, first_divergence,
@@ -77,14 +76,14 @@ def check_runs(run: dict, lab: Lab) -> Result:
                            "--model tiny")
 
 
-def parameters_after(run: dict, nano: dict, step: int) -> tuple[str, tuple[str, ...]] | None:
-    """How the learner's parameters after `step` differ from nano's, by norm (rank 0's
-    parameter-norms file): None when they agree or were not compared; else the situation (a key of
+def parameters_after(mine: dict[int, dict[str, float]], nano_norms: dict[int, dict[str, float]], nano: dict,
+                     step: int) -> tuple[str, tuple[str, ...]] | None:
+    """How the learner's parameters after `step` differ from nano's, by norm (`mine` and `nano_norms`:
+    rank 0's parameter-norms files, read once): None when they agree or were not compared; else the situation (a key of
     `Lab.evidence_hints`) and the lines that show it:
         moved_at_zero_lr: they changed in a step whose learning rate was 0, where nano's did not;
         did_not_move: an update moved nano's and left some of the learner's where they were;
         moved_differently: both moved, to different values."""
-    mine, nano_norms = norms_of(run), norms_of(nano)
     if not all(step in norms and step - 1 in norms for norms in (mine, nano_norms)):
         return None
     after, theirs = mine[step], nano_norms[step]
@@ -118,6 +117,7 @@ def check_losses(run: dict, nano: dict, tolerance: float, lab: Lab) -> Result:
     divergence = first_divergence(run, nano, tolerance)
     scales, nano_scales = per_step(run["run_dir"], "loss_scale"), per_step(nano["run_dir"], "loss_scale")
     norms, nano_norms = per_step_grad_norms(run["run_dir"]), per_step_grad_norms(nano["run_dir"])
+    parameters, nano_parameters = norms_of(run), norms_of(nano)
     for step in sorted(nano_norms):
         if step in nano_scales and scales.get(step) != nano_scales[step]:
             overflowed = nano_norms.get(step) == float("inf")
@@ -134,7 +134,7 @@ def check_losses(run: dict, nano: dict, tolerance: float, lab: Lab) -> Result:
             lines = (f"step {step}: gradient norm {mine:.6g}, nano's {theirs:.6g}",)
             return Result("losses", world_size, False, lines + tuple(divergence_lines(divergence) if divergence else ()),
                           hint)
-        parted = parameters_after(run, nano, step)
+        parted = parameters_after(parameters, nano_parameters, nano, step)
         if parted is not None:
             situation, lines = parted
             return Result("losses", world_size, False, (f"step {step}: gradient norm as nano's", *lines),
@@ -143,7 +143,7 @@ def check_losses(run: dict, nano: dict, tolerance: float, lab: Lab) -> Result:
         return Result("losses", world_size, False, tuple(divergence_lines(divergence)), lab.hints[-1])
     last = max(nano_norms, default=None)
     updates = updates_compared(last, run, nano)
-    compared = "parameters after every step equal nano's by norm" if norms_of(nano) else \
+    compared = "parameters after every step equal nano's by norm" if nano_parameters else \
         "parameters not compared (partitioned between steps)"
     if updates == 0:
         return Result("losses", world_size, False,
