@@ -66,6 +66,8 @@ def one_line_error(result):
     (["run", "--device", "cpu", "--dtype", "fp8"], "--dtype fp8 is not one of float32, bfloat16, float16"),
     (["run", "--device", "cpu", "--format", "csv"], "--format csv is not one of table, json"),
     (["parse", "missing.log", "--format", "xml"], "--format xml is not one of table, csv, json"),
+    (["run", "--device", "cpu", "--peak-tflops", "0"], "--peak-tflops 0.0 is not above 0"),
+    (["compare", "--device", "cpu", "--peak-tflops", "-3"], "--peak-tflops -3.0 is not above 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(arguments, words, monkeypatch):
     from zero_lab.launch import torchrun_job

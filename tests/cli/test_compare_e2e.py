@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow  # launches torchrun: `make test-fast` leaves it o
 
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
 COMPARE = [ZERO_LAB, "compare", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "5",
-           "--stages", "1,2", "--format", "json"]
+           "--stages", "1,2", "--format", "json", "--peak-tflops", "1.5"]
+TINY_FLOPS_PER_TOKEN = 5_713_152  # docs/throughput.md: tiny at the harness's 128 tokens
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,12 @@ def test_compare_prints_one_json_object_with_rows_deltas_and_verdict(compare_res
         for key in ("loss_last", "alloc_max_mb", "peak_alloc_max_mb", "reserved_max_mb", "peak_reserved_max_mb",
                     "step_ms", "comm_mb", "comm_wire_mb"):
             assert isinstance(row[key], float), key
+        # throughput as torchtitan reports it, against the given peak (a CPU is in no table)
+        assert row["flops_per_token"] == TINY_FLOPS_PER_TOKEN
+        assert row["tokens_per_s_per_device"] == pytest.approx(row["tokens_per_s"] / 2)
+        assert row["tflops"] == pytest.approx(row["tokens_per_s_per_device"] * TINY_FLOPS_PER_TOKEN / 1e12)
+        assert (row["peak_tflops"], row["peak_tflops_source"]) == (1.5, "--peak-tflops")
+        assert row["mfu_pct"] == pytest.approx(100 * row["tflops"] / 1.5) and row["mfu_pct"] > 0
     assert [(d["stage"], d["impl"], d["baseline"]) for d in payload["deltas"]] == [
         (1, "nano", "official"), (2, "nano", "official")]
     for delta in payload["deltas"]:
@@ -70,6 +77,7 @@ def test_compare_keeps_every_run_directory_and_writes_the_report(compare_result)
     assert len((run / "metrics.csv").read_text().splitlines()) == 6
     text = report.read_text()
     assert "## world size 2, stage 2: nano vs official" in text and "**Verdict: PASS**" in text
+    assert "## Throughput" in text and "MFU below 10%" in text  # tiny on 2 cores: overhead, and said so
     assert (report.parent / "report-loss.png").is_file() and (report.parent / "report-memory.png").is_file()
 
 

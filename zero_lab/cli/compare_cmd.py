@@ -39,7 +39,7 @@ from zero_lab.cli.environment import environment, say_where_auto_runs
 from zero_lab.cli.errors import (BadInput, check_choice, check_not_negative, check_positive, one_line_errors,
                                  parse_int_list)
 from zero_lab.cli.findings_cmd import hint
-from zero_lab.cli.reporting import write_report
+from zero_lab.cli.reporting import show_throughput, write_report
 from zero_lab.cli.run_cmd import exit_code_of, report_problems
 
 FORMATS = ("table", "json", "markdown")
@@ -206,5 +206,6 @@ def show(comparison: dict, summaries: list[dict], format: str) -> None:
     for title, headers, body in cell_tables(comparison["rows"], comparison["deltas"], comparison["step_times"]):
         output.print_table(headers, body, title=title)
     output.print_table(*run_table(comparison["rows"]), title="runs")
+    show_throughput(comparison["rows"])
     for line in verdict_lines(comparison["verdict"]):
         output.stdout.print(line.replace("**", ""), markup=False, highlight=False)

@@ -29,7 +29,7 @@ LAUNCH = "Launch (torchrun)"
 
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda. On cpu, --gpus N means N processes.", rich_help_panel=LAUNCH)]
 Config = Annotated[Optional[Path], typer.Option(help="nano DeepSpeed JSON config; official DeepSpeed gets its converted form. Default: harness/configs/zero<stage>.json.", rich_help_panel=WORKLOAD)]
-Model = Annotated[str, typer.Option(help="Preset (tiny ~0.85M, small ~24M, qwen3-0.6b) or a local Hugging Face directory.", rich_help_panel=WORKLOAD)]
+Model = Annotated[str, typer.Option(help="Preset (tiny ~0.85M, small ~24M, qwen3-0.6b), a local Hugging Face directory, or a config.json alone (random weights, the byte tokenizer).", rich_help_panel=WORKLOAD)]
 Steps = Annotated[int, typer.Option(help="Optimizer steps (not micro-steps).", rich_help_panel=WORKLOAD)]
 BatchSize = Annotated[Optional[int], typer.Option(help="Micro-batch size per process (default: the config's).", rich_help_panel=WORKLOAD)]
 SeqLen = Annotated[Optional[int], typer.Option(help="Tokens per sample (default: the harness's).", rich_help_panel=WORKLOAD)]
@@ -61,6 +61,10 @@ Force = Annotated[bool, typer.Option(help="Run even when a run is predicted not 
 MaxRestarts = Annotated[int, typer.Option(
     help="torchrun --max-restarts: when a rank dies, restart every rank up to N times, each time from the newest "
          "complete checkpoint in --save-dir (docs/restarts.md).", metavar="N", rich_help_panel=LAUNCH)]
+PeakTflops = Annotated[Optional[float], typer.Option(
+    help="The device's peak dense TFLOP/s in the run's dtype, for MFU (default: the table of known GPUs in "
+         "docs/throughput.md; on a CPU or an unknown GPU, MFU is n/a unless given).", metavar="TFLOPS",
+    rich_help_panel=LAUNCH)]
 OptimizerOption = Annotated[Optional[str], typer.Option(
     "--optimizer", help="adamw, or muon: official DeepSpeed's Muon for the 2-D hidden weights, AdamW for the rest "
     "(nano and official; docs/muon.md). Default: the config's optimizer.", rich_help_panel=WORKLOAD)]
@@ -113,6 +117,7 @@ COMMON_OPTIONS = [
     _option("force", Force, False),
     _option("max_restarts", MaxRestarts, 0),
     _option("optimizer", OptimizerOption, None),
+    _option("peak_tflops", PeakTflops, None),
 ]
 # Typer passes the context by its type; its extra arguments (after `--`) go to torchrun.
 CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
@@ -120,10 +125,10 @@ CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, 
 
 def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
            offload, attn_impl, gradient_checkpointing, ranks_per_node, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout, device_memory,
-           force, max_restarts=0, optimizer=None) -> Common:
+           force, max_restarts=0, optimizer=None, peak_tflops=None) -> Common:
     """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, an
     --attn-impl Hugging Face does not name, a negative --stall-timeout, or a --device-memory that
-    is not above 0."""
+    is not above 0, or a --peak-tflops that is not above 0."""
     work = torchrun.Workload(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed,
                            dataset_path=dataset_path, offload=check_choice(offload, "--offload", tuple(OFFLOAD_SECTIONS)),
                            ranks_per_node=ranks_per_node, gradient_checkpointing=gradient_checkpointing,
@@ -135,6 +140,8 @@ def common(context: typer.Context, device, config, model, steps, batch_size, seq
     device = resolve_device_name(requested_device)
     check_not_negative(stall_timeout, "--stall-timeout")
     check_positive(device_memory, "--device-memory")
+    check_positive(peak_tflops, "--peak-tflops")
+    work.peak_tflops = peak_tflops
     given = frozenset(parameter.name for parameter in COMMON_OPTIONS  # by name: Typer may carry its own Click
                       if getattr(context.get_parameter_source(parameter.name), "name", None) == "COMMANDLINE")
     restarts = checked_max_restarts(max_restarts, list(context.args))

@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 
 from zero_lab.analysis.report.markdown import render_report
+from zero_lab.analysis.report.throughput_table import throughput_notes, throughput_table
 from zero_lab.analysis.report.trace_report import timeline_section
+from zero_lab.cli import output
 
 
 def write_report(comparison: dict, summaries: list[dict], path: Path, title: str = "zero-lab: nano vs official DeepSpeed") -> str:
@@ -25,3 +27,12 @@ def write_report(comparison: dict, summaries: list[dict], path: Path, title: str
         with open(step_summary, "a") as handle:
             handle.write(text + "\n")
     return text
+
+
+def show_throughput(rows: list[dict]) -> None:
+    """The console's throughput table (tokens/s, TFLOP/s, MFU) and its notes, for runs that logged steps."""
+    headers, body = throughput_table(rows)
+    if body:
+        output.print_table(headers, body, title="throughput")
+    for note in throughput_notes(rows):
+        output.stdout.print(note, markup=False, highlight=False)

@@ -21,6 +21,7 @@ from zero_lab.cli import input_checks, jobs, options, output, preflight
 from zero_lab.cli import trace_options
 from zero_lab.cli.environment import environment, say_where_auto_runs
 from zero_lab.cli.findings_cmd import hint
+from zero_lab.cli.reporting import show_throughput
 from zero_lab.cli.errors import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, BadInput, check_choice, check_not_negative,
                                  one_line_errors)
 
@@ -138,6 +139,7 @@ def run(
         output.print_json({key: value for key, value in summary.items() if key != "losses"})
     else:
         output.print_table(*run_table(summaries), title=f"{run_dir}")
+        show_throughput(summaries)
     if summary.get("note"):
         output.stderr.print(f"note: {summary['note']}", markup=False, highlight=False)
     report_problems(summaries)

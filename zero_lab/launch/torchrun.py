@@ -43,6 +43,7 @@ class Workload:
     global_batch_size: int | None = None  # the harness's --global-batch-size N (an elastic range keeps it)
     optimizer: str | None = None  # the harness's --optimizer adamw|muon (None: the config's)
     trace_steps: str | None = None  # --trace: the steps each rank traces (None: no trace; workload.tracing.trace_settings)
+    peak_tflops: float | None = None  # --peak-tflops: the device's peak for MFU in the summary (None: the table's); not the harness's
 
 
 @dataclass

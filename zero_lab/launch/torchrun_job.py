@@ -177,4 +177,5 @@ def summarize(spec: torchrun.LaunchSpec, run_dir: Path, exit_code: int, interrup
         launched_world_size=spec.multi_node.world_size(spec.nproc) or spec.nproc, exit_code=exit_code,
         interrupted_by=interrupted_by, duration_s=duration_s, stalled=stalled,
         killed_for_memory=memory.out_of_memory if memory is not None else None,
-        rss_max_mb=memory.record.rss_max_mb() if memory is not None else None)
+        rss_max_mb=memory.record.rss_max_mb() if memory is not None else None,
+        peak_tflops=spec.workload.peak_tflops)

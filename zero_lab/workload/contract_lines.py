@@ -13,6 +13,7 @@ import torch
 
 from zero_lab.workload.engines.impls import loss_scale, optimizer_name
 from zero_lab.workload.log_lines import MB, format_line
+from zero_lab.workload.meters.model_flops import device_name, flops_per_token
 
 
 def emit(rank: int, tag: str, fields: dict, step: int | None = None) -> None:
@@ -64,8 +65,8 @@ def model_header(name: str, engine, precision: str, device: torch.device, seq_le
     return {
         "name": name, "params": parameter_count(engine.module),
         "param_dtype": parameter.dtype, "compute_dtype": getattr(engine, "compute_dtype", parameter.dtype),
-        "ds_precision": precision, "device": device.type,
-        "seq_len": seq_len, "micro_batch": micro_batch,
+        "ds_precision": precision, "device": device.type, "device_name": device_name(device),
+        "seq_len": seq_len, "micro_batch": micro_batch, "flops_per_token": flops_per_token(engine.module, seq_len),
         "attn_impl": getattr(config, "_attn_implementation", None) or "unknown",
         "gradient_checkpointing": gradient_checkpointing, "optimizer": optimizer_name(engine),
         "states_formula_mb": formula["device"] / MB if formula else float("nan"),

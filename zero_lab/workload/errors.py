@@ -19,6 +19,9 @@ class WorkloadError(Exception):
 
 
 def first_line(error: Exception) -> str:
-    """An exception's message as one line without a closing period (libraries' may span several)."""
-    lines = str(error).strip().splitlines()
+    """An exception's message as one line without a closing period (libraries' may span several; a
+    first line ending in ':' introduces the reason, which is kept after it)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        lines = [f"{lines[0]} {lines[1]}"]
     return (lines[0] if lines else type(error).__name__).rstrip(".")

@@ -36,19 +36,44 @@ PRESETS = {
 }
 
 
+# Files that hold a Hugging Face model's weights; a model directory without any is its config alone.
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.safetensors.index.json", "*.bin.index.json")
+
+
 def check_model_name(name: str, flag: str = "--model-name") -> None:
-    """A preset name, or a directory holding a Hugging Face config.json; `flag` is how the user
-    gave it (the harness's --model-name, the CLI's --model)."""
+    """A preset name, a Hugging Face config.json (the file, or a directory holding it, with or
+    without weights); `flag` is how the user gave it (the harness's --model-name, the CLI's --model)."""
     if name in PRESETS:
         return
     path = Path(name).expanduser()
     if not path.exists():
         raise WorkloadError(f"{flag} {name!r} is neither a preset ({', '.join(PRESETS)}) "
-                            "nor an existing directory",
-                            "Pick a preset or give a local Hugging Face model directory")
-    if not (path / "config.json").is_file():
+                            "nor an existing directory or config.json",
+                            "Pick a preset, or give a local Hugging Face model directory or its config.json")
+    if config_path(name) is None:
         raise WorkloadError(f"{path} has no config.json",
-                            "Give a Hugging Face model directory (config, weights, tokenizer)")
+                            "Give a Hugging Face model directory (config, weights, tokenizer) or a config.json")
+
+
+def config_path(name: str) -> Path | None:
+    """The Hugging Face config.json of a model that is not a preset: the file itself (any *.json
+    file), or the one in the directory; None where there is none."""
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".json":
+        return path
+    return path / "config.json" if (path / "config.json").is_file() else None
+
+
+def model_source(name: str) -> str:
+    """Where a model's weights come from: "preset" (built in, random), "config" (a config.json alone,
+    or a directory without weight files: built from it, random, with the byte tokenizer) or
+    "pretrained" (a directory with weights and its own tokenizer)."""
+    if name in PRESETS:
+        return "preset"
+    path = Path(name).expanduser()
+    if path.is_file() or not any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        return "config"
+    return "pretrained"
 
 
 def decays(shape: tuple[int, ...]) -> bool:

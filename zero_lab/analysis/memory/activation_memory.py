@@ -87,13 +87,13 @@ def shape_from_config(config: dict) -> DecoderShape | None:
 
 
 def decoder_shape(model: str) -> DecoderShape | None:
-    """Phase 1: a preset's shape, or a local directory's from its config.json; None when the model
+    """Phase 1: a preset's shape, or a local model's from its config.json (the file or its directory's); None when the model
     is not a decoder this module describes. Raises ValueError for a directory it cannot read."""
-    from zero_lab.workload.model_shapes import PRESETS
+    from zero_lab.workload.model_shapes import PRESETS, config_path
 
     if model in PRESETS:
         return shape_from_config(PRESETS[model])
-    path = Path(model).expanduser() / "config.json"
+    path = config_path(model) or Path(model).expanduser() / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

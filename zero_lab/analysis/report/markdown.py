@@ -13,6 +13,7 @@ from zero_lab.analysis.memory.estimate import MIB, nano_bytes, paper_bytes
 from zero_lab.analysis.runs.logparse import MEMORY_FIELDS
 from zero_lab.analysis.compare.metrics import (NOT_TESTED_WHY, pair_parity_note, pair_parity_text, parity_text,
                                               updates_words)
+from zero_lab.analysis.report.throughput_table import DEFINITION, throughput_notes, throughput_table
 from zero_lab.analysis.report.version_lock import lock_note
 
 METRIC_LABELS = {
@@ -265,6 +266,9 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
     for title, headers, body in cell_tables(rows, deltas, comparison.get("step_times")):
         out += [f"## {title}", "", markdown_table(headers, body), ""]
     out += ["## Runs", "", markdown_table(*run_table(rows)), ""]
+    if any(row.get("steps") and "flops_per_token" in row for row in rows):  # summaries that measured it
+        out += ["## Throughput", "", DEFINITION, "", markdown_table(*throughput_table(rows)), "",
+                *(f"{note}\n" for note in throughput_notes(rows))]
     out += ["## Measured memory against model-state estimates", "",
             "`alloc` is the live tensor bytes when the harness samples them and `peak alloc` the peak within a "
             "step (activations and temporary buffers included; see docs/log-format.md); the formulas count "

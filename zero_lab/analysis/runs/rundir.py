@@ -40,6 +40,7 @@ from zero_lab.analysis.runs.logparse import STEP_FIELDS, ParsedLog, is_number, p
 from zero_lab.analysis.memory.peak_memory import error_percent, predict_run_peak
 from zero_lab.analysis.runs.restart_history import restart_record
 from zero_lab.analysis.runs.step_phases import last_step_phases
+from zero_lab.analysis.runs.throughput import throughput
 from zero_lab.analysis.runs.updates import step_updates
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.log_lines import MB
@@ -230,7 +231,7 @@ def number_or_none(value: object) -> float | None:
 def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dtype: str, offload: str,
               launched_world_size: int, exit_code: int, interrupted_by: str | None, duration_s: float,
               stalled: str | None = None, killed_for_memory: KilledForMemory | None = None,
-              rss_max_mb: float | None = None) -> dict:
+              rss_max_mb: float | None = None, peak_tflops: float | None = None) -> dict:
     """A finished run's summary.json, from its directory (rank 0's log, console.log) and how it ended.
 
     Phase 1: parse rank 0's log; write metrics.csv.
@@ -239,7 +240,8 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
              the harness's own lines or killed_for_memory(failed rank, its exit code), the
              launcher's verdict on a rank killed by SIGKILL.
     Phase 3: the measured figures (analysis.runs.tables) beside nano's predictions (the peak, the
-             model-state formula)."""
+             model-state formula), and the throughput as tokens/s per device, TFLOP/s and MFU
+             against peak_tflops (--peak-tflops; None: the known GPUs' table, `runs.throughput`)."""
     from zero_lab.analysis.runs.tables import summarize_run  # pandas: once the run has ended
     from zero_lab.workload.meters.parameter_norms import PARAMETER_NORMS_FILE, read_norms  # torch
 
@@ -271,6 +273,7 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
         "impl": impl,
         "status": status,
         **measured,
+        **throughput(measured["tokens_per_s"], int(world_size), parsed.model, peak_tflops),
         "predicted_peak_mb": predicted_peak_mb,
         "peak_error_pct": error_percent(predicted_peak_mb, measured["peak_alloc_max_mb"]),
         # the host's share of the prediction (offload): inside predicted_peak_mb on CPU, beside it on CUDA
