@@ -313,6 +313,11 @@ def knobs_worker(rank: int, world_size: int) -> list[str]:
                         gathered.append(entry.unit.name)
                     return original(*args, **kwargs)
                 setattr(entry.buffers[0], verb, counting)
+        live_counts: list[tuple[int, int]] = []  # at each use: the running count, and the sum it stands for
+        def checked_prefetch(position, original=gathering._prefetch):
+            live_counts.append((gathering.live.numel, sum(entry.numel for entry in gathering.entries if entry.gathered)))
+            return original(position)
+        gathering._prefetch = checked_prefetch
         for step in range(2):  # the second step follows the first one's trace
             gathered.clear()
             loss = token_loss(engine, token_batch(step, 0, rank, MICRO_SIZE))
@@ -326,6 +331,8 @@ def knobs_worker(rank: int, world_size: int) -> list[str]:
         expected = simulate_micro_step(trace, {entry.unit.name: entry.numel for entry in gathering.entries},
                                        FetchRules(prefetch, max_live, reuse), held="root", backward=backward_trace)
         label = f"overlap={overlap} prefetch={prefetch} max_live={max_live} reuse={reuse}"
+        if not live_counts or any(live != summed for live, summed in live_counts):
+            failures.append(f"{label}: the running count of gathered elements left the sum over units: {live_counts}")
         if (forward, backward, after_forward) != (expected.forward_gathers, expected.backward_gathers,
                                                   expected.whole_after_forward):
             failures.append(f"{label}: gathered forward {forward}, backward {backward}, whole after forward "

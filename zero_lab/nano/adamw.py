@@ -1,42 +1,28 @@
 """AdamW (and Adam) over fp32 master partitions: the one place nano's Adam math lives (Muon's: `muon/`).
 
-The update is torch.optim.AdamW's single-tensor algorithm, operation for operation, so a nano run
-can be compared element by element with a single-process torch.optim.AdamW reference. Per flat
-buffer the optimizer sees one tensor: this rank's fp32 master partition; its exp_avg and exp_avg_sq
-(the optimizer-state partition) are created at the first step. The update runs over the partition
-in chunks, so its temporaries (the denominator) stay a chunk in size instead of a partition: small
-chunks on CPU, large ones on GPUs where each chunk costs kernel launches. The arithmetic is
-elementwise, so chunking does not change a single bit.
+Per flat buffer the optimizer sees one tensor: this rank's fp32 master partition; its exp_avg and
+exp_avg_sq (the optimizer-state partition) are created at the first step. The update is torch's
+fused kernel (`torch.optim.AdamW(fused=True)`'s), one call per group over all its partitions: it
+allocates no temporaries (each element is computed in registers), costs one call instead of ten per
+partition (stage 3 has one per unit) and runs on every thread of a CPU (offload's host step). It is
+torch.optim.AdamW's algorithm, its roundings a parameter's last bit from the single-tensor one's
+(`tests/tolerances.py`, PARAMETER_ROUNDING) and the same however the elements are partitioned.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-
-CHUNK_NUMEL = {"cpu": 1 << 16, "cuda": 1 << 24}
-
-
-def chunk_numel(device: torch.device) -> int:
-    return CHUNK_NUMEL.get(device.type, 1 << 20)
 
 
 @torch.no_grad()
-def adam_update(parameter: torch.Tensor, gradient: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                step: int, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-                decoupled_weight_decay: bool) -> None:
-    """One Adam step in place on `parameter`; decoupled decay is AdamW, otherwise L2 (Adam)."""
-    beta1, beta2 = betas
-    if decoupled_weight_decay:
-        parameter.mul_(1 - lr * weight_decay)
-    elif weight_decay != 0:
-        gradient = gradient.add(parameter, alpha=weight_decay)
-    exp_avg.lerp_(gradient, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(gradient, gradient, value=1 - beta2)
-    step_size = lr / (1 - beta1 ** step)
-    denominator = torch.sqrt(exp_avg_sq).div_(math.sqrt(1 - beta2 ** step)).add_(eps)
-    parameter.addcdiv_(exp_avg, denominator, value=-step_size)
+def fused_adam(masters: list[torch.Tensor], gradients: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+               exp_avg_sqs: list[torch.Tensor], step: int, group: dict) -> None:
+    """One Adam step in place on every master of `group` (same device): decoupled decay is AdamW,
+    otherwise L2 (Adam); `step` counts this one (bias corrections use it). A schedule's lr may be a tensor."""
+    kernel = torch._fused_adamw_ if group["decoupled_weight_decay"] else torch._fused_adam_
+    steps = [torch.tensor(float(step), device=masters[0].device)] * len(masters)  # read, not written, by the kernel
+    kernel(masters, gradients, exp_avgs, exp_avg_sqs, [], steps, lr=float(group["lr"]), beta1=group["betas"][0],
+           beta2=group["betas"][1], weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=False, maximize=False)
 
 
 class PartitionedAdam(torch.optim.Optimizer):
@@ -64,19 +50,24 @@ class PartitionedAdam(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, gradients: list[list[torch.Tensor]]) -> None:  # type: ignore[override]
         for group, group_gradients in zip(self.param_groups, gradients):
-            for master, gradient in zip(group["params"], group_gradients):
-                self._update(master, gradient, group)
+            self._update_all(group["params"], group_gradients, group)
 
     def _update(self, master: torch.Tensor, gradient: torch.Tensor, group: dict) -> None:
-        state = self.state[master]
-        if not state:
-            state.update(step=0, exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
-        state["step"] += 1
-        for start in range(0, master.numel(), size := chunk_numel(master.device)):
-            piece = slice(start, start + size)
-            adam_update(master[piece], gradient[piece], state["exp_avg"][piece], state["exp_avg_sq"][piece],
-                        state["step"], float(group["lr"]), group["betas"], group["eps"], group["weight_decay"],
-                        group["decoupled_weight_decay"])  # float(): a schedule may keep lr as a tensor
+        """One master's step (Muon's auxiliary AdamW steps its masters one at a time)."""
+        self._update_all([master], [gradient], group)
+
+    def _update_all(self, masters: list[torch.Tensor], gradients: list[torch.Tensor], group: dict) -> None:
+        """One fused call per device (offload may keep masters on the host) and step count (a loaded state may mix)."""
+        calls: dict[tuple, list[tuple]] = {}
+        for master, gradient in zip(masters, gradients):
+            state = self.state[master]
+            if not state:
+                state.update(step=0, exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
+            state["step"] += 1
+            calls.setdefault((master.device, state["step"]), []).append(
+                (master, gradient, state["exp_avg"], state["exp_avg_sq"]))
+        for (_, step), members in calls.items():
+            fused_adam(*map(list, zip(*members)), step, group)
 
     def state_bytes(self) -> int:
         """Bytes of the optimizer-state partitions (exp_avg + exp_avg_sq of every master)."""

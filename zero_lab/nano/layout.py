@@ -69,18 +69,18 @@ class FlatLayout:
             running += numel
         return tuple(starts)
 
-    @property
+    @cached_property
     def numel(self) -> int:
         """Elements of the parameters themselves, padding excluded."""
         return sum(self.parameter_numels)
 
     # Phase 2
-    @property
+    @cached_property
     def padded_numel(self) -> int:
         return -(-self.numel // self.alignment) * self.alignment
 
     # Phase 3
-    @property
+    @cached_property
     def partition_numel(self) -> int:
         return self.padded_numel // self.partition_count
 

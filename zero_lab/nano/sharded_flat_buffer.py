@@ -9,7 +9,7 @@ whose `partition` is storage of its own. States and verbs:
                stale values.
     GATHERING: between the two, an all-gather into `full` in flight.
 `unshard()` gathers into `full`'s re-allocated storage, `reshard()` frees it again; `after_step()`
-gathers nothing (the next use does).
+gathers nothing (the next use does). Each change of state moves a shared count (`count_in`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ class BufferState(str, Enum):
     SHARDED = "SHARDED"
 
 
+class GatheredElements:  # the fetch rules' live count (official's `__n_available_params`), kept by `count_in`
+    numel = 0  # elements of the buffers counted in it that are not SHARDED
+
+
 class ShardedFlatBuffer(FlatParameterBuffer):
     """A flat buffer that is whole only while its unit is in use (stage 3); see the module docstring.
 
@@ -54,7 +58,20 @@ class ShardedFlatBuffer(FlatParameterBuffer):
         self.full_nbytes = self.full.untyped_storage().nbytes()
         self.pending = None
         self.staged: torch.Tensor | None = None
-        self.state = BufferState.UNSHARDED
+        self.counted: GatheredElements | None = None  # where its gathered elements are counted (`count_in`)
+        self._state = BufferState.UNSHARDED
+
+    state = property(lambda self: self._state)
+
+    @state.setter
+    def state(self, state: BufferState) -> None:  # a change into or out of SHARDED moves the count
+        if self.counted is not None and (state == BufferState.SHARDED) != (self._state == BufferState.SHARDED):
+            self.counted.numel += self.layout.padded_numel * (-1 if state == BufferState.SHARDED else 1)
+        self._state = state
+
+    def count_in(self, counted: GatheredElements) -> None:  # its elements count in `counted` while not SHARDED
+        self.counted = counted
+        counted.numel += 0 if self._state == BufferState.SHARDED else self.layout.padded_numel
 
     def synchronize(self, collectives: Collectives) -> None:
         super().synchronize(collectives)

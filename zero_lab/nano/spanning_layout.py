@@ -70,7 +70,7 @@ class SpanningLayout:
             running += layout.partition_numel
         return tuple(starts)
 
-    @property
+    @cached_property
     def share_numel(self) -> int:
         """Elements of one rank's share: one partition of every member."""
         return sum(layout.partition_numel for layout in self.members)
@@ -79,7 +79,7 @@ class SpanningLayout:
     def partition_count(self) -> int:
         return self.members[0].partition_count
 
-    @property
+    @cached_property
     def numel(self) -> int:
         return self.share_numel * self.partition_count
 

@@ -46,7 +46,7 @@ from zero_lab.nano.coalesced_gather import start_gathers
 from zero_lab.nano.collectives import Collectives, labelled
 from zero_lab.nano.external_parameters import external_parameters, register_external_parameter, unwatch, watch
 from zero_lab.nano.fetch_trace import TracedUse
-from zero_lab.nano.sharded_flat_buffer import BufferState, ShardedFlatBuffer
+from zero_lab.nano.sharded_flat_buffer import BufferState, GatheredElements, ShardedFlatBuffer
 from zero_lab.nano.units import Unit
 
 
@@ -145,6 +145,9 @@ class UnitGathering:
         self.collectives = collectives
         self.rules = rules  # fetch_policy.FetchRules, or None: no prefetch, each unit freed after its use
         self.by_name = {entry.unit.name: entry for entry in entries}
+        self.live = GatheredElements()  # the elements of every unit now whole or gathering
+        for buffer in (buffer for entry in entries for buffer in entry.buffers):
+            buffer.count_in(self.live)
         self.root = next((entry for entry in entries if entry.unit.module is model), None)
         self.trace: list[TracedUse] = []  # the forward's uses at the previous micro-step
         self.backward_trace: list[TracedUse] | None = None  # its backward's (None: it had none)
@@ -205,16 +208,13 @@ class UnitGathering:
             self.trace, self.backward_trace = recorded[:forward_uses], recorded[forward_uses:] or None
             self.recording, self.forward_uses = [], 0
 
-    def live_numel(self) -> int:
-        return sum(entry.numel for entry in self.entries if entry.gathered)
-
     # ----- the fetch rules (fetch_policy) ----------------------------------------------------
     def _prefetch(self, position: int | None) -> None:
         """Rule 2 at the use at `position`: start gathering what the schedule reaches."""
         if self.schedule is None or position is None:
             return
         started = [self.by_name[name] for name in
-                   self.schedule.prefetch(position, lambda unit: self.by_name[unit].gathered, self.live_numel())]
+                   self.schedule.prefetch(position, lambda unit: self.by_name[unit].gathered, self.live.numel)]
         for entry in started:
             entry.prefetched = True
         with labelled("prefetch " + ",".join(entry.unit.name for entry in started)):
