@@ -51,8 +51,8 @@ def train(model, config, rank, world_size, reference, failures, label, between_s
         compare_whole(model, reference, failures, f"{label} step {step}", step + 1)
         if between_steps is not None:
             between_steps(engine, step)
-    if engine.optimizer.gathering.live_numel():
-        failures.append(f"{label}: {engine.optimizer.gathering.live_numel()} elements still gathered after training")
+    if engine.optimizer.gathering.live.numel:
+        failures.append(f"{label}: {engine.optimizer.gathering.live.numel} elements still gathered after training")
     return engine
 
 
@@ -94,8 +94,8 @@ def eval_forward_worker(rank: int, world_size: int) -> list[str]:
         with torch.no_grad():
             engine(token_batch(step, 8, rank, MICRO_SIZE))
         engine.train()
-        if engine.optimizer.gathering.live_numel() or engine.memory_breakdown()["gathered_parameters"]:
-            failures.append(f"step {step}: an evaluation left {engine.optimizer.gathering.live_numel()} elements gathered")
+        if engine.optimizer.gathering.live.numel or engine.memory_breakdown()["gathered_parameters"]:
+            failures.append(f"step {step}: an evaluation left {engine.optimizer.gathering.live.numel} elements gathered")
 
     train(copy.deepcopy(initial), stage3_config(), rank, world_size, reference, failures, "eval", evaluate)
     return failures

@@ -1,12 +1,10 @@
 """AdamW (and Adam) over fp32 master partitions: the one place nano's Adam math lives (Muon's: `muon/`).
 
-Per flat buffer the optimizer sees one tensor: this rank's fp32 master partition; its exp_avg and
-exp_avg_sq (the optimizer-state partition) are created at the first step. The update is torch's
-fused kernel (`torch.optim.AdamW(fused=True)`'s), one call per group over all its partitions: it
-allocates no temporaries (each element is computed in registers), costs one call instead of ten per
-partition (stage 3 has one per unit) and runs on every thread of a CPU (offload's host step). It is
-torch.optim.AdamW's algorithm, its roundings a parameter's last bit from the single-tensor one's
-(`tests/tolerances.py`, PARAMETER_ROUNDING) and the same however the elements are partitioned.
+Per flat buffer the optimizer sees one tensor, this rank's fp32 master partition, whose exp_avg and
+exp_avg_sq (the optimizer-state partition) appear at the first step. One call of torch's fused kernel
+(`torch.optim.AdamW(fused=True)`'s) updates all of a group's partitions: no temporaries, one call instead
+of ten per partition (stage 3 has one per unit), every thread of a CPU (offload's host step). It rounds as
+torch.optim.AdamW to a parameter's last bit (`tests/tolerances.py`), the same however it is partitioned.
 """
 
 from __future__ import annotations
@@ -17,8 +15,11 @@ import torch
 @torch.no_grad()
 def fused_adam(masters: list[torch.Tensor], gradients: list[torch.Tensor], exp_avgs: list[torch.Tensor],
                exp_avg_sqs: list[torch.Tensor], step: int, group: dict) -> None:
-    """One Adam step in place on every master of `group` (same device): decoupled decay is AdamW,
-    otherwise L2 (Adam); `step` counts this one (bias corrections use it). A schedule's lr may be a tensor."""
+    """Step `step` of Adam in place on every master (one device): AdamW with decoupled decay, else Adam's L2."""
+    for master, gradient in zip(masters, gradients):  # the kernel reads past a shorter gradient: never let it
+        if gradient.shape != master.shape:
+            raise RuntimeError(f"a gradient partition of {gradient.numel()} elements must match the size of its master "
+                               f"partition, {master.numel()}")
     kernel = torch._fused_adamw_ if group["decoupled_weight_decay"] else torch._fused_adam_
     steps = [torch.tensor(float(step), device=masters[0].device)] * len(masters)  # read, not written, by the kernel
     kernel(masters, gradients, exp_avgs, exp_avg_sqs, [], steps, lr=float(group["lr"]), beta1=group["betas"][0],
@@ -30,8 +31,7 @@ class PartitionedAdam(torch.optim.Optimizer):
 
     param_groups[i]["params"] are the fp32 master partitions of parameter group i, one per flat
     buffer of that group (one at stages 0-2); `step(gradients)` takes the matching fp32 gradient
-    partitions, gradients[i][j] for param_groups[i]["params"][j].
-    """
+    partitions, gradients[i][j] for param_groups[i]["params"][j]."""
 
     def __init__(self, master_partitions: list[list[torch.Tensor]], groups: list[dict], lr: float,
                  betas: tuple[float, float], eps: float, weight_decay: float, decoupled_weight_decay: bool):
