@@ -52,8 +52,7 @@ class PartitionedAdam(torch.optim.Optimizer):
         for group, group_gradients in zip(self.param_groups, gradients):
             self._update_all(group["params"], group_gradients, group)
 
-    def _update(self, master: torch.Tensor, gradient: torch.Tensor, group: dict) -> None:
-        """One master's step (Muon's auxiliary AdamW steps its masters one at a time)."""
+    def _update(self, master: torch.Tensor, gradient: torch.Tensor, group: dict) -> None:  # Muon's AdamW: one by one
         self._update_all([master], [gradient], group)
 
     def _update_all(self, masters: list[torch.Tensor], gradients: list[torch.Tensor], group: dict) -> None:

@@ -229,11 +229,12 @@ class ZeroOptimizer:
         # Phase 6: no gradient memory between steps.
         self._release_gradients()
 
-    def _global_norm(self, partitions: list[torch.Tensor], chunk: int = 1 << 22) -> float:  # squared 16 MB at a time
-        squares = torch.zeros(1, dtype=torch.float32, device=self.placement.device)  # nccl sums device tensors
-        for piece in (piece for partition in partitions for piece in partition.view(-1).split(chunk)):
-            squares.add_(piece.pow(2).sum())  # a 0-dim sum joins a device tensor from the host; 16 MB at most
-        self._sum_over_ranks(squares)
+    # ----- the norm: a dot allocates nothing; pieces of 2^16 on a CPU, whose BLAS sums longer ones less exactly
+    def _global_norm(self, partitions: list[torch.Tensor]) -> float:
+        squares = torch.zeros(1, dtype=torch.float64, device=self.placement.device)  # nccl sums device tensors
+        for piece in (piece for p in partitions for piece in p.view(-1).split(1 << (16 if p.is_cpu else 22))):
+            squares.add_(torch.dot(piece, piece))  # float64 over the pieces; a 0-dim product joins from the host
+        self._sum_over_ranks(squares := squares.float())  # the ranks' sums: 4 bytes, in float32
         norm = math.sqrt(float(squares.item()))
         free_storage(squares)  # the backend's worker may still hold it
         return norm
