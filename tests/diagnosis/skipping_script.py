@@ -12,6 +12,7 @@ import argparse
 import atexit
 import os
 import sys
+import traceback
 
 import torch
 
@@ -64,4 +65,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RuntimeError as error:  # torch's collective check (`--check-collectives`) fails the rank with exit code 1;
+        if "Detected mismatch between collectives" not in str(error):  # without it, gloo's abort (SIGABRT) ends
+            raise  # rank 1 and the exit handler above rank 0
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)

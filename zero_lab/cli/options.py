@@ -65,6 +65,10 @@ PeakTflops = Annotated[Optional[float], typer.Option(
     help="The device's peak dense TFLOP/s in the run's dtype, for MFU (default: the table of known GPUs in "
          "docs/throughput.md; on a CPU or an unknown GPU, MFU is n/a unless given).", metavar="TFLOPS",
     rich_help_panel=LAUNCH)]
+CheckCollectives = Annotated[bool, typer.Option(
+    help="Before every collective, check that all ranks call the same operation on the same shapes and dtypes "
+         "(torch's TORCH_DISTRIBUTED_DEBUG=DETAIL): a rank-divergent collective stops the run at once, named, "
+         "instead of hanging; slower (docs/doctor.md).", rich_help_panel=LAUNCH)]
 OptimizerOption = Annotated[Optional[str], typer.Option(
     "--optimizer", help="adamw, or muon: official DeepSpeed's Muon for the 2-D hidden weights, AdamW for the rest "
     "(nano and official; docs/muon.md). Default: the config's optimizer.", rich_help_panel=WORKLOAD)]
@@ -118,6 +122,7 @@ COMMON_OPTIONS = [
     _option("max_restarts", MaxRestarts, 0),
     _option("optimizer", OptimizerOption, None),
     _option("peak_tflops", PeakTflops, None),
+    _option("check_collectives", CheckCollectives, False),
 ]
 # Typer passes the context by its type; its extra arguments (after `--`) go to torchrun.
 CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
@@ -125,7 +130,7 @@ CONTEXT = inspect.Parameter("context", inspect.Parameter.POSITIONAL_OR_KEYWORD, 
 
 def common(context: typer.Context, device, config, model, steps, batch_size, seq_len, dtype, seed, dataset_path,
            offload, attn_impl, gradient_checkpointing, ranks_per_node, out, name, nnodes, node_rank, rdzv_endpoint, rdzv_id, stall_timeout, device_memory,
-           force, max_restarts=0, optimizer=None, peak_tflops=None) -> Common:
+           force, max_restarts=0, optimizer=None, peak_tflops=None, check_collectives=False) -> Common:
     """The shared options as one Common; BadInput for a --device outside auto, cpu, cuda, an
     --attn-impl Hugging Face does not name, a negative --stall-timeout, or a --device-memory that
     is not above 0, or a --peak-tflops that is not above 0."""
@@ -141,7 +146,7 @@ def common(context: typer.Context, device, config, model, steps, batch_size, seq
     check_not_negative(stall_timeout, "--stall-timeout")
     check_positive(device_memory, "--device-memory")
     check_positive(peak_tflops, "--peak-tflops")
-    work.peak_tflops = peak_tflops
+    work.peak_tflops, work.check_collectives = peak_tflops, check_collectives
     given = frozenset(parameter.name for parameter in COMMON_OPTIONS  # by name: Typer may carry its own Click
                       if getattr(context.get_parameter_source(parameter.name), "name", None) == "COMMANDLINE")
     restarts = checked_max_restarts(max_restarts, list(context.args))

@@ -44,6 +44,7 @@ class Workload:
     optimizer: str | None = None  # the harness's --optimizer adamw|muon (None: the config's)
     trace_steps: str | None = None  # --trace: the steps each rank traces (None: no trace; workload.tracing.trace_settings)
     peak_tflops: float | None = None  # --peak-tflops: the device's peak for MFU in the summary (None: the table's); not the harness's
+    check_collectives: bool = False  # --check-collectives: torch checks every collective across ranks before issuing it
 
 
 @dataclass

@@ -124,6 +124,8 @@ def execute(
         child_env[PARAMETER_NORMS_ENVIRONMENT] = str(run_dir.resolve() / "logs" / PARAMETER_NORMS_FILE)
     child_env.update(torchrun.restart_environment(spec))
     child_env.update(trace_environment(run_dir, spec.workload.trace_steps))  # --trace: each rank's timeline
+    if spec.workload.check_collectives:  # torch's own check of each collective across ranks (docs/doctor.md)
+        child_env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     total_steps = spec.workload.steps if spec.script is None else None  # a script decides its own
     task = progress.add_task(label, total=total_steps, loss="-") if progress is not None else None
     # Phase 2

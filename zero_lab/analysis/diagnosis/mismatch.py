@@ -16,11 +16,16 @@ Phase 2: the first call number where their op, payload bytes or dtype differ, or
          issued nothing (the others went on without it); each rank's call there, and where it was.
 Phase 3: the likely cause from where the ranks were: a module (stage 3's unit labels, or the
          engine call) that some ranks ran, or work between steps that only some ranks did.
+With `--check-collectives` (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL) every collective is first
+checked across the ranks, and the first one that differs raises on every rank, naming each rank's
+call ("Detected mismatch between collectives on ranks"); the evidence adds what torch saw and the
+Python frame that issued each rank's call (`torch_check`).
 """
 
 from __future__ import annotations
 
 from zero_lab.analysis.diagnosis.finding import Finding
+from zero_lab.analysis.diagnosis.torch_check import torch_check_lines
 from zero_lab.analysis.diagnosis.run_data import RunData
 from zero_lab.workload.meters.collective_record import Record, RecordedCall
 
@@ -93,6 +98,7 @@ def collective_mismatch(run: RunData) -> list[Finding]:
         return []
     evidence = [run.ending(), f"the ranks agree on their first {seq} collectives; call {seq} differs:"]
     evidence += [f"rank {rank}: {described(call)}" for rank, call in sorted(calls.items())]
+    evidence += torch_check_lines(run.stderr_of())
     said = run.ranks_saying(ABORT_TEXT)
     if said:
         evidence.append(f"rank {', '.join(map(str, said))} stderr: \"Is there a distributed collective mismatch in "

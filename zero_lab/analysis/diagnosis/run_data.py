@@ -88,6 +88,15 @@ class RunData:
                 ranks.append(int(rank))
         return ranks
 
+    def stderr_of(self) -> dict[int, str]:
+        """Each rank's stderr log (logs/rank<k>.stderr.log), by rank."""
+        texts = {}
+        for path in sorted((self.directory / "logs").glob("rank*.stderr.log")):
+            rank = path.name.removeprefix("rank").split(".")[0]
+            if rank.isdigit():
+                texts[int(rank)] = path.read_text(errors="replace")
+        return texts
+
     def killing_signal(self) -> signal.Signals | None:
         """SIGKILL, SIGTERM, SIGHUP or SIGINT when the failed rank (or the launch) ended by it: a
         signal from outside the training (`diagnosis.killed`), not one the rank raised itself."""
