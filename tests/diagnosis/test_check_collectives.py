@@ -12,15 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.diagnosis.test_mismatch_e2e import CONFIG  # the skipping script's stage-3 config, nothing prefetched
 from zero_lab.analysis.diagnosis.torch_check import issuing_frame, torch_check_lines
 
 REPO = Path(__file__).resolve().parents[2]
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
 SCRIPT = REPO / "tests" / "diagnosis" / "skipping_script.py"
-CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1000000,
-          "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "torch_adam": True}},
-          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                                "stage3_prefetch_bucket_size": 0}}
 TORCH_SAYS = ('RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running collective: '
               'CollectiveFingerPrint(SequenceNumber=14, OpType=_ALLGATHER_BASE, TensorShape=[528], TensorDtypes=Float, '
               'TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu)), but Rank 0 is running collective: '
