@@ -48,13 +48,17 @@ def main() -> int:
     parser.add_argument("--stages", default="2,3")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--config", help="a DeepSpeed config for every impl (default: the harness's per stage), "
+                                         "e.g. one whose zero_optimization.leaf_module names Qwen3DecoderLayer")
     args = parser.parse_args()
 
     result = run_compare("--gpus", args.gpus, "--device", "cpu", "--stages", args.stages, "--impls", args.impls,
-                         "--model", str(REPO / MODEL), "--steps", str(args.steps))  # Phase 1
+                         "--model", str(REPO / MODEL), "--steps", str(args.steps),
+                         *(["--config", args.config] if args.config else []))  # Phase 1
     times = host_times(result["compare_dir"])
     impls = args.impls.split(",")
-    print(f"host CPU ms per step ({MODEL}, fp32, CPU, {args.steps} steps; median of steps after {SKIPPED_STEPS})")
+    print(f"host CPU ms per step ({MODEL}, fp32, CPU, {args.steps} steps; median of steps after {SKIPPED_STEPS}"
+          f"{'; config ' + args.config if args.config else ''})")
     print(f"{'W':>3} {'stage':>5} " + "".join(f"{impl:>10}" for impl in impls)
           + f"{'nano/fsdp2':>12}{'nano/official':>15}")
     missed = []

@@ -428,3 +428,37 @@ def fwd_module_worker(rank: int, world_size: int) -> list[str]:
         if "Cannot free a ZeRO-3 parameter while it is still active in submodules" not in str(error):
             failures.append(f"official failed otherwise: {error}")
     return failures
+
+
+def marked_leaf_worker(rank: int, world_size: int) -> list[str]:
+    """`deepspeed.utils.set_z3_leaf_modules(model, [Block])`, official's API, marks the block in the model
+    instead of the config: the same units as `leaf_module: Block`, and training equals the reference."""
+    from zero_lab.nano.policies.leaf_modules import get_z3_leaf_modules, set_z3_leaf_modules
+
+    failures = []
+    torch.manual_seed(0)
+    initial = CallsIntoALeaf()
+    reference = TokenReference(initial, LR, WEIGHT_DECAY, 0.0)
+    by_config, *_ = nano.initialize(model=copy.deepcopy(initial), config=leaf_config())
+    expected = [entry.unit.name for entry in by_config.optimizer.gathering.entries]
+    model = copy.deepcopy(initial)
+    marked = set_z3_leaf_modules(model, [Block])
+    if marked != [model.block] or get_z3_leaf_modules(model) != [model.block]:
+        failures.append(f"marked {marked}")
+    units: list[str] = []
+    checks = nano_checks(model, reference, world_size, 1, failures, "marked")
+
+    def after_step(step, engine):
+        units[:] = [entry.unit.name for entry in engine.optimizer.gathering.entries]
+        checks(step, engine)
+
+    train(nano, model, stage3_config(), rank, CommMeter(), after_step)
+    if units != expected or "block" not in units:
+        failures.append(f"units {units}, with the config's leaf_module {expected}")
+    try:
+        set_z3_leaf_modules(model, ["NoSuchBlock"])
+        failures.append("marking a class the model lacks did not raise")
+    except ValueError as error:
+        if "no module of class NoSuchBlock in the model" not in str(error):
+            failures.append(f"the error reads {error}")
+    return failures

@@ -37,6 +37,10 @@ def test_a_leaf_modules_inner_module_gathers_inside_the_forward_and_raises_outsi
     assert run_distributed(external_parameter_workers.leaf_module_worker, 2) == []
 
 
+def test_set_z3_leaf_modules_marks_the_units_the_configs_leaf_module_names():
+    assert run_distributed(external_parameter_workers.marked_leaf_worker, 2) == []
+
+
 @pytest.mark.slow
 @pytest.mark.official
 def test_official_gathers_nothing_for_a_call_outside_the_forward():

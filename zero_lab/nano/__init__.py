@@ -29,7 +29,8 @@ into buckets, gradient partitions from the window's first reduction until the op
 `memory_formula.py` and docs/nano.md give the bytes at each moment; the tests measure them.
 
 Layers, each importing only those listed before it:
-    errors, stages, dtypes, fetch_trace, facade, memory, policies, config.keys, config.zeropp -> layout, policies.fetch_policy, policies.unit_policy ->
+    errors, stages, dtypes, fetch_trace, facade, memory, policies, policies.leaf_modules, config.keys, config.zeropp ->
+    layout, policies.fetch_policy, policies.unit_policy ->
     config.schema, spanning_layout -> config.loading -> config -> facade.official_config, memory.memory_formula ->
     collectives, facade.distributed, placement, units, gradient_collection, external_parameters ->
     flat_buffer, gradient_buckets, adamw, loss_scaler, facade.lr_schedules, facade.client_optimizers, muon.newton_schulz,

@@ -9,9 +9,10 @@ official DeepSpeed fetches at once (`fetch_sub_module`):
        kept whole on every rank and published after each step in one all-gather per parameter,
        as official DeepSpeed does.
     2. one unit per module fetched as one (`fetch_modules`): each module matching
-       `zero_optimization.leaf_module` (DeepSpeed's classes, names and name suffixes) with the
-       parameters of its subtree, and every other module with its own parameters (`recurse=False`:
-       each Linear, Embedding, norm), named after the module.
+       `zero_optimization.leaf_module` (DeepSpeed's classes, names and name suffixes) or marked by
+       `set_z3_leaf_modules` (`leaf_modules`) with the parameters of its subtree, and every other
+       module with its own parameters (`recurse=False`: each Linear, Embedding, norm), named after
+       the module.
     3. "root": every other parameter: one that two such modules own (a head tied to the
        embedding), or the model's own; gathered for the model's whole forward and backward. So
        every parameter belongs to exactly one unit and is whole wherever a module uses it.
@@ -25,6 +26,7 @@ import torch
 
 from zero_lab.nano import stages
 from zero_lab.nano.init.partitions import is_partitioned, numel_of
+from zero_lab.nano.policies.leaf_modules import z3_leaf_module
 from zero_lab.nano.policies.unit_policy import ParameterEntry, plan_units
 from zero_lab.nano.units import Unit, split_groups_by_unit, whole_model
 
@@ -33,7 +35,7 @@ def is_leaf(name: str, module: torch.nn.Module, classes: tuple[str, ...], names:
             suffixes: tuple[str, ...]) -> bool:
     """Whether `module` (called `name` in the model) is a leaf module: fetched whole, its subtree one unit."""
     qualified = f"{type(module).__module__}.{type(module).__qualname__}"
-    return (type(module).__name__ in classes or qualified in classes or name in names
+    return (z3_leaf_module(module) or type(module).__name__ in classes or qualified in classes or name in names
             or any(name.endswith(suffix) for suffix in suffixes))
 
 
@@ -69,7 +71,7 @@ def fetch_modules(model: torch.nn.Module, classes: tuple[str, ...] = (), names: 
     for name, module in model.named_modules():
         if module is model or id(module) in inside_a_leaf:
             continue
-        if (classes or names or suffixes) and is_leaf(name, module, classes, names, suffixes):
+        if is_leaf(name, module, classes, names, suffixes):
             blocks.append((name, module, True))
             inside_a_leaf.update(id(inner) for inner in module.modules())
         elif next(module.parameters(recurse=False), None) is not None:

@@ -1,4 +1,5 @@
-"""`deepspeed.utils`: DeepSpeed's logger (the Trainer sets its level) and `log_dist`."""
+"""`deepspeed.utils`: DeepSpeed's logger (the Trainer sets its level), `log_dist`, and the stage-3
+leaf-module API (`set_z3_leaf_modules`: nano's `policies.leaf_modules`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import logging
 from typing import Optional
 
 import torch.distributed
+
+from zero_lab.nano.policies.leaf_modules import (get_z3_leaf_modules, set_z3_leaf_modules, unset_z3_leaf_modules,
+                                                 z3_leaf_module)
 
 logger = logging.getLogger("DeepSpeed")
 if not logger.handlers:
@@ -24,4 +28,5 @@ def log_dist(message: str, ranks: Optional[list[int]] = None, level: int = loggi
         logger.log(level, f"[Rank {rank}] {message}")
 
 
-__all__ = ["logger", "log_dist"]
+__all__ = ["logger", "log_dist", "set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules",
+           "z3_leaf_module"]
