@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.diagnosis.test_mismatch_e2e import CONFIG  # the skipping script's stage-3 config, nothing prefetched
+from tests.diagnosis.test_mismatch_e2e import compare_skipping  # the skipping script, nano and official at stage 3
 from zero_lab.analysis.diagnosis.torch_check import issuing_frame, torch_check_lines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,13 +43,7 @@ def test_torchs_words_become_each_ranks_call_and_the_user_frame_that_issued_it()
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("checked")
-    config = out / "config.json"
-    config.write_text(json.dumps(CONFIG))
-    done = subprocess.run(
-        [ZERO_LAB, "compare", "--script", str(SCRIPT), "--impls", "nano,official", "--stages", "3", "--gpus", "2",
-         "--device", "cpu", "--config", str(config), "--check-collectives", "--out", str(out), "--name", "check",
-         "--stall-timeout", "600", "--", "--steps", "3"], capture_output=True, text=True, timeout=1200, cwd=REPO)
-    return out / "check", done
+    return out / "check", compare_skipping(out, "check", "--check-collectives")
 
 
 @pytest.mark.slow

@@ -29,17 +29,21 @@ CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
 HEAD_BYTES, VISION_BYTES = (64 * 32 + 64) * 4, (32 * 32 + 32) * 4
 
 
+def compare_skipping(out: Path, name: str, *flags: str) -> subprocess.CompletedProcess:
+    """`zero-lab compare --script` of the skipping script, nano and official at stage 3 on 2 CPU ranks, into out/name."""
+    config = out / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    return subprocess.run(
+        [ZERO_LAB, "compare", "--script", str(REPO / "tests" / "diagnosis" / "skipping_script.py"), "--impls",
+         "nano,official", "--stages", "3", "--gpus", "2", "--device", "cpu", "--config", str(config), "--out", str(out),
+         "--name", name, "--stall-timeout", "600", *flags, "--", "--steps", "3"],
+        capture_output=True, text=True, timeout=1200, cwd=REPO)
+
+
 @pytest.fixture(scope="module")
 def aborted(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("mismatch")
-    config = out / "config.json"
-    config.write_text(json.dumps(CONFIG))
-    done = subprocess.run(
-        [ZERO_LAB, "compare", "--script", str(REPO / "tests" / "diagnosis" / "skipping_script.py"), "--impls",
-         "nano,official", "--stages", "3", "--gpus", "2", "--device", "cpu", "--config", str(config), "--out", str(out),
-         "--name", "skip", "--stall-timeout", "600", "--", "--steps", "3"],
-        capture_output=True, text=True, timeout=1200, cwd=REPO)
-    return out / "skip", done
+    return out / "skip", compare_skipping(out, "skip")
 
 
 def test_compare_reports_the_failed_runs_and_points_at_the_doctor(aborted):

@@ -52,7 +52,8 @@ def throughput(tokens_per_s: object, world_size: int, model: dict, peak_tflops: 
     """summary.json's throughput keys for a run: tokens_per_s (all ranks) -> per device, TFLOP/s,
     MFU (percent) and the peak it was measured against with where the peak came from, beside the
     device's name."""
-    per_device = finite(tokens_per_s) / world_size if finite(tokens_per_s) is not None and world_size else None  # Phase 1
+    total = finite(tokens_per_s)
+    per_device = total / world_size if total is not None and world_size else None  # Phase 1
     flops = finite(model.get("flops_per_token"))
     achieved = per_device * flops / 1e12 if per_device is not None and flops is not None else None  # Phase 2
     peak, source = (peak_tflops, "--peak-tflops") if peak_tflops else (  # Phase 3
