@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from tests.scripts import REPO
-from zero_lab.launch.ports import free_port
+from tests.ports import free_port
 
 
 def test_a_stage_2_step_allocates_nothing_above_its_start():

@@ -20,7 +20,7 @@ from tests.harness.test_train_torchrun import REPO
 from zero_lab.checkpoint_formats import convert as conversion
 from zero_lab.checkpoint_formats.common import FORMATS, KEYS, MASTER
 from zero_lab.cli.app import app
-from zero_lab.launch.ports import free_port
+from tests.ports import free_port
 from zero_lab.nano.checkpoint import files
 from zero_lab.nano.facade.distributed import init_distributed
 from zero_lab.workload.data import make_batches

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from zero_lab.launch import ports, torchrun
+from zero_lab.launch import torchrun
 from zero_lab.cli.app import app
 from zero_lab.launch.torchrun_job import stop_process_tree
 
@@ -148,8 +148,8 @@ def test_stopping_a_run_ends_torchrun_and_every_worker_within_seconds(tmp_path):
     sleeper = tmp_path / "sleep.py"
     sleeper.write_text("import time\ntime.sleep(120)\n")
     process = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-         "--master-port", str(ports.free_port()), str(sleeper)],
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *torchrun.single_node_rendezvous(0),
+         str(sleeper)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ})
     deadline = time.monotonic() + 300  # a bound against a hang, not a speed test: start-up waits for its moment
     while len(psutil.Process(process.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:

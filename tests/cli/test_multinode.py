@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from zero_lab.launch.ports import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))

@@ -34,11 +34,10 @@ def test_a_restartable_launch_uses_c10d_rendezvous_and_the_agents_store():
     assert torchrun.restart_environment(spec(3)) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
 
 
-def test_without_restarts_the_launch_is_unchanged():
+def test_without_restarts_the_launch_has_the_same_rendezvous_and_no_restarts():
     command = torchrun.torchrun_command(spec(0))
-    assert following(command, "--master-port") == "29500"
-    assert "--max-restarts" not in command and "--rdzv-backend" not in command
-    assert torchrun.restart_environment(spec(0)) == {}
+    assert (following(command, "--rdzv-backend"), following(command, "--rdzv-endpoint")) == ("c10d", "127.0.0.1:29500")
+    assert "--max-restarts" not in command and "--master-port" not in command
 
 
 def test_an_elastic_range_keeps_its_rendezvous_and_gains_the_restarts():

@@ -34,7 +34,7 @@ import torch
 import torch.distributed
 
 import zero_lab.nano as nano
-from zero_lab.launch.ports import free_port
+from tests.ports import free_port
 from zero_lab.nano.collectives import COLLECTIVES_AT_WORLD_ONE
 from tests.nano.reference import ReferenceTrainer, build_model, loss_of, micro_batch
 from tests.gpu import REHEARSAL_ENVIRONMENT

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from zero_lab.launch.ports import free_port
+from tests.ports import free_port
 from zero_lab.workload.log_lines import parse_line
 
 REPO = Path(__file__).resolve().parents[2]

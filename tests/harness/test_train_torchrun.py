@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness_world import Worlds
-from zero_lab.launch.ports import free_port
+from tests.ports import free_port
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.memory.memory_formula import model_state_bytes
 from zero_lab.workload.log_lines import parse_line

@@ -2,9 +2,8 @@
 
 from pathlib import Path
 
-from zero_lab.launch.ports import free_port
 from zero_lab.launch.torchrun import (
-    TRAIN_SCRIPT, LaunchSpec, MultiNode, Workload, launch_environment, threads_per_process,
+    TRAIN_SCRIPT, LaunchSpec, MultiNode, Workload, launch_environment, restart_environment, threads_per_process,
     torchrun_command, watched_stall_timeout_s,
 )
 
@@ -12,7 +11,7 @@ from zero_lab.launch.torchrun import (
 def spec(**overrides):
     base = dict(impl="official", stage=2, nproc=2, device="cpu", config_path=Path("/r/config.json"),
                 workload=Workload(model="tiny", steps=5, seq_len=64), log_dir=Path("/r/torchrun-logs"),
-                port=29611, python="python")
+                python="python")
     return LaunchSpec(**{**base, **overrides})
 
 
@@ -20,12 +19,12 @@ def flag(command, name):
     return command[command.index(name) + 1]
 
 
-def test_single_node_command_has_its_own_port_and_every_harness_flag():
+def test_single_node_command_binds_port_0_and_has_every_harness_flag():
     command = torchrun_command(spec())
     assert command[:3] == ["python", "-m", "torch.distributed.run"]
     assert flag(command, "--nproc-per-node") == "2"
-    assert flag(command, "--master-addr") == "127.0.0.1" and flag(command, "--master-port") == "29611"
-    assert "--rdzv-endpoint" not in " ".join(command)
+    assert flag(command, "--rdzv-backend") == "c10d" and flag(command, "--rdzv-endpoint") == "127.0.0.1:0"
+    assert "--master-port" not in command
     script = command.index(str(TRAIN_SCRIPT))
     launcher, harness = command[:script], command[script + 1:]
     assert flag(launcher, "--redirects") == "3" and flag(launcher, "--log-dir") == "/r/torchrun-logs"
@@ -74,14 +73,7 @@ def test_ds_accelerator_is_set_per_device_over_a_leftover():
     assert launch_environment({}, "cuda", nproc=1, cores=16)["DS_ACCELERATOR"] == "cuda"
 
 
-def test_free_ports_differ_between_launches():
-    ports = {free_port() for _ in range(5)}
-    assert len(ports) >= 2 and all(1024 <= port < 65536 for port in ports)
-
-
-def test_a_single_node_launch_without_a_port_is_refused():
-    import pytest
-
-    with pytest.raises(ValueError, match="needs spec.port"):
-        torchrun_command(spec(port=None))
-    assert "--master-port" not in torchrun_command(spec(port=None, multi_node=MultiNode(nnodes="2", rdzv_endpoint="h:1")))
+def test_multi_node_launches_keep_their_own_store():
+    multi = spec(multi_node=MultiNode(nnodes="2", rdzv_endpoint="h:1"))
+    assert "--master-port" not in torchrun_command(multi) and restart_environment(multi) == {}
+    assert restart_environment(spec()) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}

@@ -9,7 +9,7 @@ import torch.distributed
 import zero_lab.nano as nano
 from tests.nano.reference import build_model, loss_of, micro_batch, parameter_groups
 from tests.nano.workers import nano_config
-from zero_lab.launch.ports import free_port
+from tests.ports import free_port
 
 
 @pytest.fixture

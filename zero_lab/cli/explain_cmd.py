@@ -29,7 +29,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from zero_lab.launch.ports import free_port
 from zero_lab.analysis.explain.explain import explain as walk_through
 from zero_lab.analysis.explain.explain_check import (collectives_comparison, disagreements, memory_comparison,
                                              recorded_sequence)
@@ -87,14 +86,20 @@ def model_table(model: str):
 
 
 def measure(config: dict, dtype: str, world_size: int) -> dict:
-    """Phase 3: run `workload.tracing.step_trace` on `world_size` local processes; rank 0's record."""
-    port = free_port()
+    """Phase 3: run `workload.tracing.step_trace` on `world_size` local processes; rank 0's record.
+    The ranks join a store this process binds to a port the OS gives it in the same call, as torchrun's
+    agent does (a port probed free and bound later by rank 0 can be taken in between)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    port = store.port
     request = json.dumps({"config": config, "dtype": dtype, "seq_len": MEASURE_SEQ_LEN})
     processes = []
     try:
         for rank in range(world_size):
             env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                   "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
+                   "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
+                   "TORCHELASTIC_USE_AGENT_STORE": "True"}
             processes.append(subprocess.Popen([sys.executable, "-m", "zero_lab.workload.tracing.step_trace", request],
                                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         finished = [process.communicate(timeout=MEASURE_TIMEOUT_S) for process in processes]

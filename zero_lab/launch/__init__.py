@@ -6,7 +6,6 @@
     memory_watch.py   sample every rank's memory; say when a rank killed by SIGKILL ran out of it
     workers.py        torchrun's worker processes by rank (what both watches look at)
     moments.py        named moments where a fault test can pause a command and interrupt it
-    ports.py          a free port, asked for just before each launch
 
 It sits above `analysis` (a finished run is parsed and summarised) and below `cli`. The stop signals
 (Ctrl-C, SIGTERM and SIGHUP as one exception, deferred while a child starts, held off while

@@ -1,9 +1,10 @@
 """Build the torchrun command and environment for one run: pure functions, no process started.
 
 On CPU, `--gpus N` means N processes, each given `cores // N` threads; on CUDA it means N devices.
-Single-node runs get their own free port (static rendezvous on 127.0.0.1), which the launcher
-asks the OS for just before it starts torchrun (a port picked minutes earlier, while other cells
-ran, may have been taken since by another comparison on the same host); multi-node runs pass `--nnodes`, `--node-rank`, `--rdzv-*` to torchrun.
+Single-node runs rendezvous on 127.0.0.1 port 0: torchrun's agent binds its store to a port the OS
+gives it in the same call, and the ranks join that store (a port probed free and bound later can be
+taken in between by a comparison or a test running beside it); multi-node runs pass `--nnodes`,
+`--node-rank`, `--rdzv-*` to torchrun.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class LaunchSpec:
     config_path: Path
     workload: Workload
     log_dir: Path
-    port: int | None = None  # single node: set by the launcher just before torchrun starts
+    port: int = 0  # single node: the agent's store port (0: the OS picks one as the agent binds it)
     multi_node: MultiNode = field(default_factory=MultiNode)
     extra_torchrun_args: list[str] = field(default_factory=list)
     python: str = sys.executable
@@ -104,8 +105,6 @@ def threads_per_process(cores: int, nproc: int) -> int:
 
 def torchrun_command(spec: LaunchSpec) -> list[str]:
     """The exact argv: `python -m torch.distributed.run <launcher flags> harness/train.py <flags>`."""
-    if spec.port is None and not spec.multi_node.enabled:
-        raise ValueError("a single-node launch needs spec.port; pick it with ports.free_port() just before launching")
     command = [spec.python, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.nproc)]
     if spec.multi_node.enabled:
         node = spec.multi_node
@@ -115,10 +114,8 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
             ("rdzv-endpoint", node.rdzv_endpoint),
             ("rdzv-id", node.rdzv_id),
         ) if value is not None]
-    elif spec.max_restarts:
-        command += single_node_elastic_rendezvous(spec.port)
     else:
-        command += ["--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(spec.port)]
+        command += single_node_rendezvous(spec.port)
     command += ["--max-restarts", str(spec.max_restarts)] if spec.max_restarts else []
     # Every rank's stdout and stderr go to files; rank 0's stdout is also shown (for progress).
     command += ["--log-dir", str(spec.log_dir), "--redirects", "3", "--tee", "1"]
@@ -129,18 +126,20 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
     return command
 
 
-def single_node_elastic_rendezvous(port: int) -> list[str]:
-    """A restartable job on one node: torchrun's c10d rendezvous on 127.0.0.1:port, which every attempt
-    joins again (the static one of `--master-port` is made once, for the first attempt)."""
+def single_node_rendezvous(port: int) -> list[str]:
+    """A job on one node: torchrun's c10d rendezvous on 127.0.0.1:port, bound once by the agent, which
+    every attempt of a restartable job joins again (the static one of `--master-port` would need a port
+    picked in advance, and is made once, for the first attempt)."""
     return ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
 
 
 def restart_environment(spec: LaunchSpec) -> dict[str, str]:
-    """With --max-restarts, the ranks share the agent's store (torch's default, said here so a caller's
-    environment cannot turn it off): it is bound once, by the agent, while a store of each attempt's own
-    would need a port picked free and bound seconds later, which another process can take in between.
-    The harness keeps each attempt's keys apart in it (`workload.faults.restart_hooks.join_attempt_group`)."""
-    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"} if spec.max_restarts else {}
+    """On one node, or with --max-restarts, the ranks share the agent's store (torch's default, said here
+    so a caller's environment cannot turn it off): it is bound once, by the agent, while a store of the
+    ranks' own would need a port picked free and bound seconds later, which another process can take in
+    between. The harness keeps each attempt's keys apart in it (`workload.faults.restart_hooks.join_attempt_group`)."""
+    shared = spec.max_restarts or not spec.multi_node.enabled
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"} if shared else {}
 
 
 def engine_config_path(spec: LaunchSpec) -> Path:

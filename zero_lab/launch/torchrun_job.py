@@ -22,7 +22,6 @@ Phases 3 and 4 run with those signals held off, so a second one cannot cut them 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -36,7 +35,7 @@ from rich.progress import Progress
 from zero_lab import signals
 from zero_lab.analysis.runs import rundir
 from zero_lab.analysis.runs.logparse import step_and_loss
-from zero_lab.launch import moments, ports, torchrun
+from zero_lab.launch import moments, torchrun
 from zero_lab.launch.engine_switch import impl_environment
 from zero_lab.workload.tracing.trace_settings import trace_environment
 from zero_lab.launch.memory_watch import MemoryWatch
@@ -129,8 +128,6 @@ def execute(
     total_steps = spec.workload.steps if spec.script is None else None  # a script decides its own
     task = progress.add_task(label, total=total_steps, loss="-") if progress is not None else None
     # Phase 2
-    if not spec.multi_node.enabled:
-        spec = dataclasses.replace(spec, port=ports.free_port())
     command = torchrun.torchrun_command(spec)
     (run_dir / "command.txt").write_text(torchrun.shell_quote(command) + "\n")
     (run_dir / "console.log").touch()  # a stop before the first line still finds it

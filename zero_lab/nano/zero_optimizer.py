@@ -229,11 +229,11 @@ class ZeroOptimizer:
         # Phase 6: no gradient memory between steps.
         self._release_gradients()
 
-    # ----- the norm: a dot allocates nothing; pieces of 2^16 on a CPU, whose BLAS sums longer ones less exactly
     def _global_norm(self, partitions: list[torch.Tensor]) -> float:
         squares = torch.zeros(1, dtype=torch.float64, device=self.placement.device)  # nccl sums device tensors
-        for piece in (piece for p in partitions for piece in p.view(-1).split(1 << (16 if p.is_cpu else 22))):
-            squares.add_(torch.dot(piece, piece))  # float64 over the pieces; a 0-dim product joins from the host
+        for flat, size in ((p.view(-1), 1 << (16 if p.is_cpu else 22)) for p in partitions):  # a CPU's BLAS sums 2^16 exactly
+            for piece in (flat[start:start + size] for start in range(0, flat.numel(), size)):  # one view at a time
+                squares.add_(torch.dot(piece, piece))  # a dot allocates nothing; float64 over the pieces
         self._sum_over_ranks(squares := squares.float())  # the ranks' sums: 4 bytes, in float32
         norm = math.sqrt(float(squares.item()))
         free_storage(squares)  # the backend's worker may still hold it
