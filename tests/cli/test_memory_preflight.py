@@ -21,6 +21,7 @@ from zero_lab.launch import torchrun
 
 WORKLOAD = ["--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1", "--stage", "2"]
 ONE_STEP = 'import os\nif os.environ["RANK"] == "0":\n    print("[opt_step 1] loss=5.0 alloc_max_mb=1.0", flush=True)\n'
+CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 NEEDED = re.compile(r"2 ranks x (\d+) MB predicted peak = (\d+) MB, (\d+) MB offered \(--device-memory\)")
 
 
@@ -48,6 +49,8 @@ def test_run_refuses_a_run_predicted_over_the_limit_before_anything_starts(tmp_p
     assert abs(2 * per_rank - both) <= 1 and offered == 51 and both > offered
     for knob in ("--stage", "--offload", "--batch-size", "--seq-len", "--gradient-checkpointing", "--force"):
         assert knob in lines[0]
+    shown = re.search(r"`(the cheapest change that fits: [^`]+)`", " ".join(CLI_DOC.read_text().split()))
+    assert shown and shown.group(1) in lines[0], "docs/cli.md shows this refusal's change and figures"
     assert not out.exists() or not any(out.iterdir()), "nothing launched, nothing left"
 
 
@@ -159,3 +162,68 @@ def test_the_gpus_free_memory_is_asked_in_a_child_process_that_takes_its_context
     assert asked[0][:2] == [sys.executable, "-c"] and "mem_get_info" in asked[0][2]
     failed = lambda command, **kwargs: subprocess.CompletedProcess(command, 1, stdout="", stderr="CUDA error")
     assert preflight.free_gpu_bytes(failed) == []
+
+
+CHEAPEST = re.compile(r"the cheapest change that fits: (--[\w-]+(?: \d+)?) \(")
+
+
+@pytest.mark.slow  # the run that goes ahead launches torchrun (with a one-step stand-in for the harness)
+def test_the_cheapest_change_the_refusal_names_fits_when_given(tmp_path, monkeypatch):
+    """Refused at a limit under its prediction, a run names one change and its predicted figures; run
+    again with that change alone at the same limit, it passes the preflight and runs."""
+    script = tmp_path / "one_step.py"
+    script.write_text(ONE_STEP)
+    monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
+    limit_gb = f"{0.75 * needed_mb(tmp_path) / 1024:.6f}"
+    refused = invoke("run", *WORKLOAD, "--device-memory", limit_gb, "--out", str(tmp_path / "refused"))
+    assert refused.exit_code == 2, refused.output
+    change = CHEAPEST.search(refused.stderr)
+    assert change, refused.stderr
+    again = invoke("run", *WORKLOAD, *change.group(1).split(), "--device-memory", limit_gb, "--out", str(tmp_path / "runs"),
+                   "--name", "changed")
+    assert again.exit_code == 0 and "will not fit" not in again.stderr, again.output
+    assert json.loads((tmp_path / "runs" / "changed" / "summary.json").read_text())["status"] == "ok"
+
+
+def test_the_changes_come_cheapest_first_and_each_changes_one_thing(tmp_path):
+    """A higher stage, then gradient checkpointing, offload (on CUDA only: on a CPU every byte is the
+    host's), a smaller micro-batch, fewer ranks on a CPU host; each candidate differs from the job in
+    the one thing its flag names, and checkpointing or a smaller micro-batch predicts less."""
+    from zero_lab.cli import jobs, preflight
+
+    shared = jobs.SharedSettings(None, "cpu", torchrun.Workload(model="tiny", steps=1, batch_size=4),
+                                 torchrun.MultiNode(), [])
+    job = jobs.prepare(shared, "nano", 1, 2, tmp_path / "run")
+    on_cpu = dict(preflight.changes(job, "cpu"))
+    assert list(on_cpu) == ["--stage 2", "--stage 3", "--gradient-checkpointing", "--batch-size 2", "--batch-size 1",
+                            "--gpus 1"]
+    assert on_cpu["--stage 3"].config["zero_optimization"]["stage"] == on_cpu["--stage 3"].spec.stage == 3
+    assert on_cpu["--gpus 1"].spec.nproc == 1 and on_cpu["--batch-size 2"].config["train_micro_batch_size_per_gpu"] == 2
+    peak = preflight.predicted_peak(job)
+    assert preflight.predicted_peak(on_cpu["--gradient-checkpointing"]) < peak
+    assert preflight.predicted_peak(on_cpu["--batch-size 2"]) < peak
+    assert job.config["train_micro_batch_size_per_gpu"] == 4 and job.spec.stage == 1, "the job itself is unchanged"
+    stage3 = jobs.prepare(shared, "nano", 3, 2, tmp_path / "run3")
+    on_cuda = [flag for flag, _ in preflight.changes(stage3, "cuda")]
+    assert on_cuda == ["--gradient-checkpointing", "--offload optimizer", "--offload param", "--batch-size 2",
+                       "--batch-size 1"]
+
+
+@pytest.mark.slow  # the cell that goes ahead launches torchrun (with a one-step stand-in for the harness)
+def test_compare_runs_the_cells_that_fit_and_reports_the_refused_ones_as_rows(tmp_path, monkeypatch):
+    """Official's stage 2 predicts about three times nano's on the tiny model: at a limit between the
+    two, nano's cell runs and official's is a `refused` row, said on stderr with what would fit (here no
+    one change: its own buffers, not the model, fill the limit); a refusal fails nothing (exit 0)."""
+    script = tmp_path / "one_step.py"
+    script.write_text(ONE_STEP)
+    monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
+    nano = needed_mb(tmp_path)
+    result = invoke("compare", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1", "--stages", "2",
+                    "--device-memory", f"{1.5 * nano / 1024:.6f}", "--out", str(tmp_path / "cmp"), "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows = {row["impl"]: row for row in json.loads(result.stdout)["rows"]}
+    assert rows["nano"]["status"] == "ok" and rows["official"]["status"] == "refused", rows
+    assert rows["official"]["error"].startswith("refused: will not fit: 2 ranks x ")
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: official w2 s2: will not fit")]
+    assert len(notes) == 1 and "not run (refused); no one change fits: combine some of" in notes[0], result.stderr
+    assert not list((tmp_path / "cmp").glob("*/cells/w2-s2-official")), "a refused cell launches nothing"

@@ -7,7 +7,9 @@
     zero-lab compare --script examples/hf_trainer.py --gpus 2 --device cpu --stages 2,3 -- --max-steps 8
 
 Phase 1: check every input and prepare every run before the first launch; the preflight refuses
-         cells predicted not to fit in memory (zero_lab.cli.preflight). On CUDA a world size
+         cells predicted not to fit in memory (zero_lab.cli.preflight): one `note:` line each, with
+         the cheapest change that fits, and a row "refused: would not fit" (status refused) beside
+         the cells that ran; the command stops (exit 2) only when no cell fits. On CUDA a world size
          beyond the visible GPUs is not run: one `note:` line says so, and its cells are rows
          marked "needs N GPUs" (status not_run) beside the cells that ran.
 Phase 2: per impl, an unrecorded warm-up (optional); then every cell, a failed one not stopping
@@ -126,7 +128,10 @@ def compare(
                    for job in jobs.resume_pair(shared, impl, stage, world_size, compare_dir / "resume"
                                                / rundir.cell_name(impl, stage, world_size))]
         jobs.warn_passed_to_official(warmups + cells + resumes)
-        preflight.check(cells, shared.device, shared.device_memory_gb, common.force)
+        cells, refused = preflight.admit(cells, shared.device, shared.device_memory_gb, common.force)
+        going = {(job.spec.impl, job.spec.stage, job.spec.nproc) for job in cells}
+        warmups, resumes = ([job for job in group if (job.spec.impl, job.spec.stage, job.spec.nproc) in going]
+                            for group in (warmups, resumes))
         say_where_auto_runs(common.requested_device, shared.device)
         if restarts_note := jobs.restart_from_the_start_note(shared, "add --save-every K"):
             output.stderr.print(restarts_note, markup=False, highlight=False)
@@ -137,7 +142,7 @@ def compare(
         resumed, interrupted_by = ([], interrupted_by) if interrupted_by or not resumes else jobs.run_jobs(resumes, env)
         if interrupted_by and not rundir.holds_a_run(compare_dir):  # stopped before the first launch
             raise typer.Exit(exit_code_of(summaries, interrupted_by))
-        summaries += jobs.not_run(shared, lacking_gpus, stage_list, impl_list)
+        summaries += refused + jobs.not_run(shared, lacking_gpus, stage_list, impl_list)
     # Phase 3
     from zero_lab.analysis.compare.comparison import build_comparison  # pandas: once the runs have ended
 

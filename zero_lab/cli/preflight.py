@@ -10,17 +10,23 @@ Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its 
          will log, offload included): on CUDA the device's bytes alone (what offload moved to the
          host is not the GPU's), on CPU every byte; None where there is none (an unreadable
          architecture, a user's script).
-Phase 3: `check`: the verdict per job (analysis.memory.memory_fit); a tight one is a warning, one that
-         will not fit stops the command with exit 2 and the knobs that would help, unless --force.
+Phase 3: the verdict per job (analysis.memory.memory_fit); a tight one is a warning. One that will not
+         fit is refused with the cheapest change that fits (`cheapest_fit`: the same prediction for
+         each change in CHANGES' order), unless --force: `check` (run) stops the command with exit 2;
+         `admit` (compare) runs the cells that fit and makes each refused one a `refused` row, and
+         stops the command only when none fits.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import subprocess
 import sys
 
 from zero_lab.analysis.memory.memory_fit import KNOBS, TIGHT_FRACTION, Fit, fit, fit_line
+from zero_lab.analysis.runs.rundir import not_run_summary
 from zero_lab.cli.errors import BadInput
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.log_lines import MB as MIB, size_text
@@ -87,7 +93,7 @@ def verdicts(jobs: list, device: str, device_memory_gb: float | None) -> list[tu
     found = []
     for job in jobs:
         peak = predicted_peak(job)
-        ranks = 1 if device == "cuda" else job.spec.nproc  # a GPU each, or one host for the node's ranks
+        ranks = ranks_sharing_a_memory(job, device)
         verdict = fit(peak * ranks if peak is not None else None, offered)
         judged = verdict is not Fit.NO_VERDICT
         line = fit_line(job.label, peak, ranks, offered, offered_name, verdict) if judged else None
@@ -106,17 +112,99 @@ def add_row_verdicts(rows: list[dict], device: str, device_memory_gb: float | No
     return f"{size_text(offered)} ({offered_name})" if offered is not None else offered_name
 
 
-def check(jobs: list, device: str, device_memory_gb: float | None, force: bool) -> None:
-    """Phase 3: warn of tight jobs; BadInput (exit 2) when one will not fit, unless force."""
+def ranks_sharing_a_memory(job, device: str) -> int:
+    return 1 if device == "cuda" else job.spec.nproc  # a GPU each, or one host for the node's ranks
+
+
+def changed(job, stage: int | None = None, nproc: int | None = None, config: dict | None = None, **workload):
+    """`job` with one change to its launch, its config (`config`: zero_optimization keys, or the
+    micro-batch) or its workload's flags; nothing else of it differs."""
+    spec, new_config = job.spec, copy.deepcopy(job.config)
+    for key, value in (config or {}).items():
+        (new_config if key == "train_micro_batch_size_per_gpu" else new_config["zero_optimization"])[key] = value
+    if stage is not None:
+        new_config["zero_optimization"]["stage"] = stage
+    spec = dataclasses.replace(spec, stage=spec.stage if stage is None else stage, nproc=nproc or spec.nproc,
+                               workload=dataclasses.replace(spec.workload, **workload))
+    return dataclasses.replace(job, spec=spec, config=new_config)
+
+
+def changes(job, device: str, stage_flag: str = "--stage"):
+    """(the flag, the changed job) for each change that lowers a rank's peak, cheapest first: a higher
+    stage costs communication alone; gradient checkpointing one more forward; offload (on CUDA, where
+    the GPU's memory is the limit) the host's bandwidth and Adam; a smaller micro-batch changes the
+    workload; fewer ranks on a CPU host (which its ranks share) changes the comparison."""
+    spec, zero = job.spec, job.config["zero_optimization"]
+    for stage in range(spec.stage + 1, 4):
+        yield f"{stage_flag} {stage}", changed(job, stage=stage)
+    if not spec.workload.gradient_checkpointing:
+        yield "--gradient-checkpointing", changed(job, gradient_checkpointing=True)
+    offloaded = {name: (zero.get(f"offload_{name}") or {}).get("device", "none") == "cpu" for name in ("optimizer", "param")}
+    if device == "cuda" and spec.stage >= 1 and not offloaded["optimizer"]:
+        yield "--offload optimizer", changed(job, config={"offload_optimizer": {"device": "cpu"}}, offload="optimizer")
+    if device == "cuda" and spec.stage == 3 and not offloaded["param"]:
+        yield "--offload param", changed(job, config={"offload_optimizer": {"device": "cpu"},
+                                                      "offload_param": {"device": "cpu"}}, offload="param")
+    batch = int(job.config["train_micro_batch_size_per_gpu"])
+    while batch > 1:
+        batch //= 2
+        yield f"--batch-size {batch}", changed(job, config={"train_micro_batch_size_per_gpu": batch}, batch_size=batch)
+    if device != "cuda" and not spec.multi_node.enabled:
+        for nproc in range(spec.nproc - 1, 0, -1):
+            yield f"--gpus {nproc}", changed(job, nproc=nproc)
+
+
+def cheapest_fit(job, device: str, offered: int, stage_flag: str = "--stage") -> str | None:
+    """The first of `changes` whose predicted peak fits in `offered`, with its figures; None if none does."""
+    for flag, candidate in changes(job, device, stage_flag):
+        peak, ranks = predicted_peak(candidate), ranks_sharing_a_memory(candidate, device)
+        if peak is not None and fit(peak * ranks, offered) in (Fit.FITS, Fit.TIGHT):
+            needed = f"{ranks} ranks x {size_text(peak)} = {size_text(ranks * peak)}" if ranks > 1 else size_text(peak)
+            return f"{flag} ({needed} predicted)"
+    return None
+
+
+def refusals(jobs: list, device: str, device_memory_gb: float | None, force: bool,
+             stage_flag: str = "--stage") -> list[tuple[object, str, str]]:
+    """Phase 3: warn of tight jobs (and, with force, of those that will not fit); (job, its line, its
+    fix) for each job refused."""
+    offered, _ = offered_memory(device, device_memory_gb)
     refused = []
-    for _, verdict, line in verdicts(jobs, device, device_memory_gb):
+    for job, verdict, line in verdicts(jobs, device, device_memory_gb):
         if verdict is Fit.TIGHT:
             print(f"warning: {line} (within {TIGHT_FRACTION:.0%} of the limit)", file=sys.stderr)
         elif verdict is Fit.WILL_NOT_FIT and force:
             print(f"warning: {line}; going on (--force)", file=sys.stderr)
         elif verdict is Fit.WILL_NOT_FIT:
-            refused.append(line)
+            cheapest = cheapest_fit(job, device, offered, stage_flag)
+            fix = (f"the cheapest change that fits: {cheapest}; other ways to lower a rank's memory: {KNOBS}"
+                   if cheapest else f"no one change fits: combine some of {KNOBS}")
+            refused.append((job, line, f"{fix}; or pass --force to run anyway"))
+    return refused
+
+
+def check(jobs: list, device: str, device_memory_gb: float | None, force: bool) -> None:
+    """Phase 3 for `run`: BadInput (exit 2) when a job will not fit, unless force."""
+    refused = refusals(jobs, device, device_memory_gb, force)
+    for _, line, fix in refused[:-1]:
+        print(f"error: {line}; {fix}", file=sys.stderr)
     if refused:
-        for line in refused[:-1]:
-            print(f"error: {line}", file=sys.stderr)
-        raise BadInput(refused[-1], f"lower the memory a rank needs with {KNOBS}; or pass --force to run anyway")
+        raise BadInput(refused[-1][1], refused[-1][2])
+
+
+def admit(jobs: list, device: str, device_memory_gb: float | None, force: bool) -> tuple[list, list[dict]]:
+    """Phase 3 for `compare`: (the jobs that go ahead, a `refused` row for each of the others, said on
+    stderr with its fix); BadInput as `check` when none goes ahead."""
+    refused = refusals(jobs, device, device_memory_gb, force, stage_flag="--stages")
+    if refused and len(refused) == len(jobs):
+        for _, line, fix in refused[:-1]:
+            print(f"error: {line}; {fix}", file=sys.stderr)
+        raise BadInput(refused[-1][1], refused[-1][2])
+    rows = []
+    for job, line, fix in refused:
+        print(f"note: {line}: not run (refused); {fix}", file=sys.stderr)
+        spec = job.spec
+        world_size = spec.multi_node.world_size(spec.nproc) or spec.nproc
+        rows.append(not_run_summary(world_size, spec.stage, spec.impl, f"refused: {line.split(': ', 1)[1]}", "refused"))
+    refused_jobs = {id(job) for job, _, _ in refused}
+    return [job for job in jobs if id(job) not in refused_jobs], rows

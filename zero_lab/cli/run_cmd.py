@@ -40,7 +40,7 @@ def exit_code_of(summaries: list[dict], interrupted_by: str | None) -> int | Non
     statuses = {summary["status"] for summary in summaries}
     if "bad_input" in statuses:
         return EXIT_BAD_INPUT
-    if statuses - {"ok", "not_run"}:  # a cell that never started (compare --gpus beyond the GPUs) failed nothing
+    if statuses - {"ok", *rundir.NEVER_STARTED}:  # a cell that never started (too few GPUs, refused) failed nothing
         return EXIT_RUN_FAILED
     return None
 
@@ -50,7 +50,7 @@ def report_problems(summaries: list[dict]) -> None:
     cell that never started was said before anything ran)."""
     for summary in summaries:
         where = f"world_size={summary['world_size']} stage={summary['stage']} impl={summary['impl']}"
-        if summary["status"] == "not_run":
+        if summary["status"] in rundir.NEVER_STARTED:
             continue
         if summary["status"] == "bad_input":
             output.stderr.print(f"error: {summary['error']}", markup=False, highlight=False)

@@ -10,12 +10,13 @@ The numbers they judge (per-run summaries, deltas, per-step loss gaps) are compu
     `verdict`: the gates together: 3 a run failed, 1 a gate failed, 0 fine; an interruption (with
                the exit code the command ends with: `signals.interrupted_exit_code`) overrides them all;
                a cell that never started (`not_run`: its world size needs more GPUs than are
-               visible) fails nothing and is listed.
+               visible; `refused`: predicted not to fit in memory) fails nothing and is listed.
 """
 
 from __future__ import annotations
 
 from zero_lab.analysis.runs.logparse import MEMORY_FIELDS
+from zero_lab.analysis.runs.rundir import NEVER_STARTED
 from zero_lab.signals import interrupted_exit_code
 
 # Default loss tolerance per precision: fp32 engines agree to ~1e-6 here, half precision to ~1e-2.
@@ -96,11 +97,11 @@ def verdict(
         f"world_size={row['world_size']} stage={row['stage']} impl={row['impl']}: {row['status']}"
         + (" (out of memory)" if row.get("failure") == "out_of_memory" else "")
         for row in rows
-        if row["status"] not in ("ok", "interrupted", "not_run")
+        if row["status"] not in ("ok", "interrupted", *NEVER_STARTED)
     ]
     # cells that never started (more GPUs than visible): said, not failed
     not_run = [f"world_size={row['world_size']} stage={row['stage']} impl={row['impl']}: not run, {row['error']}"
-               for row in rows if row["status"] == "not_run"]
+               for row in rows if row["status"] in NEVER_STARTED]
     parity_failures = [
         f"world_size={d['world_size']} stage={d['stage']} ({d['impl']} vs {d['baseline']}): max step loss delta "
         f"{d['max_step_loss_delta']} > {loss_tol}"

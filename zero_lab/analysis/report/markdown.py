@@ -11,6 +11,7 @@ import json
 from zero_lab.analysis.runs import step_times
 from zero_lab.analysis.memory.estimate import MIB, nano_bytes, paper_bytes
 from zero_lab.analysis.runs.logparse import MEMORY_FIELDS
+from zero_lab.analysis.runs.rundir import NEVER_STARTED
 from zero_lab.analysis.compare.metrics import (NOT_TESTED_WHY, pair_parity_note, pair_parity_text, parity_text,
                                               updates_words)
 from zero_lab.analysis.report.throughput_table import DEFINITION, throughput_notes, throughput_table
@@ -245,7 +246,7 @@ def impls_table(rows: list[dict], against: list[dict], pairs: list[dict],
 def failure_section(rows: list[dict]) -> str:
     parts = []
     for row in rows:
-        if row["status"] in ("ok", "not_run"):  # a cell that never started has no logs; the verdict says why
+        if row["status"] in ("ok", *NEVER_STARTED):  # a cell that never started has no logs; the verdict says why
             continue
         parts.append(
             f"#### world size {row['world_size']}, stage {row['stage']}, {row['impl']}: {row['status']}"
@@ -293,7 +294,10 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
 
 
 def status_text(row: dict) -> str:
-    """A run's status in a table; a cell that never started says why ("needs 2 GPUs (1 visible)")."""
+    """A run's status in a table; a cell that never started says why ("needs 2 GPUs (1 visible)",
+    "refused: would not fit"; the verdict gives the refusal's figures)."""
+    if row["status"] == "refused":
+        return "refused: would not fit"
     return row["error"] if row["status"] == "not_run" else row["status"] + restarts_text(row)
 
 

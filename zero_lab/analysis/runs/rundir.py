@@ -312,10 +312,15 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
     }
 
 
-def not_run_summary(world_size: int, stage: int, impl: str, reason: str) -> dict:
-    """The row of a cell that never started, and why (`compare --gpus` beyond the visible GPUs):
-    status `not_run`, no steps, the reason as its error."""
-    return {"world_size": world_size, "stage": stage, "impl": impl, "status": "not_run", "error": reason, "steps": 0}
+# The statuses of a cell that never started: `not_run` (its world size needs more GPUs than are
+# visible) and `refused` (the preflight predicted it would not fit in memory). Neither failed.
+NEVER_STARTED = ("not_run", "refused")
+
+
+def not_run_summary(world_size: int, stage: int, impl: str, reason: str, status: str = "not_run") -> dict:
+    """The row of a cell that never started, and why (`compare --gpus` beyond the visible GPUs, or a
+    cell refused before launch): its status (NEVER_STARTED), no steps, the reason as its error."""
+    return {"world_size": world_size, "stage": stage, "impl": impl, "status": status, "error": reason, "steps": 0}
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
