@@ -6,6 +6,7 @@ command with --format json) against the formula it states."""
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -161,12 +162,26 @@ def lesson_4(ran) -> tuple[dict, tuple]:
     textbook = 3 * (2 - 1) * 2 * parameters // 2  # 3 (N-1)/N x 2P at N = 2
     root = next(item for item in three["collectives"] if item["what"] == "root")
     assert abs(wire(prefetch_0) - (textbook - root["wire_bytes"])) < 2**20 / 10
+    # the prefetch of 0 releases the model only at the harness's reuse distance of 0; at DeepSpeed's default most stays
+    reuse_default = ran.workdir / "zero3-prefetch-0-default-reuse.json"
+    config = json.loads((ran.workdir / shlex.split(tried)[shlex.split(tried).index("--config") + 1]).read_text())
+    assert config["zero_optimization"]["stage3_max_reuse_distance"] == 0
+    config["zero_optimization"]["stage3_max_reuse_distance"] = int(1e9)
+    reuse_default.write_text(json.dumps(config))
+    kept = category(explained(ran, sibling(tried, config=str(reuse_default))), "gathered_parameters", "end_of_forward")
+    assert category(prefetch_0, "gathered_parameters", "end_of_forward") < kept < gathered
+    twice = forward - sharded  # one unit the prefetch gathers twice: its second gather sends (N-1)/N of it
+    assert wire(three) - wire(two) == twice // 2
     return {
         "between": mb(moment(three, "between_steps")["total_bytes"]),
         "stage 2 between": mb(moment(two, "between_steps")["total_bytes"]),
         "parameters": mb(category(three, "parameters", "between_steps")), "gathered": mb(gathered),
         "end of forward": mb(moment(three, "end_of_forward")["total_bytes"]), "root": mb(root["payload_bytes"]),
-        "wire": mb(wire(three)), "stage 2 wire": mb(wire(two)), "gathered twice": mb(forward - sharded),
+        "wire": mb(wire(three)), "stage 2 wire": mb(wire(two)), "gathered twice": mb(twice),
+        "gathered twice on the wire": mb(wire(three) - wire(two)),
+        "end of backward": mb(moment(three, "end_of_backward")["total_bytes"]),
+        "gradient partition": mb(category(three, "gradient_partition", "end_of_backward")),
+        "default reuse kept": mb(kept),
         "stage 2 peak": f"{rows[2]['predicted_peak_mb']:.1f}", "stage 3 peak": f"{rows[3]['predicted_peak_mb']:.1f}",
         "peak difference": f"{rows[3]['predicted_peak_mb'] - rows[2]['predicted_peak_mb']:.1f}",
         "activations": f"{rows[3]['activations_mb']:.1f}", "tokens": shlex.split(estimated)[shlex.split(estimated).index("--seq-len") + 1],
@@ -176,7 +191,7 @@ def lesson_4(ran) -> tuple[dict, tuple]:
         "textbook": mb(textbook),
         "max live gathered": mb(category(max_live, "gathered_parameters", "end_of_forward")),
         "max live wire": mb(wire(max_live)),
-    }, ("1.5",)
+    }, ("1.5", "1e9")
 
 
 def lesson_5(ran) -> tuple[dict, tuple]:
