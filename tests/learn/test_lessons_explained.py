@@ -159,6 +159,7 @@ def lesson_4(ran) -> tuple[dict, tuple]:
     assert gathered == sharded
     assert not [item for item in three["collectives"] if item["phase"] == "backward" and item["op"] == "all_gather"]
     assert rows[3]["predicted_peak_mb"] > rows[2]["predicted_peak_mb"]
+    assert rows[2]["nano_mb"] - rows[2]["paper_mb"] == (4 - 2) * parameters / 2 / 2**20  # fp32, not 2 bytes, over N
     textbook = 3 * (2 - 1) * 2 * parameters // 2  # 3 (N-1)/N x 2P at N = 2
     root = next(item for item in three["collectives"] if item["what"] == "root")
     assert abs(wire(prefetch_0) - (textbook - root["wire_bytes"])) < 2**20 / 10
@@ -184,6 +185,8 @@ def lesson_4(ran) -> tuple[dict, tuple]:
         "default reuse kept": mb(kept),
         "stage 2 peak": f"{rows[2]['predicted_peak_mb']:.1f}", "stage 3 peak": f"{rows[3]['predicted_peak_mb']:.1f}",
         "peak difference": f"{rows[3]['predicted_peak_mb'] - rows[2]['predicted_peak_mb']:.1f}",
+        "fp32 gradient partition over the paper's": f"{rows[2]['nano_mb'] - rows[2]['paper_mb']:.1f}",
+        "stage 2 nano states": f"{rows[2]['nano_mb']:.1f}", "stage 2 paper": f"{rows[2]['paper_mb']:.1f}",
         "activations": f"{rows[3]['activations_mb']:.1f}", "tokens": shlex.split(estimated)[shlex.split(estimated).index("--seq-len") + 1],
         "prefetch 0 gathered": mb(category(prefetch_0, "gathered_parameters", "end_of_forward")),
         "prefetch 0 end of forward": mb(moment(prefetch_0, "end_of_forward")["total_bytes"]),
