@@ -4,7 +4,9 @@ writes (reports/cpu-demo.md); every number the lesson states is what they print.
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,7 @@ from tests.learn.course import (as_json, command_problems, excerpt_problems, exc
 
 pytestmark = [pytest.mark.slow, pytest.mark.official]  # launches torchrun, nano and official DeepSpeed
 TEXT = read(lesson(0))
+HARNESS_ZERO2 = Path(__file__).resolve().parents[2] / "zero_lab" / "harness" / "configs" / "zero2.json"
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,17 @@ def test_every_number_the_lesson_states_is_what_the_commands_print(ran):
     steps = int(re.search(r"--steps (\d+)", shown("Run it")[0].command)[1])
     updates = int(re.search(r"loss parity: yes over (\d+) updates", compare)[1])
     assert updates == steps - 3 == 3 and rows["loss parity"][2] == f"yes ({updates} updates)"
+    # official's peak is nano's plus its whole gradient bucket; its alloc adds an fp32 copy of the partition
+    bucket = json.loads(HARNESS_ZERO2.read_text())["zero_optimization"]["reduce_bucket_size"] * 4
+    nano_peak, official_peak = float(rows["peak alloc MB"][0]), float(rows["peak alloc MB"][1])
+    assert abs(official_peak - nano_peak - bucket / 2**20) < 2, "the bucket is most of the difference"
+    partition_copy = drawn["parameters"] * 4 / 2
+    assert float(rows["alloc MB"][1]) - float(rows["alloc MB"][0]) == pytest.approx(partition_copy / 2**20, abs=0.1)
+    nano_bucket = next(item["payload_bytes"] for item in drawn["collectives"] if item["op"] == "reduce_scatter")
+    assert "doctor: 1 finding (buckets-dominate)" in compare
     facts = {
+        "official peak": rows["peak alloc MB"][1], "official alloc": rows["alloc MB"][1], "bucket": mb(bucket),
+        "partition copy": mb(partition_copy), "nano bucket": mb(nano_bucket),
         "tolerance": re.search(r"tolerance ([\d.]+)\)", compare)[1], "P": f"{drawn['parameters']:,}",
         "nano alloc": rows["alloc MB"][0], "nano peak": rows["peak alloc MB"][0],
         "nano wire": rows["wire MB / step"][0],
