@@ -45,3 +45,14 @@ def test_a_run_without_steps_or_a_count_has_no_figures():
     row = throughput(None, 2, model)
     assert row["tokens_per_s_per_device"] is None and row["tflops"] is None and row["mfu_pct"] is None
     assert throughput(100.0, 1, model)["tflops"] is None
+
+
+def test_the_notes_name_a_device_without_a_peak_as_it_calls_itself_and_flag_overhead():
+    from zero_lab.analysis.report.throughput_table import throughput_notes
+
+    cpu = {"steps": 3, "tflops": 0.01, "mfu_pct": None, "device_name": "Intel(R)_Xeon(R)_Processor_@_2.80GHz"}
+    gpu = {"steps": 3, "tflops": 20.0, "mfu_pct": 2.0, "device_name": "NVIDIA_H200"}
+    unknown, overhead = throughput_notes([cpu, gpu])
+    assert unknown.startswith("MFU is n/a: no peak TFLOP/s is known for Intel(R) Xeon(R) Processor @ 2.80GHz;")
+    assert overhead.startswith(f"MFU below {OVERHEAD_MFU_PCT:g}%")
+    assert throughput_notes([{**gpu, "mfu_pct": 40.0}]) == []

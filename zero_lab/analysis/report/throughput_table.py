@@ -29,7 +29,7 @@ def throughput_notes(rows: list[dict]) -> list[str]:
     only rank host overhead (an MFU below OVERHEAD_MFU_PCT)."""
     measured = [row for row in rows if row.get("steps")]
     notes = []
-    unknown = sorted({str(row.get("device_name") or "this device")
+    unknown = sorted({str(row.get("device_name") or "this device").replace("_", " ")  # the log's name, spaced
                       for row in measured if row.get("mfu_pct") is None and row.get("tflops") is not None})
     if unknown:
         notes.append(f"MFU is n/a: no peak TFLOP/s is known for {', '.join(unknown)}; give --peak-tflops to "
