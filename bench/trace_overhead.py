@@ -46,7 +46,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from zero_lab.analysis.runs.step_times import ratio_interval, steady_times  # noqa: E402 (after the path, as a script)
+from zero_lab.analysis.runs.speed.step_times import ratio_interval, steady_times  # noqa: E402 (after the path, as a script)
 
 TARGET = 1.05
 STEP_MS = re.compile(r"\[opt_step (\d+)\].* step_ms=([\d.]+).* step_cpu_ms=([\d.]+)")

@@ -1,7 +1,7 @@
 """The samples behind the memory-through-a-step figure: the last complete step, in phase order, and
 nano's categories folded into the figure's six, which add up to the live bytes."""
 
-from zero_lab.analysis.runs.step_phases import ACTIVATIONS, STACKED, has_categories, last_step_phases, stacked_categories
+from zero_lab.analysis.runs.speed.step_phases import ACTIVATIONS, STACKED, has_categories, last_step_phases, stacked_categories
 from zero_lab.workload.meters.phase_memory import PHASES, PhaseSample, visible_categories
 
 NANO_CATEGORIES = [name for names in STACKED.values() for name in names]

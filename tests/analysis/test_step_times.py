@@ -1,14 +1,14 @@
-"""Step times with their noise (analysis.runs.step_times), and how compare reports and gates on them:
+"""Step times with their noise (analysis.runs.speed.step_times), and how compare reports and gates on them:
 synthetic per-step times, seeded, nothing launched."""
 
 import numpy as np
 import pytest
 
 from tests.analysis.test_metrics import summary
-from zero_lab.analysis.runs import step_times
+from zero_lab.analysis.runs.speed import step_times
 from zero_lab.analysis.compare.comparison import build_comparison
 from zero_lab.analysis.report.markdown import render_report
-from zero_lab.analysis.runs.step_times import ratio_interval, start_up_steps, steady_times, time_verdict
+from zero_lab.analysis.runs.speed.step_times import ratio_interval, start_up_steps, steady_times, time_verdict
 
 # A real run's step times (small model, nano, stage 1, 2 CPU processes): steps 2-8 are still slow.
 RAMPING = [5075.0, 3640.9, 3831.3, 3116.5, 3510.8, 3302.9, 2924.4, 2723.8, 1979.8, 1841.6, 1752.4, 1769.0, 2276.0,

@@ -1,10 +1,10 @@
-"""tokens/s per device, TFLOP/s and MFU from a run's summary and `[model]` line (analysis.runs.throughput)."""
+"""tokens/s per device, TFLOP/s and MFU from a run's summary and `[model]` line (analysis.runs.speed.throughput)."""
 
 from __future__ import annotations
 
 import pytest
 
-from zero_lab.analysis.runs.throughput import OVERHEAD_MFU_PCT, mfu_text, overhead_bound, table_peak, throughput
+from zero_lab.analysis.runs.speed.throughput import OVERHEAD_MFU_PCT, mfu_text, overhead_bound, table_peak, throughput
 
 
 @pytest.mark.parametrize("device, dtype, peak", [

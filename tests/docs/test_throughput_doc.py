@@ -10,7 +10,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from tests.docs.doc_text import REPO, read, table_after
-from zero_lab.analysis.runs.throughput import OVERHEAD_MFU_PCT, PEAK_TFLOPS
+from zero_lab.analysis.runs.speed.throughput import OVERHEAD_MFU_PCT, PEAK_TFLOPS
 from zero_lab.workload.meters.model_flops import flops_per_token, matmul_weights
 from zero_lab.workload.model_shapes import PRESETS, SHARED
 

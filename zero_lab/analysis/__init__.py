@@ -3,10 +3,10 @@ zero_lab.launch). One room per verb, each importing only the rooms listed before
 
     memory/     predict memory: model states (`estimate`), a step's peak (`peak_memory`), activations,
                 whether a run fits (`memory_fit`)
-    runs/       read what a run wrote: the rank-0 log (`logparse`), pandas tables (`tables`), step
-                times with their noise (`step_times`), the run directory (`rundir`), restarts
-                (`restart_history`), timelines (`traces`), and `frames`, the notebook API that
-                `zero_lab.load_steps` and its siblings expose
+    runs/       read what a run wrote: the rank-0 log (`logparse`), pandas tables (`tables`), the run
+                directory (`rundir`), restarts (`restart_history`), timelines (`traces`), and `frames`,
+                the notebook API that `zero_lab.load_steps` and its siblings expose; in `speed/`, how
+                fast it trained: step times with their noise, tokens/s, TFLOP/s and MFU
     compare/    judge runs against each other: deltas and loss gaps (`comparison`), the verdict's
                 rules (`metrics`), where runs part (`divergence`)
     report/     draw and report: markdown and text tables (`markdown`), plots and pictures, the

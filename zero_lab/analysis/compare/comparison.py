@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from zero_lab.analysis.runs import rundir
-from zero_lab.analysis.runs import step_times
+from zero_lab.analysis.runs.speed import step_times
 from zero_lab.analysis.runs.logparse import MEMORY_FIELDS
 from zero_lab.analysis.compare.metrics import loss_parity, resolve_loss_tol, verdict
 from zero_lab.analysis.runs.tables import plain

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from zero_lab.analysis.runs import step_times
+from zero_lab.analysis.runs.speed import step_times
 from zero_lab.analysis.memory.estimate import MIB, nano_bytes, paper_bytes
 from zero_lab.analysis.runs.logparse import MEMORY_FIELDS
 from zero_lab.analysis.runs.rundir import NEVER_STARTED

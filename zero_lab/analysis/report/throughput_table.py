@@ -1,9 +1,9 @@
 """The throughput table (tokens/s, TFLOP/s, MFU) and what it lets a reader conclude, for the
-console and the markdown report alike (figures: `analysis.runs.throughput`)."""
+console and the markdown report alike (figures: `analysis.runs.speed.throughput`)."""
 
 from __future__ import annotations
 
-from zero_lab.analysis.runs.throughput import OVERHEAD_MFU_PCT, mfu_text, overhead_bound
+from zero_lab.analysis.runs.speed.throughput import OVERHEAD_MFU_PCT, mfu_text, overhead_bound
 
 DEFINITION = ("tokens/s counts every rank's tokens (padding included) over the median step after the first; "
               "TFLOP/s is per device: tokens/s per device x FLOPs per token (6 x the weights that multiply "

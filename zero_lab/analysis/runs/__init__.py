@@ -1,1 +1,2 @@
-"""Reading what a run wrote: its logs, tables, step times with their noise, run directory, restarts and timelines."""
+"""Reading what a run wrote: its logs, tables, run directory, restarts and timelines; how fast it
+trained is the sub-room `speed/`."""

@@ -39,8 +39,8 @@ from pathlib import Path
 from zero_lab.analysis.runs.logparse import STEP_FIELDS, ParsedLog, is_number, parse_file
 from zero_lab.analysis.memory.peak_memory import error_percent, predict_run_peak
 from zero_lab.analysis.runs.restart_history import restart_record
-from zero_lab.analysis.runs.step_phases import last_step_phases
-from zero_lab.analysis.runs.throughput import throughput
+from zero_lab.analysis.runs.speed.step_phases import last_step_phases
+from zero_lab.analysis.runs.speed.throughput import throughput
 from zero_lab.analysis.runs.updates import step_updates
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
 from zero_lab.workload.log_lines import MB
@@ -305,7 +305,7 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
         "losses": {str(step): loss for step, loss in parsed.losses().items()},
         # per step, the update it made: its learning rate, applied or skipped, parameters moved
         "updates": step_updates(parsed.steps, read_norms(run_dir / "logs" / PARAMETER_NORMS_FILE)[0]),
-        # every step's time, for the step-time intervals of `compare` (analysis.runs.step_times)
+        # every step's time, for the step-time intervals of `compare` (analysis.runs.speed.step_times)
         "step_times_ms": {str(row["step"]): row["step_ms"] for row in parsed.steps if is_number(row.get("step_ms"))},
         # torchrun's restarts of the workers (--max-restarts): how many, each one, the steps run twice
         **restart_record((run_dir / "console.log").read_text(errors="replace"), parsed),

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from zero_lab.analysis.runs.logparse import MEMORY_FIELDS, STEP_FIELDS, ParsedLog, is_number
-from zero_lab.analysis.runs.step_times import steady_times
+from zero_lab.analysis.runs.speed.step_times import steady_times
 
 CELL_COLUMNS = ("impl", "world_size", "stage", "precision", "offload")
 # Every figure an [opt_step] line may carry that a summary reads; other fields follow, sorted.
