@@ -131,6 +131,8 @@ def test_markdown_is_one_document():
     (["--format", "yaml"], "--format yaml"),
     (["--model", "no-such-model"], "--model 'no-such-model' is neither a preset"),
     (["--config", "missing.json"], "config missing.json does not exist"),
+    (["--stage", "2", "--gathered"], "--gathered shows stage 3's fetch rules"),
+    (["--stage", "3", "--gathered", "--measure"], "give --stage 3, without --measure and --plot"),
 ])
 def test_bad_input_is_one_line_and_exit_2(arguments, words):
     result = runner.invoke(app, ["explain", *arguments])
@@ -247,3 +249,24 @@ def test_layers_that_differ_are_not_grouped():
     assert [row[2] for row in collectives_table(differ)[1][:-1]] == ["1"] * 6
     skipped = layer(0, 1000, 2000) + layer(2, 1000, 2000)  # not consecutive layers
     assert [row[2] for row in collectives_table(skipped)[1][:-1]] == ["1"] * 4
+
+
+def test_gathered_follows_the_fetch_rules_layer_by_layer_and_agrees_with_the_walk():
+    """`--gathered` on the small preset at 2 ranks (the harness's zero3.json): the forward's prefetch
+    gathers every unit by the end of layer 0, and each layer's backward releases its own unit, so the
+    figures after the backward climb by one layer's unit from the root's; once the forward is done the
+    gathered bytes are the walk-through's at the end of the forward."""
+    def gathered(*extra):
+        result = runner.invoke(app, ["explain", "--model", "small", "--stage", "3", "--gpus", "2", "--gathered",
+                                     "--format", "json", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    layers = gathered()["layers"]
+    three = walk(3, world_size=2)
+    at_end_of_forward = three.moment_bytes("end_of_forward")["gathered_parameters"]
+    assert layers and all(row["after_forward_bytes"] == at_end_of_forward for row in layers)
+    steps = {later["after_backward_bytes"] - earlier["after_backward_bytes"] for earlier, later in zip(layers, layers[1:])}
+    assert len(steps) == 1 and steps.pop() > 0
+    table = runner.invoke(app, ["explain", "--model", "small", "--stage", "3", "--gpus", "2", "--gathered"])
+    assert "stage3_max_reuse_distance 0" in table.stdout and "gathered after its backward" in table.stdout

@@ -145,8 +145,8 @@ def estimated_parameters(ran, command: str) -> int:
 
 
 def lesson_4(ran) -> tuple[dict, tuple]:
-    run, estimated = commands(4, "Run it")
-    tried, capped = commands(4, "Try it")
+    run, estimated, layered = commands(4, "Run it")
+    tried, capped, reused = commands(4, "Try it")
     three, prefetch_0, max_live = explained(ran, run), explained(ran, tried), explained(ran, capped)
     two = explained(ran, sibling(run, stage="2"))
     rows = {row["stage"]: row for row in explained(ran, estimated)["rows"]}
@@ -164,13 +164,22 @@ def lesson_4(ran) -> tuple[dict, tuple]:
     root = next(item for item in three["collectives"] if item["what"] == "root")
     assert abs(wire(prefetch_0) - (textbook - root["wire_bytes"])) < 2**20 / 10
     # the prefetch of 0 releases the model only at the harness's reuse distance of 0; at DeepSpeed's default most stays
-    reuse_default = ran.workdir / "zero3-prefetch-0-default-reuse.json"
-    config = json.loads((ran.workdir / shlex.split(tried)[shlex.split(tried).index("--config") + 1]).read_text())
-    assert config["zero_optimization"]["stage3_max_reuse_distance"] == 0
-    config["zero_optimization"]["stage3_max_reuse_distance"] = int(1e9)
-    reuse_default.write_text(json.dumps(config))
-    kept = category(explained(ran, sibling(tried, config=str(reuse_default))), "gathered_parameters", "end_of_forward")
+    assert explained(ran, tried.replace(" --config", " --gathered --config"))["rules"]["stage3_max_reuse_distance"] == 0
+    kept = category(explained(ran, sibling(reused.replace(" --gathered", ""))), "gathered_parameters", "end_of_forward")
     assert category(prefetch_0, "gathered_parameters", "end_of_forward") < kept < gathered
+    # layer by layer: every unit gathered from layer 0's forward on, each released by its own backward use; at
+    # prefetch 0 the root alone; at the default reuse distance the layers whose backward comes back in time
+    layers = explained(ran, layered)["layers"]
+    unit = layers[1]["after_backward_bytes"] - layers[0]["after_backward_bytes"]
+    assert all(row["after_forward_bytes"] == gathered for row in layers)
+    assert [row["after_backward_bytes"] for row in layers] == [root["payload_bytes"] + unit * index
+                                                              for index in range(len(layers))]
+    alone = explained(ran, tried.replace(" --config", " --gathered --config"))["layers"]
+    assert {value for row in alone for value in (row["after_forward_bytes"], row["after_backward_bytes"])} == \
+        {root["payload_bytes"]}
+    reuse_layers = explained(ran, reused)["layers"]
+    first_kept = next(row["layer"] for row in reuse_layers if row["after_forward_bytes"] > root["payload_bytes"])
+    assert (first_kept, reuse_layers[-1]["after_forward_bytes"]) == (6, kept)
     twice = forward - sharded  # one unit the prefetch gathers twice: its second gather sends (N-1)/N of it
     assert wire(three) - wire(two) == twice // 2
     return {
@@ -182,7 +191,7 @@ def lesson_4(ran) -> tuple[dict, tuple]:
         "gathered twice on the wire": mb(wire(three) - wire(two)),
         "end of backward": mb(moment(three, "end_of_backward")["total_bytes"]),
         "gradient partition": mb(category(three, "gradient_partition", "end_of_backward")),
-        "default reuse kept": mb(kept),
+        "default reuse kept": mb(kept), "layer unit": mb(unit),
         "stage 2 peak": f"{rows[2]['predicted_peak_mb']:.1f}", "stage 3 peak": f"{rows[3]['predicted_peak_mb']:.1f}",
         "peak difference": f"{rows[3]['predicted_peak_mb'] - rows[2]['predicted_peak_mb']:.1f}",
         "fp32 gradient partition over the paper's": f"{rows[2]['nano_mb'] - rows[2]['paper_mb']:.1f}",

@@ -12,7 +12,8 @@ zero_lab.launch). One room per verb, each importing only the rooms listed before
     report/     draw and report: markdown and text tables (`markdown`), plots and pictures, the
                 versions a report names (`version_lock`)
     explain/    one optimizer step on paper: the walk-through (`explain`), its tables and picture,
-                its check against a measured step, and the reading path of a stage
+                its check against a measured step, what stage 3 keeps gathered layer by layer
+                (`gathered_over_step`), and the reading path of a stage
     diagnosis/  the doctor's findings from a run's files
 
 pandas and matplotlib load only where a command uses them, never at the CLI's start-up."""

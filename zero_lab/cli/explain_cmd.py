@@ -34,6 +34,7 @@ from zero_lab.analysis.explain.explain_check import (collectives_comparison, dis
                                              recorded_sequence)
 from zero_lab.analysis.explain.explain_tables import (collectives_table, holdings_table, peak_line, phases_table,
                                               render_markdown, title)
+from zero_lab.analysis.explain.gathered_over_step import gathered_over_step, gathered_table, gathered_title
 from zero_lab.analysis.report.markdown import markdown_table
 from zero_lab.analysis.explain.reading_path import path_table, reading_path
 from zero_lab.analysis.explain.reading_path import title as reading_path_title
@@ -135,6 +136,7 @@ def explain(
     plot: Annotated[Optional[Path], typer.Option(help="Also draw the step as a PNG: who holds what per rank, what one rank holds at each moment, what it sends per phase.", metavar="FILE")] = None,
     show_reading_path: Annotated[bool, typer.Option("--reading-path", help="Print instead what to read to understand the stage's code: the modules zero_lab/nano/stage<N>.py imports, in reading order, with their lines.")] = False,
     optimizer: Annotated[Optional[str], typer.Option(help="adamw, or muon: Muon's momentum and its gathers of whole matrices (docs/muon.md). Default: the config's optimizer.")] = None,
+    gathered: Annotated[bool, typer.Option("--gathered", help="Stage 3: print instead what stays gathered once each decoder layer's forward and backward is done (the fetch rules at work).")] = False,
 ) -> None:
     """One optimizer step of nano as a sequence of phases: what one rank holds and what moves
     (payload and wire bytes), from nano's own formula and bucket layout. Nothing is launched
@@ -157,8 +159,14 @@ def explain(
         check_picture_path(plot, "--plot")
     if optimizer is not None:
         check_choice(optimizer, "--optimizer", OPTIMIZERS)
+    if gathered and (stage != 3 or measure_tiny or plot is not None):
+        raise BadInput("--gathered shows stage 3's fetch rules and runs or draws nothing",
+                       "give --stage 3, without --measure and --plot")
     built, typed, source = explained_config(config, stage, dtype, offload, gpus, optimizer)
     entries, blocks = model_table(model)
+    if gathered:
+        print_gathered(gathered_over_step(model, entries, blocks, typed, gpus), source, format)
+        return
     walk = walk_through(model, entries, blocks, typed, gpus, ranks_per_node)
     if plot is not None:
         from zero_lab.analysis.explain.explain_plot import plot_walkthrough
@@ -182,6 +190,16 @@ def explain(
         print_walk(walk, source, verdict)
     if verdict is not None and not verdict["agrees"]:
         raise typer.Exit(EXIT_GATE)
+
+
+def print_gathered(result: dict, source: str, format: str) -> None:
+    if format == "json":
+        output.print_json(result)
+    elif format == "markdown":
+        print(f"{gathered_title(result, source)}\n\n{markdown_table(*gathered_table(result))}")
+    else:
+        output.stdout.print(gathered_title(result, source), markup=False)
+        output.print_table(*gathered_table(result), title="What stays gathered, layer by layer (MB)")
 
 
 def print_reading_path(stage: int, format: str) -> None:

@@ -38,7 +38,7 @@ inside a module with several sharded parameters takes all of them here (Qwen3's 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from zero_lab.nano.fetch_trace import TracedUse, full_order
@@ -119,6 +119,8 @@ class MicroStep:
     backward_calls: list[list[str]]
     whole_after_forward: set[str]
     largest_prefetch: int = 0  # elements of the largest set of units one prefetch started in the forward
+    # after each use: (its phase, its module, the elements whole once it is released), forward then backward
+    gathered_after: list[tuple[str, object, int]] = field(default_factory=list)
 
     @property
     def forward_gathers(self) -> list[str]:
@@ -163,15 +165,20 @@ def simulate_micro_step(forward: Sequence[TracedUse], unit_numel: Mapping[str, i
             if unit != held and not (schedule is not None and schedule.keep(unit, position + 1)):
                 whole.discard(unit)
 
-    gather([held])
-    for position, traced in enumerate(forward):
+    gathered_after: list[tuple[str, object, int]] = []
+
+    def use_and_release(position: int, traced: TracedUse) -> None:
         use(position, traced.units)
         release(position, traced.units)
+        phase = "forward" if position < len(forward) else "backward"
+        gathered_after.append((phase, traced.module, sum(unit_numel[name] for name in whole)))
+
+    gather([held])
+    for position, traced in enumerate(forward):
+        use_and_release(position, traced)
     forward_calls, calls = calls, []
     whole_after_forward = set(whole)
     order = full_order(forward, backward)
     for position in range(len(forward), len(order)):
-        traced = order[position]
-        use(position, traced.units)
-        release(position, traced.units)
-    return MicroStep(forward_calls, calls, whole_after_forward, largest_prefetch)
+        use_and_release(position, order[position])
+    return MicroStep(forward_calls, calls, whole_after_forward, largest_prefetch, gathered_after)
