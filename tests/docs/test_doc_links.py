@@ -30,3 +30,16 @@ def test_the_docs_still_refer_to_sections():
 def test_every_section_a_doc_refers_to_exists(where, target, name):
     names = sections(read(REPO / target))
     assert any(section.startswith(name) for section in names), f"{where} refers to {target}, \"{name}\": not there"
+
+
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+PAGES = sorted([*REPO.glob("*.md"), *REPO.glob("docs/**/*.md"), *REPO.glob("reports/*.md")])
+
+
+def test_every_picture_a_page_shows_is_committed():
+    """A report or doc that links a PNG never committed shows a broken picture (three GPU reports did)."""
+    linked = [(page.relative_to(REPO), target) for page in PAGES for target in IMAGE.findall(page.read_text())
+              if not target.startswith(("http://", "https://"))]
+    assert len(linked) >= 20, "the pattern finds the pages' pictures"
+    missing = [f"{page}: {target}" for page, target in linked if not (REPO / page).parent.joinpath(target).is_file()]
+    assert not missing, missing
