@@ -12,7 +12,7 @@ Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its 
          architecture, a user's script).
 Phase 3: the verdict per job (analysis.memory.memory_fit); a tight one is a warning. One that will not
          fit is refused with the cheapest change that fits (`cheapest_fit`: the same prediction for
-         each change in CHANGES' order), unless --force: `check` (run) stops the command with exit 2;
+         each of `changes`, cheapest first), unless --force: `check` (run) stops the command with exit 2;
          `admit` (compare) runs the cells that fit and makes each refused one a `refused` row, and
          stops the command only when none fits.
 """
@@ -87,9 +87,8 @@ def predicted_peak(job) -> int | None:
     return prediction.peak_seen_on(spec.device) if prediction is not None else None
 
 
-def verdicts(jobs: list, device: str, device_memory_gb: float | None) -> list[tuple[object, Fit, str | None]]:
+def verdicts(jobs: list, device: str, offered: int | None, offered_name: str) -> list[tuple[object, Fit, str | None]]:
     """(job, verdict, the line with its figures, None without a verdict) for every job."""
-    offered, offered_name = offered_memory(device, device_memory_gb)
     found = []
     for job in jobs:
         peak = predicted_peak(job)
@@ -168,9 +167,9 @@ def refusals(jobs: list, device: str, device_memory_gb: float | None, force: boo
              stage_flag: str = "--stage") -> list[tuple[object, str, str]]:
     """Phase 3: warn of tight jobs (and, with force, of those that will not fit); (job, its line, its
     fix) for each job refused."""
-    offered, _ = offered_memory(device, device_memory_gb)
+    offered, offered_name = offered_memory(device, device_memory_gb)  # asked once: on CUDA a child process asks
     refused = []
-    for job, verdict, line in verdicts(jobs, device, device_memory_gb):
+    for job, verdict, line in verdicts(jobs, device, offered, offered_name):
         if verdict is Fit.TIGHT:
             print(f"warning: {line} (within {TIGHT_FRACTION:.0%} of the limit)", file=sys.stderr)
         elif verdict is Fit.WILL_NOT_FIT and force:
@@ -183,13 +182,18 @@ def refusals(jobs: list, device: str, device_memory_gb: float | None, force: boo
     return refused
 
 
+def refuse(refused: list[tuple[object, str, str]]) -> None:
+    """Stop the command: an `error:` line per refused job, the last as the BadInput (exit 2)."""
+    for _, line, fix in refused[:-1]:
+        print(f"error: {line}; {fix}", file=sys.stderr)
+    raise BadInput(refused[-1][1], refused[-1][2])
+
+
 def check(jobs: list, device: str, device_memory_gb: float | None, force: bool) -> None:
     """Phase 3 for `run`: BadInput (exit 2) when a job will not fit, unless force."""
     refused = refusals(jobs, device, device_memory_gb, force)
-    for _, line, fix in refused[:-1]:
-        print(f"error: {line}; {fix}", file=sys.stderr)
     if refused:
-        raise BadInput(refused[-1][1], refused[-1][2])
+        refuse(refused)
 
 
 def admit(jobs: list, device: str, device_memory_gb: float | None, force: bool) -> tuple[list, list[dict]]:
@@ -197,9 +201,7 @@ def admit(jobs: list, device: str, device_memory_gb: float | None, force: bool) 
     stderr with its fix); BadInput as `check` when none goes ahead."""
     refused = refusals(jobs, device, device_memory_gb, force, stage_flag="--stages")
     if refused and len(refused) == len(jobs):
-        for _, line, fix in refused[:-1]:
-            print(f"error: {line}; {fix}", file=sys.stderr)
-        raise BadInput(refused[-1][1], refused[-1][2])
+        refuse(refused)
     rows = []
     for job, line, fix in refused:
         print(f"note: {line}: not run (refused); {fix}", file=sys.stderr)
