@@ -31,7 +31,7 @@ def test_a_restartable_launch_uses_c10d_rendezvous_and_the_agents_store():
     command = torchrun.torchrun_command(spec(3))
     assert (following(command, "--rdzv-backend"), following(command, "--rdzv-endpoint")) == ("c10d", "127.0.0.1:29500")
     assert following(command, "--max-restarts") == "3" and "--master-port" not in command
-    assert torchrun.restart_environment(spec(3)) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
+    assert torchrun.agent_store_environment(spec(3)) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
 
 
 def test_without_restarts_the_launch_has_the_same_rendezvous_and_no_restarts():

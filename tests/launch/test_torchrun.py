@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from zero_lab.launch.torchrun import (
-    TRAIN_SCRIPT, LaunchSpec, MultiNode, Workload, launch_environment, restart_environment, threads_per_process,
+    TRAIN_SCRIPT, LaunchSpec, MultiNode, Workload, launch_environment, agent_store_environment, threads_per_process,
     torchrun_command, watched_stall_timeout_s,
 )
 
@@ -75,5 +75,5 @@ def test_ds_accelerator_is_set_per_device_over_a_leftover():
 
 def test_multi_node_launches_keep_their_own_store():
     multi = spec(multi_node=MultiNode(nnodes="2", rdzv_endpoint="h:1"))
-    assert "--master-port" not in torchrun_command(multi) and restart_environment(multi) == {}
-    assert restart_environment(spec()) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
+    assert "--master-port" not in torchrun_command(multi) and agent_store_environment(multi) == {}
+    assert agent_store_environment(spec()) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}

@@ -133,7 +133,7 @@ def single_node_rendezvous(port: int) -> list[str]:
     return ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
 
 
-def restart_environment(spec: LaunchSpec) -> dict[str, str]:
+def agent_store_environment(spec: LaunchSpec) -> dict[str, str]:
     """On one node, or with --max-restarts, the ranks share the agent's store (torch's default, said here
     so a caller's environment cannot turn it off): it is bound once, by the agent, while a store of the
     ranks' own would need a port picked free and bound seconds later, which another process can take in

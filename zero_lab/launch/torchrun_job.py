@@ -121,7 +121,7 @@ def execute(
     child_env[RECORD_DIRECTORY_ENVIRONMENT] = str(run_dir.resolve() / "logs")  # each rank's flight record
     if spec.script is None:  # the harness's rank 0 writes each parameter's norm after every step
         child_env[PARAMETER_NORMS_ENVIRONMENT] = str(run_dir.resolve() / "logs" / PARAMETER_NORMS_FILE)
-    child_env.update(torchrun.restart_environment(spec))
+    child_env.update(torchrun.agent_store_environment(spec))
     child_env.update(trace_environment(run_dir, spec.workload.trace_steps))  # --trace: each rank's timeline
     if spec.workload.check_collectives:  # torch's own check of each collective across ranks (docs/doctor.md)
         child_env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
