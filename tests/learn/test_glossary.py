@@ -1,6 +1,6 @@
 """The course's glossary (docs/learn/glossary.md and its Chinese twin): the same terms in both, each in
-the lesson the glossary says first defines it, and the Chinese lessons write each term the glossary's
-way and none of its rejected variants (code, commands, link targets, formulas and an English original
+the lesson the glossary says first defines it, and the Chinese lessons and README write each term the
+glossary's way and none of its rejected variants (code, commands, link targets, formulas and an English original
 in full-width parentheses aside)."""
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def test_each_term_is_in_the_lesson_that_first_defines_it_and_none_before(term, 
         f"{term!r} is defined (in bold) before {first.name}"
 
 
-@pytest.mark.parametrize("path", sorted(CHINESE.glob("*.md")), ids=lambda path: path.name)
+@pytest.mark.parametrize("path", [*sorted(CHINESE.glob("*.md")), LEARN.parents[1] / "README.zh-CN.md"],
+                         ids=lambda path: path.name)
 def test_the_chinese_lesson_writes_each_term_the_glossarys_way(path):
     if path.name == CHINESE_GLOSSARY.name:
         return
