@@ -181,6 +181,15 @@ def lesson_4(ran) -> tuple[dict, tuple]:
     first_kept = next(row["layer"] for row in reuse_layers if row["after_forward_bytes"] > root["payload_bytes"])
     assert (first_kept, reuse_layers[-1]["after_forward_bytes"]) == (6, kept)
     twice = forward - sharded  # one unit the prefetch gathers twice: its second gather sends (N-1)/N of it
+    # the demo's small model: stage 3 below stage 2, whose first bucket (the harness's 2e7 fp32 elements) is its peak
+    small = {row["stage"]: row for row in explained(ran, "zero-lab estimate --model small --gpus 2 --stages 2,3 "
+                                                         "--dtype float32")["rows"]}
+    bucket_mb = 2e7 * 4 / 2**20
+    without_bucket = small[2]["predicted_peak_mb"] - bucket_mb
+    assert without_bucket < small[3]["predicted_peak_mb"] < small[2]["predicted_peak_mb"]
+    own_half = small[3]["params"] * 4 / 2 / 2**20  # a rank's fp32 half of the parameters, beside the gathered whole
+    assert abs(small[3]["predicted_peak_mb"] - without_bucket - own_half) < 2
+    assert float(demo_cell(3)["peak alloc MB"][0]) < float(demo_cell(2)["peak alloc MB"][0])
     assert wire(three) - wire(two) == twice // 2
     return {
         "between": mb(moment(three, "between_steps")["total_bytes"]),
@@ -192,6 +201,10 @@ def lesson_4(ran) -> tuple[dict, tuple]:
         "end of backward": mb(moment(three, "end_of_backward")["total_bytes"]),
         "gradient partition": mb(category(three, "gradient_partition", "end_of_backward")),
         "default reuse kept": mb(kept), "layer unit": mb(unit),
+        "demo stage 3 peak": demo_cell(3)["peak alloc MB"][0], "demo stage 2 peak": demo_cell(2)["peak alloc MB"][0],
+        "small stage 3": f"{small[3]['predicted_peak_mb']:.1f}", "small stage 2": f"{small[2]['predicted_peak_mb']:.1f}",
+        "bucket": f"{bucket_mb:.2f}", "stage 2 without its bucket": f"{without_bucket:.1f}",
+        "stage 3 above that": f"{small[3]['predicted_peak_mb'] - without_bucket:.1f}",
         "stage 2 peak": f"{rows[2]['predicted_peak_mb']:.1f}", "stage 3 peak": f"{rows[3]['predicted_peak_mb']:.1f}",
         "peak difference": f"{rows[3]['predicted_peak_mb'] - rows[2]['predicted_peak_mb']:.1f}",
         "fp32 gradient partition over the paper's": f"{rows[2]['nano_mb'] - rows[2]['paper_mb']:.1f}",
