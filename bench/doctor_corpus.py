@@ -44,10 +44,7 @@ ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
 CPU = ["--gpus", "2", "--device", "cpu"]
 TINY = [*CPU, "--model", "tiny", "--steps", "4"]
 CONFIGS = REPO / "zero_lab" / "harness" / "configs"
-SKIPPING_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1000000,
-                   "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "torch_adam": True}},
-                   "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                                         "stage3_prefetch_bucket_size": 0}}
+SKIPPING_CONFIG = REPO / "docs" / "learn" / "configs" / "zero3-every-module-gathered.json"  # every module gathered
 RAISES = '''"""A training script that raises after joining its process group (the doctor's corpus)."""
 import torch.distributed as dist
 dist.init_process_group("gloo")
@@ -198,9 +195,8 @@ def fault_cases() -> list[Case]:
         return compare(out, "raises", "--script", str(script), "--impls", "nano", "--stages", "2", *CPU)
 
     def skipped(out: Path) -> list[Path]:
-        config = out / "skipping.json"
-        config.write_text(json.dumps(SKIPPING_CONFIG))
-        return compare(out, "skipped", "--script", str(REPO / "tests" / "diagnosis" / "skipping_script.py"),
+        config = SKIPPING_CONFIG
+        return compare(out, "skipped", "--script", str(REPO / "examples" / "skipping_script.py"),
                        "--impls", "nano", "--stages", "3", *CPU, "--config", str(config), "--", "--steps", "3")
 
     return [

@@ -1,5 +1,5 @@
 """`--check-collectives`: torch checks every collective across the ranks before it is issued
-(TORCH_DISTRIBUTED_DEBUG=DETAIL), so the module one rank skips at stage 3 (tests/diagnosis/skipping_script.py)
+(TORCH_DISTRIBUTED_DEBUG=DETAIL), so the module one rank skips at stage 3 (examples/skipping_script.py)
 stops both impls at their first divergent gather, an ordinary error on every rank instead of gloo's abort
 or a hang; the doctor adds what torch saw and the line of the user's script that issued each rank's call."""
 
@@ -17,7 +17,7 @@ from zero_lab.analysis.diagnosis.torch_check import issuing_frame, torch_check_l
 
 REPO = Path(__file__).resolve().parents[2]
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
-SCRIPT = REPO / "tests" / "diagnosis" / "skipping_script.py"
+SCRIPT = REPO / "examples" / "skipping_script.py"
 TORCH_SAYS = ('RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running collective: '
               'CollectiveFingerPrint(SequenceNumber=14, OpType=_ALLGATHER_BASE, TensorShape=[528], TensorDtypes=Float, '
               'TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu)), but Rank 0 is running collective: '

@@ -1,5 +1,5 @@
 """A run that aborts because one rank runs a module the other skips, diagnosed from the ranks' flight
-records: `zero-lab compare --script` launches tests/diagnosis/skipping_script.py under torchrun with
+records: `zero-lab compare --script` launches examples/skipping_script.py under torchrun with
 nano and with official DeepSpeed at stage 3 (2 ranks on CPU, nothing prefetched); at step 2 rank 1
 alone gathers `vision`, rank 0 gathers `head`, and gloo aborts rank 1 (SIGABRT: no Python cleanup
 runs). The launch is what is tested: the launcher asks each rank for a record in its run's logs/,
@@ -20,10 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.official]
 
 REPO = Path(__file__).resolve().parents[2]
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
-CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1000000,
-          "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "torch_adam": True}},
-          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                                "stage3_prefetch_bucket_size": 0}}
+# Every module gathered, however small (no persistent parameters, no prefetch): lesson 10's config.
+CONFIG = REPO / "docs" / "learn" / "configs" / "zero3-every-module-gathered.json"
 # The gathers at the call where the ranks part: rank 0 the head (64 x 32 + 64 parameters), rank 1 the
 # vision tower (32 x 32 + 32), each the whole unit in fp32.
 HEAD_BYTES, VISION_BYTES = (64 * 32 + 64) * 4, (32 * 32 + 32) * 4
@@ -31,11 +29,9 @@ HEAD_BYTES, VISION_BYTES = (64 * 32 + 64) * 4, (32 * 32 + 32) * 4
 
 def compare_skipping(out: Path, name: str, *flags: str) -> subprocess.CompletedProcess:
     """`zero-lab compare --script` of the skipping script, nano and official at stage 3 on 2 CPU ranks, into out/name."""
-    config = out / "config.json"
-    config.write_text(json.dumps(CONFIG))
     return subprocess.run(
-        [ZERO_LAB, "compare", "--script", str(REPO / "tests" / "diagnosis" / "skipping_script.py"), "--impls",
-         "nano,official", "--stages", "3", "--gpus", "2", "--device", "cpu", "--config", str(config), "--out", str(out),
+        [ZERO_LAB, "compare", "--script", str(REPO / "examples" / "skipping_script.py"), "--impls",
+         "nano,official", "--stages", "3", "--gpus", "2", "--device", "cpu", "--config", str(CONFIG), "--out", str(out),
          "--name", name, "--stall-timeout", "600", *flags, "--", "--steps", "3"],
         capture_output=True, text=True, timeout=1200, cwd=REPO)
 

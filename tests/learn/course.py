@@ -4,6 +4,8 @@ that runs every command of a lesson once, as written, from a copy of the reposit
 
 The lessons' format (docs/learn/README.md, "How every lesson is checked"):
 - a command is a ```bash block of one command (`zero-lab ...`, or `make demo`), `#` comments aside;
+  a trailing `# exits N` says the command is meant to exit N (a refusal, a run that fails on purpose),
+  and `prlimit --as=BYTES zero-lab ...` runs it under an address-space limit per process (Linux);
 - a ```text block right after it is an excerpt of what it prints: a line `...` skips output, every
   other line must appear in the output in that order (box-drawing characters, table pipes and runs
   of spaces aside; a line may stop before the output's line does);
@@ -27,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 LEARN = REPO / "docs" / "learn"
 CHINESE = LEARN / "zh"
-LESSONS = sorted(LEARN.glob("[0-9]-*.md"))
+LESSONS = sorted(LEARN.glob("[0-9]*-*.md"), key=lambda path: int(path.name.split("-")[0]))
 ZERO_LAB = str(Path(sys.executable).with_name("zero-lab"))
 LAUNCHING = ("run", "compare")  # commands that start torchrun: run as a user would, in a process of their own
 BOX = re.compile(r"[│┃┏┓┗┛━─┳┻╇┡┩┣┫╋┼├┤└┘┌┐┬┴═╭╮╰╯|]")
@@ -51,6 +53,7 @@ class Shown:
     command: str
     excerpt: tuple[str, ...]
     section: str
+    exit_code: int = 0  # what the command is meant to exit with (`# exits N`)
 
 
 def fenced(text: str) -> list[tuple[str, str, int]]:
@@ -79,7 +82,9 @@ def shown_commands(text: str) -> list[Shown]:
         excerpt = ()
         if following and following[0] == "text" and not between.strip("`\n "):
             excerpt = tuple(line for line in following[1].splitlines() if line.strip())
-        found.append(Shown(lines[0].split(" #")[0].strip(), excerpt, section_at(text, offset)))
+        meant = re.search(r" # exits (\d+)", lines[0])
+        found.append(Shown(lines[0].split(" #")[0].strip(), excerpt, section_at(text, offset),
+                           int(meant[1]) if meant else 0))
     return found
 
 
@@ -129,15 +134,17 @@ class Ran:
     workdir: Path
     outputs: dict[str, str] = field(default_factory=dict)
     exit_codes: dict[str, int] = field(default_factory=dict)
+    meant_exit_codes: dict[str, int] = field(default_factory=dict)
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     wall_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def repository_copy(root: Path) -> Path:
-    """A place that looks like the repository root to a lesson's commands: the configs they read
-    (linked, read-only for them), and empty folders for what they write (pictures, runs)."""
+    """A place that looks like the repository root to a lesson's commands: the configs and scripts they
+    read (linked, read-only for them), and empty folders for what they write (pictures, runs)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "harness").symlink_to(REPO / "harness")
+    (root / "examples").symlink_to(REPO / "examples")
     (root / "docs" / "learn" / "img").mkdir(parents=True)
     (root / "docs" / "learn" / "configs").symlink_to(LEARN / "configs")
     (root / "runs").mkdir()
@@ -153,13 +160,15 @@ def run_command(command: str, workdir: Path) -> tuple[str, int, float, float]:
     """(output, exit code, CPU seconds, wall seconds) of one `zero-lab ...` command run in workdir:
     one that launches in a process of its own, stdout and stderr together as a terminal shows them;
     the others in this process (the CLI as typer runs it)."""
-    argv = shlex.split(command)[1:]
+    words = shlex.split(command)
+    limit = words[:2] if words[0] == "prlimit" else []  # ["prlimit", "--as=BYTES"]
+    argv = words[len(limit) + 1:]
     started = time.monotonic()
-    if argv[0] in LAUNCHING:
+    if argv[0] in LAUNCHING or limit:
         before = cpu_time(resource.RUSAGE_CHILDREN)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                "PYTHONUNBUFFERED": "1"}
-        done = subprocess.run([ZERO_LAB, *argv], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        done = subprocess.run([*limit, ZERO_LAB, *argv], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=600)
         return done.stdout, done.returncode, cpu_time(resource.RUSAGE_CHILDREN) - before, time.monotonic() - started
     from typer.testing import CliRunner
@@ -181,11 +190,12 @@ def run_lesson(number: int, workdir: Path) -> Ran:
     """Every `zero-lab` command the lesson shows, once each, in the order shown."""
     ran = Ran(repository_copy(workdir))
     for shown in shown_commands(read(lesson(number))):
-        if not shown.command.startswith("zero-lab ") or shown.command in ran.outputs:
+        if not shown.command.startswith(("zero-lab ", "prlimit ")) or shown.command in ran.outputs:
             continue
         output, code, cpu, wall = run_command(shown.command, ran.workdir)
         ran.outputs[shown.command] = output
         ran.exit_codes[shown.command] = code
+        ran.meant_exit_codes[shown.command] = shown.exit_code
         ran.cpu_seconds[shown.command] = cpu
         ran.wall_seconds[shown.command] = wall
     return ran
@@ -226,8 +236,8 @@ def as_json(command: str, workdir: Path) -> dict:
 def command_problems(ran: Ran) -> list[str]:
     """A command that failed, or took more than 2 cores can do in a minute (CPU seconds, which a
     loaded machine inflates far less than wall time)."""
-    problems = [f"exit {code}: {command}\n{ran.outputs[command][-2000:]}"
-                for command, code in ran.exit_codes.items() if code != 0]
+    problems = [f"exit {code} (meant {ran.meant_exit_codes[command]}): {command}\n{ran.outputs[command][-2000:]}"
+                for command, code in ran.exit_codes.items() if code != ran.meant_exit_codes[command]]
     problems += [f"{seconds:.0f} CPU s (over 2 cores x 60 s): {command}"
                  for command, seconds in ran.cpu_seconds.items() if seconds > 120]
     return problems

@@ -1,4 +1,4 @@
-"""The course's shape, without running anything: ten lessons in order, each with its idea, picture,
+"""The course's shape, without running anything: eleven lessons in order, each with its idea, picture,
 command, Try it and answer; the index naming them in that order; the Chinese twins saying the same
 (same commands, excerpts, pictures and numbers); every link and section a lesson points to there;
 each Try it config one key away from the config it changes; the README sending a newcomer to lesson 0."""
@@ -15,19 +15,19 @@ from tests.learn.course import (CHINESE, LEARN, LESSONS, REPO, fenced, lesson, p
                                 stated_numbers)
 
 TITLES = ["first comparison", "data parallelism", "zero-1", "zero-2", "zero-3", "precision", "offload", "zero++",
-          "fsdp2", "checkpoints"]
-NUMBERS = range(10)
+          "fsdp2", "checkpoints", "when a run goes wrong"]
+NUMBERS = range(11)
 
 
-def test_ten_lessons_in_the_issues_order():
-    assert [path.name[0] for path in LESSONS] == [str(number) for number in NUMBERS]
+def test_eleven_lessons_in_the_issues_order():
+    assert [path.name.split("-")[0] for path in LESSONS] == [str(number) for number in NUMBERS]
     for path, title in zip(LESSONS, TITLES):
         assert title in read(path).splitlines()[0].lower(), (path.name, title)
 
 
 def test_the_index_lists_every_lesson_in_order_with_what_it_teaches():
     index = read(LEARN / "README.md")
-    linked = re.findall(r"^\| \[(\d)\. [^\]]+\]\(([\w-]+\.md)\) \| .{20,}\|$", index, flags=re.M)
+    linked = re.findall(r"^\| \[(\d+)\. [^\]]+\]\(([\w-]+\.md)\) \| .{20,}\|$", index, flags=re.M)
     assert linked == [(str(number), path.name) for number, path in zip(NUMBERS, LESSONS)]
 
 
@@ -59,7 +59,7 @@ def test_the_chinese_lesson_says_the_same(number):
 
 def test_the_chinese_index_lists_the_same_lessons():
     english, chinese = read(LEARN / "README.md"), read(CHINESE / "README.md")
-    assert re.findall(r"\]\(([\w-]+\.md)\)", chinese)[:10] == re.findall(r"\]\(([\w-]+\.md)\)", english)[:10]
+    assert re.findall(r"\]\(([\w-]+\.md)\)", chinese)[:11] == re.findall(r"\]\(([\w-]+\.md)\)", english)[:11]
     assert "(../README.md)" in chinese and "(zh/README.md)" in english
 
 

@@ -48,7 +48,7 @@ def test_each_term_is_in_the_lesson_that_first_defines_it_and_none_before(term, 
     assert term.lower() in read(first).lower(), f"{first.name} does not use {term!r}"
     chinese_term = re.split(r"[、（]", rendering)[0]
     assert chinese_term in read(CHINESE / first.name), f"zh/{first.name} does not write {chinese_term!r}"
-    earlier = [path for path in LESSONS if path.name < first.name]
+    earlier = LESSONS[:LESSONS.index(first)]
     assert not [path.name for path in earlier if re.search(rf"\*\*{re.escape(term)}\*\*", read(path), re.I)], \
         f"{term!r} is defined (in bold) before {first.name}"
 

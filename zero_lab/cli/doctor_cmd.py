@@ -3,6 +3,7 @@ with run or compare directories, why they behaved as they did (`findings_cmd`, d
 
     zero-lab doctor
     zero-lab doctor runs/compare-20260101-120000 --format json
+    zero-lab doctor runs/hang --plot parting.png     # each rank's collectives up to where they part
 
 Without a path: exit 0 when every required check passes, 1 otherwise; a warning (no fp16, no CUDA
 toolkit) does not fail it. With paths: exit 1 when a finding has severity error, else 0.
@@ -20,8 +21,8 @@ from typing import Annotated, Optional
 import typer
 
 from zero_lab.cli import output
-from zero_lab.cli.errors import check_choice, one_line_errors
-from zero_lab.cli.findings_cmd import FORMATS, doctor_paths
+from zero_lab.cli.errors import BadInput, check_choice, one_line_errors
+from zero_lab.cli.findings_cmd import FORMATS, doctor_paths, plot_parting
 from zero_lab.cli.environment import environment
 from zero_lab.cli.official_probe import probe_official
 from zero_lab.launch import torchrun
@@ -83,11 +84,18 @@ def doctor(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Run or compare directories to diagnose (none: "
                                                                 "check this machine).", show_default=False)] = None,
     format: Annotated[str, typer.Option(help="table or json (with paths).")] = "table",
+    plot: Annotated[Optional[Path], typer.Option(help="With paths: also draw, in a PNG, each rank's collectives call "
+                                                      "by call up to where the ranks part (a collective-mismatch).",
+                                                 metavar="FILE")] = None,
 ) -> None:
     """Check this machine (versions, devices, backends, official DeepSpeed); with run or compare
     directories, say why they behaved as they did: findings with evidence, cause and fix."""
     check_choice(format, "--format", FORMATS)
+    if plot and not paths:
+        raise BadInput("--plot needs run or compare directories to draw; give them: zero-lab doctor RUN --plot FILE")
     if paths:
+        if plot:
+            plot_parting(paths, plot)
         doctor_paths(paths, format)
     checks = doctor_checks()
     body = [[name, "ok" if ok else ("PROBLEM" if name in REQUIRED else "warning"), detail, "" if ok else fix]

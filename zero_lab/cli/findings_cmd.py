@@ -33,6 +33,25 @@ def findings_of(paths: list[Path]) -> list:
         raise BadInput(str(error)) from None
 
 
+def plot_parting(paths: list[Path], picture: Path) -> None:
+    """`--plot FILE`: the first run whose ranks' collectives part, drawn call by call up to where they
+    part (`analysis.report.schedule_plot`); bad input when no run's records part."""
+    from zero_lab.analysis.diagnosis.run_data import load
+    from zero_lab.analysis.report.schedule_plot import plot_schedule
+
+    try:
+        runs, comparisons = load(paths)
+    except (ValueError, OSError) as error:
+        raise BadInput(str(error)) from None
+    for run in [*runs, *(cell for comparison in comparisons for cell in comparison.runs)]:
+        picture.parent.mkdir(parents=True, exist_ok=True)
+        if plot_schedule(run.label, run.records, picture):
+            output.stderr.print(f"wrote {picture}: the collectives of {run.name}, rank by rank", markup=False, highlight=False)
+            return
+    raise BadInput(f"--plot {picture}: no run given has ranks whose collectives part, so there is nothing to draw; "
+                   "--plot draws a collective-mismatch (a run that failed with its ranks' flight records in logs/)")
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 

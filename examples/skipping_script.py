@@ -4,8 +4,8 @@ At stage 3 each module's parameters are gathered by every rank together, so rank
 `vision` meets rank 0's gather of `head`: gloo aborts the job ("Is there a distributed collective
 mismatch in your code?"). `zero-lab doctor` reads the ranks' flight records and says where they parted.
 
-    zero-lab compare --script tests/diagnosis/skipping_script.py --impls nano,official --stages 3 \
-        --gpus 2 --device cpu --config CONFIG -- --steps 3
+    zero-lab compare --script examples/skipping_script.py --impls nano,official --stages 3 \
+        --gpus 2 --device cpu --config docs/learn/configs/zero3-every-module-gathered.json -- --steps 3
 """
 
 import argparse
