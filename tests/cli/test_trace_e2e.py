@@ -88,6 +88,11 @@ def test_phases_nest_inside_their_step(traced, impl):
         assert sorted(windows) == list(TRACED) and trace["traceSteps"] == list(TRACED)
         phases = traces.spans(trace, "phase")
         assert [span["name"] for span in phases] == ["forward", "backward", "optimizer step"] * len(TRACED)
+        autograd = traces.spans(trace, "autograd")  # torch's autograd, once inside each backward, every impl
+        backwards = [phase for phase in phases if phase["name"] == "backward"]
+        assert len(autograd) == len(backwards) and all(
+            outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"]
+            for inner, outer in zip(autograd, backwards)), autograd
         for span in phases + traces.spans(trace, "nano") + traces.spans(trace, "collective"):
             start, end = windows[span["args"]["step"]]
             assert start <= span["ts"] <= end, span

@@ -1,4 +1,4 @@
-"""The course's shape, without running anything: eleven lessons in order, each with its idea, picture,
+"""The course's shape, without running anything: twelve lessons in order, each with its idea, picture,
 command, Try it and answer; the index naming them in that order; the Chinese twins saying the same
 (same commands, excerpts, pictures and numbers); every link and section a lesson points to there;
 each Try it config one key away from the config it changes; the README sending a newcomer to lesson 0."""
@@ -15,11 +15,11 @@ from tests.learn.course import (CHINESE, LEARN, LESSONS, REPO, fenced, lesson, p
                                 stated_numbers)
 
 TITLES = ["first comparison", "data parallelism", "zero-1", "zero-2", "zero-3", "precision", "offload", "zero++",
-          "fsdp2", "checkpoints", "when a run goes wrong"]
-NUMBERS = range(11)
+          "fsdp2", "checkpoints", "when a run goes wrong", "a step in time"]
+NUMBERS = range(12)
 
 
-def test_eleven_lessons_in_the_issues_order():
+def test_twelve_lessons_in_the_issues_order():
     assert [path.name.split("-")[0] for path in LESSONS] == [str(number) for number in NUMBERS]
     for path, title in zip(LESSONS, TITLES):
         assert title in read(path).splitlines()[0].lower(), (path.name, title)
@@ -59,7 +59,7 @@ def test_the_chinese_lesson_says_the_same(number):
 
 def test_the_chinese_index_lists_the_same_lessons():
     english, chinese = read(LEARN / "README.md"), read(CHINESE / "README.md")
-    assert re.findall(r"\]\(([\w-]+\.md)\)", chinese)[:11] == re.findall(r"\]\(([\w-]+\.md)\)", english)[:11]
+    assert re.findall(r"\]\(([\w-]+\.md)\)", chinese)[:12] == re.findall(r"\]\(([\w-]+\.md)\)", english)[:12]
     assert "(../README.md)" in chinese and "(zh/README.md)" in english
 
 

@@ -24,6 +24,7 @@ from zero_lab.cli.explain_cmd import explain
 from zero_lab.cli.inspect_cmd import parse, report
 from zero_lab.cli.lab_cmd import lab_app
 from zero_lab.cli.run_cmd import EXTRA_ARGS, run
+from zero_lab.cli.timeline_cmd import timeline
 
 app = typer.Typer(
     name="zero-lab",
@@ -40,6 +41,7 @@ app.command()(report)
 app.command()(estimate)
 app.command()(explain)
 app.command()(doctor)
+app.command()(timeline)
 app.add_typer(config_app, name="config")
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(lab_app, name="lab")

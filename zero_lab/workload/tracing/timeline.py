@@ -7,7 +7,8 @@ same way, plus nano's own moments, watched from outside the engine (`nano_moment
                        by which HTA numbers iterations), inside it a span per engine call
                        (forward, backward, optimizer step: the `StepPhase` the training loop
                        moves), inside those the optimizer's own step (every impl: torch's optimizer
-                       hooks), nano's labelled regions (`nano_moments`: the optimizer step's
+                       hooks), autograd's own run inside the backward (`autograd_moments`: what
+                       a collective issued in the backward can overlap), nano's labelled regions (`nano_moments`: the optimizer step's
                        phases, each gradient bucket, each stage-3 gather) and official's own
                        phases of the optimizer step (`deepspeed_moments`: its ZeRO optimizer's
                        timers, `optimizer_gradients`, `optimizer_step`, `optimizer_allgather`);
@@ -48,7 +49,7 @@ import torch.distributed as dist
 
 from zero_lab.nano import collectives
 from zero_lab.workload.faults.rank_pause import restart_attempt
-from zero_lab.workload.tracing import deepspeed_moments
+from zero_lab.workload.tracing import autograd_moments, deepspeed_moments
 from zero_lab.workload.tracing import nano_moments
 from zero_lab.workload.tracing.memory_history import AllocationHistory, CudaHistory, captured_stack
 from zero_lab.workload.step_phase import Phase, StepPhase
@@ -59,7 +60,8 @@ STEP_SPAN = "ProfilerStep#"  # torch.profiler's name for a step: HTA numbers its
 BEFORE = "before"  # the memory category of storages that existed when tracing began
 MEMORY_COUNTER = "allocated bytes"
 WINDOW = object()  # the memory log's mark of a traced window opening
-REGION_CATEGORIES = {"label": "nano", "optimizer": "optimizer", "deepspeed": "deepspeed"}  # observed kind -> category
+REGION_CATEGORIES = {"label": "nano", "optimizer": "optimizer", "deepspeed": "deepspeed",  # observed kind -> category
+                     "autograd": "autograd"}
 # Thread ids of the tracks (units follow UNIT_TRACKS, one each).
 STEP_TRACK, COLLECTIVE_TRACK, ASYNC_COLLECTIVE_TRACK, UNIT_TRACKS = 1, 2, 3, 10
 ASYNC_LANES = 1000  # asynchronous collectives in flight together: lane k (k >= 1) on track ASYNC_LANES + k
@@ -322,6 +324,7 @@ class Tracing:
         phase.observers.append(timeline.follow)
         comm.timeline = timeline
         self.unwatch = nano_moments.watch(timeline.observe_engine)
+        self.unwatch_autograd = autograd_moments.watch(timeline.observe_engine)
         tracker = getattr(memory, "tracker", None)
         if tracker is not None:
             timeline.tracker = tracker
@@ -337,6 +340,7 @@ class Tracing:
             self.phase.observers.remove(timeline.follow)
         self.comm.timeline = None
         self.unwatch()
+        self.unwatch_autograd()
         if timeline.unwatch_deepspeed is not None:
             timeline.unwatch_deepspeed()
         live = None
