@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.labs.lab_runs import (LabDirectory, assert_beside_nano_and_official, assert_every_check_passed,
+from tests.labs.lab_runs import (LabDirectory, mutant_outputs, assert_beside_nano_and_official, assert_every_check_passed,
                                  assert_stops_at_the_first_function, assert_the_mutant_is_caught)
 from tests.labs.mistakes import mutants_of
 
@@ -21,6 +21,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     return LabDirectory.start("offload", tmp_path_factory.mktemp("labs"))
+
+
+@pytest.fixture(scope="module")
+def mutants(lab, tmp_path_factory):
+    """What `lab check` prints for each mutant that runs to its end, from one world of runs."""
+    return mutant_outputs(lab, tmp_path_factory.mktemp("mutants"))
 
 
 def after_step(lab, world_size: int) -> dict:
@@ -50,5 +56,5 @@ def test_the_reference_solution_passes_byte_for_byte_beside_nano_and_official(la
 
 
 @pytest.mark.parametrize("mutant", mutants_of("offload"), ids=lambda mutant: mutant.name)
-def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant):
-    assert_the_mutant_is_caught(lab, mutant)
+def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant, mutants):
+    assert_the_mutant_is_caught(lab, mutant, mutants)

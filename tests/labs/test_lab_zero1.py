@@ -6,7 +6,7 @@ DeepSpeed's, at 2 and 3 ranks on the tiny model; one lab directory serves every 
 
 import pytest
 
-from tests.labs.lab_runs import (LabDirectory, assert_beside_nano_and_official, assert_every_check_passed,
+from tests.labs.lab_runs import (LabDirectory, mutant_outputs, assert_beside_nano_and_official, assert_every_check_passed,
                                  assert_stops_at_the_first_function, assert_the_mutant_is_caught)
 from tests.labs.mistakes import mutants_of
 
@@ -16,6 +16,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     return LabDirectory.start("zero1", tmp_path_factory.mktemp("labs"))
+
+
+@pytest.fixture(scope="module")
+def mutants(lab, tmp_path_factory):
+    """What `lab check` prints for each mutant that runs to its end, from one world of runs."""
+    return mutant_outputs(lab, tmp_path_factory.mktemp("mutants"))
 
 
 def test_start_writes_a_package_whose_functions_name_the_lab(lab):
@@ -44,5 +50,5 @@ def test_the_reference_solution_passes_byte_for_byte_beside_nano_and_official(la
 
 
 @pytest.mark.parametrize("mutant", mutants_of("zero1"), ids=lambda mutant: mutant.name)
-def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant):
-    assert_the_mutant_is_caught(lab, mutant)
+def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant, mutants):
+    assert_the_mutant_is_caught(lab, mutant, mutants)

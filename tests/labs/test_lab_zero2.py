@@ -6,7 +6,7 @@ zero1's test); one lab directory serves every test of the module.
 
 import pytest
 
-from tests.labs.lab_runs import LabDirectory, assert_every_check_passed, assert_the_mutant_is_caught
+from tests.labs.lab_runs import LabDirectory, mutant_outputs, assert_every_check_passed, assert_the_mutant_is_caught
 from tests.labs.mistakes import mutants_of
 
 pytestmark = pytest.mark.slow
@@ -15,6 +15,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     return LabDirectory.start("zero2", tmp_path_factory.mktemp("labs"))
+
+
+@pytest.fixture(scope="module")
+def mutants(lab, tmp_path_factory):
+    """What `lab check` prints for each mutant that runs to its end, from one world of runs."""
+    return mutant_outputs(lab, tmp_path_factory.mktemp("mutants"))
 
 
 def test_the_untouched_skeleton_fails_on_its_first_item_naming_the_function(lab):
@@ -33,5 +39,5 @@ def test_the_reference_solution_passes_byte_for_byte_beside_nano(lab):
 
 
 @pytest.mark.parametrize("mutant", mutants_of("zero2"), ids=lambda mutant: mutant.name)
-def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant):
-    assert_the_mutant_is_caught(lab, mutant)
+def test_each_mutant_fails_its_check_with_a_hint_naming_the_function_at_fault(lab, mutant, mutants):
+    assert_the_mutant_is_caught(lab, mutant, mutants)

@@ -15,6 +15,8 @@ Phase 3: when all pass, official DeepSpeed runs too (kept like nano's), and one 
 
 from __future__ import annotations
 
+import functools
+
 import json
 import shutil
 from pathlib import Path
@@ -117,12 +119,10 @@ def run_cell(shared: jobs.SharedSettings, impl: str, lab: Lab, world_size: int, 
 
 
 def say(result) -> None:
-    mark = "PASS" if result.ok else "FAIL"
-    output.stdout.print(f"{mark} {result.check} (world size {result.world_size})", markup=False, highlight=False)
-    for line in result.lines:
-        output.stdout.print(f"  {line}", markup=False, highlight=False)
-    if result.hint:
-        output.stdout.print(f"  hint: {result.hint}", markup=False, highlight=False)
+    from zero_lab.labs.check import printed
+
+    for line in printed(result):
+        output.stdout.print(line, markup=False, highlight=False)
 
 
 @lab_app.command()
@@ -165,21 +165,16 @@ def check(
     # Phase 2
     for world_size in world_sizes:
         mine = run_cell(shared, LEARNER, lab, world_size, runs / f"w{world_size}-{LEARNER}", keep=False)
-        results = [checks.check_runs(mine, lab)]
-        if results[-1].ok:
-            nano = run_cell(shared, "nano", lab, world_size, runs / f"w{world_size}-nano", keep=True)
-            for step in (lambda: checks.check_losses(mine, nano, tolerance, lab),
-                         lambda: checks.check_bytes(mine, nano, lab), lambda: checks.check_wire(mine, nano, lab)):
-                results.append(step())
-                if not results[-1].ok:
-                    break
+        # nano's run, made (or kept) only once the learner's has run
+        nano = functools.partial(run_cell, shared, "nano", lab, world_size, runs / f"w{world_size}-nano", True)
+        results = checks.checks_in_order(mine, lab, nano, tolerance)
         for result in results:
             say(result)
         if not results[-1].ok:
             output.stdout.print(f"lab {lab.name}: not yet - {results[-1].check} fails at world size {world_size}",
                                 markup=False, highlight=False)
             raise typer.Exit(1)
-        figures.append((world_size, mine, nano))
+        figures.append((world_size, mine, nano()))  # kept: read back, not run again
     # Phase 3
     rows = []
     for world_size, mine, nano in figures:

@@ -16,7 +16,7 @@ For one world size the learner's run (the lab package as an impl) is held, in or
        after the step (the memory tracker's live bytes) is no more than nano's;
     4. wire bytes per collective: per step, the same collective types, each with the same wire bytes.
 Each check gives a `Result`; the first that fails stops the check, with a hint that names the
-likely mistake when its figures match one.
+likely mistake when its figures match one (`checks_in_order`; `printed` is what `lab check` prints of a result).
 """
 
 from __future__ import annotations
@@ -237,3 +237,25 @@ def check_wire(run: dict, nano: dict, lab: Lab) -> Result:
         return Result("wire", world_size, False, lines, hint)
     return Result("wire", world_size, True,
                   tuple(f"{op}: {calls} calls, {wire:,} wire B per step, as nano" for op, (calls, wire) in sorted(mine.items())))
+
+
+def checks_in_order(mine: dict, lab: Lab, nano, tolerance: float) -> list[Result]:
+    """The four checks of one world size, in order, up to the first that fails; `nano()` gives nano's
+    run, asked for only once the learner's has run."""
+    results = [check_runs(mine, lab)]
+    if results[-1].ok:
+        reference = nano()
+        for step in (lambda: check_losses(mine, reference, tolerance, lab), lambda: check_bytes(mine, reference, lab),
+                     lambda: check_wire(mine, reference, lab)):
+            results.append(step())
+            if not results[-1].ok:
+                break
+    return results
+
+
+def printed(result: Result) -> list[str]:
+    """The lines `lab check` prints for one result: PASS or FAIL, what was compared, the hint."""
+    lines = [f"{'PASS' if result.ok else 'FAIL'} {result.check} (world size {result.world_size})"]
+    lines += [f"  {line}" for line in result.lines]
+    return lines + ([f"  hint: {result.hint}"] if result.hint else [])
+
