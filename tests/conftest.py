@@ -56,17 +56,19 @@ def no_tracker_left_installed():
 # then the in-process ones, which fill the gaps. Order only: every test runs, as it would alone.
 LONGEST_FIRST = [
     "tests/clients/test_clients.py",
-    "tests/labs/test_lab_zero2.py",  # 9 mutants, each a launch (tests/labs/mistakes.py)
-    "tests/labs/test_lab_zero1.py",
-    "tests/labs/test_lab_offload.py",
-    "tests/labs/test_lab_fp16.py",
-    "tests/labs/test_lab_zero3.py",
+    "tests/labs/test_lab_fp16.py",  # 224 s: launches, and a world of 9-step runs for its mutants
+    "tests/labs/test_lab_zero1.py",  # 142 s
+    "tests/labs/test_lab_offload.py",  # 126 s
+    "tests/labs/test_lab_zero2.py",  # 124 s
+    "tests/labs/test_lab_zero3.py",  # 104 s
     "tests/harness/test_train_torchrun.py",
     "tests/cli/test_compare_e2e.py",
     "tests/analysis/test_peak_memory.py",
     "tests/diagnosis/test_findings_from_runs.py",
     "tests/fsdp2/test_harness.py",
     "tests/learn/test_lesson_8_fsdp2.py",
+    "tests/learn/test_lesson_10_when_a_run_goes_wrong.py",  # about 95 s: seven launches
+    "tests/learn/test_lesson_11_a_step_in_time.py",  # about 75 s: three traced launches
     "tests/zeropp/test_zeropp_bytes.py",
     "tests/cli/test_restarts.py",
     "tests/cli/test_faults.py",
