@@ -166,7 +166,7 @@ def check(
     for world_size in world_sizes:
         mine = run_cell(shared, LEARNER, lab, world_size, runs / f"w{world_size}-{LEARNER}", keep=False)
         # nano's run, made (or kept) only once the learner's has run
-        nano = functools.partial(run_cell, shared, "nano", lab, world_size, runs / f"w{world_size}-nano", True)
+        nano = functools.partial(run_cell, shared, "nano", lab, world_size, runs / f"w{world_size}-nano", keep=True)
         results = checks.checks_in_order(mine, lab, nano, tolerance)
         for result in results:
             say(result)
