@@ -3,7 +3,7 @@
 import math
 
 from zero_lab.analysis.runs.logparse import parse_text
-from zero_lab.workload.log_lines import format_line
+from zero_lab.workload.log_contract.log_lines import format_line
 
 OURS = """\
 W1129 torch/distributed/run.py:874] Setting OMP_NUM_THREADS

@@ -14,7 +14,7 @@ from zero_lab.analysis.runs.logparse import parse_file, parse_text
 from zero_lab.analysis.memory.peak_memory import (DEEPSPEED_FETCH_RULES, error_percent, layers_whole_after_forward,
                                            model_states_at, predict_peak, predict_run_peak, unit_parameters)
 from zero_lab.nano.policies.fetch_policy import FetchRules
-from zero_lab.workload.log_lines import MB
+from zero_lab.workload.log_contract.log_lines import MB
 
 
 def test_the_fetch_rules_decide_the_layers_gathered_at_the_turn():

@@ -21,7 +21,7 @@ import pytest
 from zero_lab.analysis.runs import traces
 from zero_lab.analysis.report.picture import picture_data
 from zero_lab.workload.meters.collective_record import read_records
-from zero_lab.workload.log_lines import MB
+from zero_lab.workload.log_contract.log_lines import MB
 
 pytestmark = [pytest.mark.slow, pytest.mark.official]
 

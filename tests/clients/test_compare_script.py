@@ -13,7 +13,7 @@ import pytest
 
 from zero_lab.analysis.runs import traces
 from zero_lab.analysis.runs.logparse import parse_file
-from zero_lab.workload.log_lines import MB
+from zero_lab.workload.log_contract.log_lines import MB
 
 pytestmark = [pytest.mark.slow, pytest.mark.official]
 

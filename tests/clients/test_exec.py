@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from zero_lab.launch.engine_switch import DROPIN_DIR
-from zero_lab.workload.log_lines import find_tagged, split_fields
+from zero_lab.workload.log_contract.log_lines import find_tagged, split_fields
 
 pytestmark = [pytest.mark.slow, pytest.mark.official]
 

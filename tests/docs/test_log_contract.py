@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from zero_lab.cli.app import app
-from zero_lab.workload.log_lines import TAGS, parse_line
+from zero_lab.workload.log_contract.log_lines import TAGS, parse_line
 from tests.docs.doc_text import REPO, read, table_after
 
 LOG_FORMAT = read(REPO / "docs" / "log-format.md")

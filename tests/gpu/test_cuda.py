@@ -273,7 +273,7 @@ def test_a_traced_run_writes_a_timeline_and_a_snapshot_torchs_viewer_reads(tmp_p
     from torch.cuda import _memory_viz
 
     from zero_lab.analysis.runs import traces
-    from zero_lab.workload.log_lines import MB, parse_line
+    from zero_lab.workload.log_contract.log_lines import MB, parse_line
 
     environment = {key: value for key, value in os.environ.items()
                    if key not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}

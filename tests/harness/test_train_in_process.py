@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from tests.ports import free_port
-from zero_lab.workload.log_lines import parse_line
+from zero_lab.workload.log_contract.log_lines import parse_line
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_RUN = ("--model-name", "tiny", "--steps", "2", "--batch-size", "1", "--seq-len", "16",
@@ -178,7 +178,7 @@ def test_memory_through_a_step_nano(train_module, one_process, capsys, stage):
     from zero_lab.analysis.memory.activation_memory import activation_bytes, decoder_shape
     from zero_lab.analysis.memory.peak_memory import error_percent, predict_run_peak
     from zero_lab.nano.memory.memory_formula import model_state_bytes
-    from zero_lab.workload.log_lines import MB
+    from zero_lab.workload.log_contract.log_lines import MB
     from zero_lab.workload.meters.phase_memory import PHASES
 
     assert train_module.main(["--impl", "nano", *PHASE_RUN, "--zero-stage", str(stage)]) == 0
@@ -211,7 +211,7 @@ def test_an_offloaded_runs_peak_is_predicted_per_place(train_module, one_process
     each place is the formula's for that place."""
     from zero_lab.analysis.memory.activation_memory import decoder_shape
     from zero_lab.analysis.memory.peak_memory import Offload, error_percent, model_states_by_place_at, predict_run_peak
-    from zero_lab.workload.log_lines import MB
+    from zero_lab.workload.log_contract.log_lines import MB
 
     assert train_module.main(["--impl", "nano", *PHASE_RUN, "--zero-stage", "2", "--offload", "optimizer"]) == 0
     steps, _, model, zero = phase_lines(capsys.readouterr().out)

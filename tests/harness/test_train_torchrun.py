@@ -24,7 +24,7 @@ from tests.harness_world import Worlds
 from tests.ports import free_port
 from zero_lab.nano.layout import FlatLayout
 from zero_lab.nano.memory.memory_formula import model_state_bytes
-from zero_lab.workload.log_lines import parse_line
+from zero_lab.workload.log_contract.log_lines import parse_line
 from zero_lab.workload.models import build_model, parameter_groups
 from zero_lab.workload.meters.wire_bytes import wire_bytes
 

@@ -2,7 +2,7 @@
 
 import math
 
-from zero_lab.workload.log_lines import format_line, parse_line
+from zero_lab.workload.log_contract.log_lines import format_line, parse_line
 
 
 def test_opt_step_line_round_trips_with_nine_significant_digits():

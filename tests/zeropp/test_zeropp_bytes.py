@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from tests.harness_world import Worlds
 from zero_lab.cli.app import app
-from zero_lab.workload.log_lines import parse_line
+from zero_lab.workload.log_contract.log_lines import parse_line
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from zero_lab.analysis.memory.memory_fit import KNOBS, TIGHT_FRACTION, Fit, fit,
 from zero_lab.analysis.runs.rundir import not_run_summary
 from zero_lab.cli.errors import BadInput
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
-from zero_lab.workload.log_lines import MB as MIB, size_text
+from zero_lab.workload.log_contract.log_lines import MB as MIB, size_text
 
 GB = 2**30
 

@@ -30,7 +30,7 @@ from zero_lab.nano.errors import NanoConfigError
 from zero_lab.workload import state_formula
 from zero_lab.workload.meters import collective_record
 from zero_lab.workload.meters.comm_meter import CommMeter
-from zero_lab.workload.contract_lines import announce_rank, emit, zero_header
+from zero_lab.workload.log_contract.contract_lines import announce_rank, emit, zero_header
 from zero_lab.workload.meters.memory_meter import MemoryMeter
 from zero_lab.workload.step_phase import StepPhase
 from zero_lab.workload.tracing.timeline import start_tracing

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from zero_lab.workload.meters.comm_meter import CommMeter, OpCount, accumulate, difference
-from zero_lab.workload.contract_lines import emit, model_header, opt_step_fields
+from zero_lab.workload.log_contract.contract_lines import emit, model_header, opt_step_fields
 from zero_lab.workload.meters.memory_meter import MemoryMeter
 from zero_lab.workload.step_phase import Phase, StepPhase
 from zero_lab.workload.meters.step_metrics import StepMetrics, comm_totals, step_warnings

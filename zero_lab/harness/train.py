@@ -56,7 +56,7 @@ from zero_lab.workload.meters import collective_record
 from zero_lab.workload.meters.comm_meter import CommMeter
 from zero_lab.workload.data import make_batches
 from zero_lab.workload.errors import WorkloadError
-from zero_lab.workload.contract_lines import announce_rank, emit, model_header, opt_step_fields, zero_header
+from zero_lab.workload.log_contract.contract_lines import announce_rank, emit, model_header, opt_step_fields, zero_header
 from zero_lab.workload.engines.impls import default_single_process_env, engine_config, load_engine_module
 from zero_lab.workload import state_formula
 from zero_lab.workload.engines import own_engine

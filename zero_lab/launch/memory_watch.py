@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from zero_lab.launch.workers import rank_processes
-from zero_lab.workload.log_lines import MB, size_text
+from zero_lab.workload.log_contract.log_lines import MB, size_text
 
 SAMPLE_EVERY_S = 0.25
 # Finding the workers scans every process on the machine (tens of ms on a busy one), reading a

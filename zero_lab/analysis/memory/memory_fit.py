@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 
-from zero_lab.workload.log_lines import size_text
+from zero_lab.workload.log_contract.log_lines import size_text
 
 TIGHT_FRACTION = 0.10
 # What lowers a rank's peak, in the CLI's own flags.

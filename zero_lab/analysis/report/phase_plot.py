@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zero_lab.analysis.runs.speed.step_phases import has_categories, stacked_categories
-from zero_lab.workload.log_lines import MB
+from zero_lab.workload.log_contract.log_lines import MB
 from zero_lab.workload.meters.phase_memory import PHASES
 
 

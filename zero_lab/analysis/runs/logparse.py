@@ -1,6 +1,6 @@
 """Read the harness's rank-0 log (docs/log-format.md) and the seed project's logs into one shape.
 
-The tolerant reader, built on the contract's one tokenizer (`zero_lab.workload.log_lines`), so a
+The tolerant reader, built on the contract's one tokenizer (`zero_lab.workload.log_contract.log_lines`), so a
 value reads the same here as in the tests (`true` is a bool, `2` an int):
 Phase 1: find a tagged line - `[zero]`, `[model]`, `[opt_step k]`, `[phase]`, `[collective]`,
          `[comm]` or `[warn]` - anywhere in the line (`log_lines.find_tagged`), so torchrun's
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zero_lab.workload.log_lines import find_tagged, split_fields
+from zero_lab.workload.log_contract.log_lines import find_tagged, split_fields
 
 # The seed printed CUDA-only names; ours name the same quantities without the device.
 SEED_FIELD_NAMES = {

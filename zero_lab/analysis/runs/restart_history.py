@@ -17,7 +17,7 @@ import re
 import signal
 
 from zero_lab.analysis.runs.logparse import ParsedLog, is_number, read_fields
-from zero_lab.workload.log_lines import find_tagged
+from zero_lab.workload.log_contract.log_lines import find_tagged
 
 FAILED_WORKER = re.compile(r"^[EWI](?P<when>\d{4} \d\d:\d\d:\d\d\.\d+).*failed \(exitcode: (?P<code>-?\d+)\) "
                            r"local_rank: (?P<rank>\d+) \(pid: (?P<pid>\d+)\)")

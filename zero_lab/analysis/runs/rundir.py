@@ -43,7 +43,7 @@ from zero_lab.analysis.runs.speed.step_phases import last_step_phases
 from zero_lab.analysis.runs.speed.throughput import throughput
 from zero_lab.analysis.runs.updates import step_updates
 from zero_lab.nano.dtypes import PRECISION_OF_DTYPE_NAME
-from zero_lab.workload.log_lines import MB
+from zero_lab.workload.log_contract.log_lines import MB
 from zero_lab.workload.faults.out_of_memory import EXIT_OUT_OF_MEMORY, MESSAGE_PREFIX
 
 SUMMARY = "summary.json"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from zero_lab.workload.log_lines import size_text
+from zero_lab.workload.log_contract.log_lines import size_text
 from zero_lab.workload.step_phase import Phase
 
 EXIT_OUT_OF_MEMORY = 4

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.workload.meters.comm_meter import CommMeter, OpCount, difference
-from zero_lab.workload.log_lines import MB
+from zero_lab.workload.log_contract.log_lines import MB
 from zero_lab.workload.meters.memory_meter import MemoryMeter
 from zero_lab.workload.meters.phase_memory import PhaseSample, visible_categories
 

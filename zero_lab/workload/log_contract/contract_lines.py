@@ -12,7 +12,7 @@ import sys
 import torch
 
 from zero_lab.workload.engines.impls import loss_scale, optimizer_name
-from zero_lab.workload.log_lines import MB, format_line
+from zero_lab.workload.log_contract.log_lines import MB, format_line
 from zero_lab.workload.meters.model_flops import device_name, flops_per_token
 
 
