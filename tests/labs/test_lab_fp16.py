@@ -1,9 +1,9 @@
 """Lab fp16 end to end: the untouched skeleton, the reference solution, and its mutants (tests/labs/mistakes.py).
 
-The reference is nano's stage 2 in fp16 at 2 ranks on the tiny model, 9 steps: from a loss scale of
-2^16 the scale doubles after every 2 good steps, step 6 overflows at 2^18 (skipped; one unit of
-hysteresis spent, the scale kept), step 7 overflows again (the scale halved), and steps 8 and 9 are
-the good steps counted from that overflow. Official DeepSpeed refuses fp16 on CPU, so it is not run.
+The reference is nano's stage 2 in fp16 at 2 ranks on the tiny model (32 tokens a sample), 9 steps:
+from a loss scale of 2^16 the scale doubles after every 2 good steps, step 6 overflows at 2^18
+(skipped; one unit of hysteresis spent, the scale kept), step 7 overflows again (the scale halved),
+and steps 8 and 9 are the good steps counted from that overflow. Official DeepSpeed refuses fp16 on CPU, so it is not run.
 """
 
 import pytest

@@ -90,7 +90,7 @@ def lab_config(lab: Lab, runs: Path) -> Path | None:
 def shared_settings(lab: Lab, directory: Path, steps: int) -> jobs.SharedSettings:
     from zero_lab.launch import torchrun
 
-    workload = torchrun.Workload(model="tiny", steps=steps, dtype=lab.dtype)
+    workload = torchrun.Workload(model="tiny", steps=steps, dtype=lab.dtype, seq_len=lab.seq_len)
     return jobs.SharedSettings(config_path=lab_config(lab, directory / RUNS), device="cpu", workload=workload,
                                multi_node=torchrun.MultiNode(), extra_torchrun_args=[], stall_timeout_s=600.0,
                                own_engines={LEARNER: directory})

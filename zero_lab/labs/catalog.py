@@ -43,6 +43,7 @@ class Lab:
     hints: tuple[str, ...]
     lesson: str  # the course's lesson that explains it (docs/learn/)
     dtype: str = "float32"  # the workload's --dtype
+    seq_len: int | None = None  # the workload's --seq-len (None: the harness's default)
     config: dict = field(default_factory=dict)  # merged into the harness's zero<stage>.json, section by section
     # optimizer steps per run: enough to meet every moment the lab is about, and for the losses to show
     # 3 real updates (the harness's learning rate is 0 for updates 1 and 2: analysis.runs.updates)
@@ -129,8 +130,10 @@ LABS = (
         config={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 2,
                          "hysteresis": 2, "min_loss_scale": 1}},
         # 9: the tiny workload overflows at steps 6 and 7, so the rule is seen spending its hysteresis, halving,
-        # and counting the good steps after an overflow (tests/labs/mistakes.py: a mistake in each)
-        steps=9),
+        # and counting the good steps after an overflow (tests/labs/mistakes.py: a mistake in each); 32 tokens
+        # a sample overflow at the same steps as the default 128, and fp16's matmuls, which a CPU emulates, cost
+        # a quarter
+        steps=9, seq_len=32, compare_options="--dtype float16 --seq-len 32"),
     Lab("offload", "Offload: the optimizer states and step on the host", 2,
         "What only Adam reads lives on the host: the fp32 master partition, Adam's two states and the gradient "
         "partition. Each step the reduced gradient partition lands on the host, Adam runs there, and the updated "
