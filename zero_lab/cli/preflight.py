@@ -64,6 +64,16 @@ def offered_memory(device: str, device_memory_gb: float | None) -> tuple[int | N
     return ceiling.available, f"available host memory, {ceiling.name}"
 
 
+def expected_optimizer(impl: str, device: str, config: dict) -> str | None:
+    """The `[model]` line's optimizer the run will step with, as the harness picks it: official runs
+    torch's AdamW on CPU (`torch_adam`) or where the config asks for it, else FusedAdam (the CUDA
+    toolkit assumed); nano its own."""
+    if impl != "official":
+        return "PartitionedAdam" if impl == "nano" else None
+    torch_adam = (config.get("optimizer") or {}).get("params", {}).get("torch_adam")
+    return "torch.optim.AdamW" if device != "cuda" or torch_adam else "FusedAdam"
+
+
 def predicted_peak(job) -> int | None:
     """Phase 2: one rank's predicted peak for a prepared job (zero_lab.cli.jobs.Job)."""
     from zero_lab.analysis.memory.peak_memory import predict_run_peak
@@ -77,7 +87,8 @@ def predicted_peak(job) -> int | None:
     settings = load_config(without_official_only_keys(job.config), world_size=world_size)  # as nano reads it
     model = {"name": spec.workload.model, "seq_len": spec.workload.seq_len or DEFAULT_SEQ_LEN,
              "micro_batch": int(job.config["train_micro_batch_size_per_gpu"]), "attn_impl": spec.workload.attn_impl,
-             "gradient_checkpointing": spec.workload.gradient_checkpointing}
+             "gradient_checkpointing": spec.workload.gradient_checkpointing, "device": spec.device,
+             "optimizer": expected_optimizer(spec.impl, spec.device, job.config)}
     sections = settings.zero_optimization
     zero = {"impl": spec.impl, "reduce_bucket_size": sections.reduce_bucket_size,
             "communication_data_type": settings.communication_data_type or "auto",

@@ -14,7 +14,8 @@ A step's moments, each with what is alive on the rank (nano's moments, `memory_f
     boundary:        nano at stages 0/1 packs `param.grad` into buckets after the backward: the
                      full gradients, the fp32 gradient partition and the first bucket at once (with
                      one partition, stage 0 or one rank, an fp32 bucket is a slice of the partition);
-    optimizer step:  model states at the "step" moment.
+    optimizer step:  model states at the "step" moment (official at stages 1-2 adds its step's
+                     gradient copies and its optimizer's temporaries: `official_step_bytes`).
 Phase 1: count each moment's bytes. Phase 2: the peak is the largest, and its moment says why.
 
 Parameters are counted per flat buffer: at stages 0-2 the whole model, as nano lays it out; at
@@ -243,6 +244,46 @@ def layer_parameter_sizes(shape: DecoderShape) -> list[int]:
     return [h * a * d, h * k * d, h * k * d, a * d * h, *norms, h * i, h * i, i * h, h, h]
 
 
+def matrix_parameters(shape: DecoderShape) -> int:
+    """The elements of the model's matrices (the harness's weight-decay group; its other group, the
+    norms' vectors, is small): the largest parameter group an optimizer steps."""
+    sizes = layer_parameter_sizes(shape)
+    return (shape.layers * sum(size for size in sizes if size not in (shape.hidden_size, shape.head_dim))
+            + shape.vocab_size * shape.hidden_size * (1 if shape.tied_embeddings else 2))
+
+
+def adam_temporaries(optimizer: str | None, device: str | None) -> int:
+    """How many fp32 copies of a parameter group's partition an optimizer's update holds at once:
+    torch's AdamW in its per-tensor loop (its default on CPU) 2 (`exp_avg_sq.sqrt()`, then that
+    divided by the bias correction), in its multi-tensor form (its default on CUDA) 1 (`_foreach_sqrt`,
+    then changed in place); fused updates (FusedAdam, DeepSpeedCPUAdam) and nano's (65,536 elements at
+    a time) none worth counting. `optimizer` is the `[model]` line's name for it."""
+    if optimizer in ("torch.optim.AdamW", "torch.optim.Adam"):
+        return 2 if device == "cpu" else 1
+    return 0
+
+
+def official_step_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int, temporaries: int,
+                        offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """What official DeepSpeed holds at its optimizer step beyond nano's model states, stages 1-2
+    without offload (`stage_1_and_2.py` `step`): its gradient partition is in the parameters' dtype
+    (nano's in fp32), and the step flattens it and casts the flat copy to fp32 while the partition
+    lives. The fp32 copy takes the place of nano's fp32 partition; beside them, the larger of the
+    flat copy before its cast (none in fp32 training, where the flat copy is the fp32 one) and the
+    optimizer's own temporaries (`adam_temporaries`, over the largest group's partition). In fp32
+    training its fp32 partition copy (`official_turn_bytes`) is held too. Measured on CPU (the small
+    preset, bf16, 1 and 2 ranks, stages 1 and 2) and in the committed GPU report (FusedAdam)."""
+    if stage not in (1, 2) or offload.optimizer:
+        return placed()
+    layer, root = unit_parameters(shape)
+    width = BYTES_OF_PRECISION[precision]
+    partition = -(-(shape.layers * layer + root) // world_size)
+    master_copy = partition * FP32_BYTES if precision == "fp32" else 0
+    flat_copy = partition * width if width != FP32_BYTES else 0
+    update = temporaries * -(-matrix_parameters(shape) // world_size) * FP32_BYTES
+    return placed(device=partition * width + master_copy + max(flat_copy, update))
+
+
 def official_stage3_bytes(shape: DecoderShape, precision: str, world_size: int, moment: str,
                           reduce_bucket_size: int | None, persistence_threshold: int,
                           communication_precision: str, rules: FetchRules,
@@ -264,9 +305,7 @@ def official_stage3_bytes(shape: DecoderShape, precision: str, world_size: int, 
     numel = shape.layers * layer + root
     width = BYTES_OF_PRECISION[precision]
     gradient_partition = model_state_bytes(3, precision, numel, world_size, "step")["gradient_partition"]
-    sizes = layer_parameter_sizes(shape)
-    matrices = shape.layers * sum(size for size in sizes if size not in (shape.hidden_size, shape.head_dim)) \
-        + shape.vocab_size * shape.hidden_size * (1 if shape.tied_embeddings else 2)
+    sizes, matrices = layer_parameter_sizes(shape), matrix_parameters(shape)
     persistent = (shape.layers * sum(size for size in sizes if size <= persistence_threshold)
                   + (shape.hidden_size if shape.hidden_size <= persistence_threshold else 0))
     prefetched = decoder_micro_step(shape, rules).largest_prefetch if moment == "forward" else 0
@@ -281,7 +320,8 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
                  accumulation: int = 1, reduce_bucket_size: int | None = None,
                  communication_precision: str | None = None, impl: str = "nano",
                  fetch_rules: FetchRules = DEEPSPEED_FETCH_RULES,
-                 persistence_threshold: int = 100_000, offload: Offload = NO_OFFLOAD) -> PeakPrediction | None:
+                 persistence_threshold: int = 100_000, offload: Offload = NO_OFFLOAD,
+                 optimizer_temporaries: int = 0) -> PeakPrediction | None:
     """Phases 1-2 for one rank of a run, per place. With gradient accumulation the last
     micro-step's forward runs beside the gradients the earlier ones left (nano's "backward"
     moment). At stage 3 `fetch_rules` decide which layers are gathered at the turn (both impls
@@ -304,9 +344,12 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
         turn = added(turn, placed(device=first_bucket_bytes(shape, stage, reduce_bucket_size, communication)))
     else:
         turn = added(turn, official_turn_bytes(shape, stage, precision, world_size, reduce_bucket_size, offload))
+    step = states("step")
+    if impl == "official":
+        step = added(step, official_step_bytes(shape, stage, precision, world_size, optimizer_temporaries, offload))
     places = {"turn": added(turn, placed(device=activations.loss_transient)),
               "end_of_backward": states("backward"),
-              "optimizer_step": states("step")}
+              "optimizer_step": step}
     if gradient_checkpointing:
         places["recompute"] = added(turn, placed(device=activations.recompute))
     if impl == "nano" and stage in (0, 1):
@@ -342,7 +385,8 @@ def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_
                         bucket if isinstance(bucket, int) else None,
                         communication if communication in BYTES_OF_PRECISION else None, str(zero.get("impl", "nano")),
                         rules, stage3_key("param_persistence_threshold", 100_000),
-                        Offload(zero.get("offload_optimizer") == "cpu", zero.get("offload_param") == "cpu"))
+                        Offload(zero.get("offload_optimizer") == "cpu", zero.get("offload_param") == "cpu"),
+                        adam_temporaries(model.get("optimizer"), model.get("device")))
 
 
 def error_percent(predicted: float | None, measured: float | None) -> float | None:

@@ -275,7 +275,9 @@ def render_report(comparison: dict, summaries: list[dict], title: str, plots: li
             "step (activations and temporary buffers included; see docs/log-format.md); the formulas count "
             "model states only: parameters, gradients and optimizer states. The predicted peak adds the "
             "activations of one micro-batch, the loss's temporaries and the gradient buckets to nano's formula "
-            "(official DeepSpeed at stages 1-2: its staging buffer and fp32 copy; at stage 3: its gradient partitions and reduce bucket, allocated at start; "
+            "(official DeepSpeed at stages 1-2: its staging buffer and fp32 copy, and at its step its gradient "
+            "partition in the parameters' dtype, the fp32 cast of it and its optimizer's temporaries; at stage 3: "
+            "its gradient partitions and reduce bucket, allocated at start; "
             "`zero-lab estimate`, docs/cli.md); its error is (predicted - measured) / measured.", "",
             markdown_table(*estimate_table(first_runs(rows))), ""]
     failures = failure_section(rows)
