@@ -12,7 +12,8 @@ from tests.harness_world import Worlds
 from zero_lab.analysis.memory.activation_memory import decoder_shape
 from zero_lab.analysis.runs.logparse import parse_file, parse_text
 from zero_lab.analysis.memory.peak_memory import (DEEPSPEED_FETCH_RULES, error_percent, layers_whole_after_forward,
-                                           model_states_at, predict_peak, predict_run_peak, unit_parameters)
+                                           model_state_categories_at, model_states_at, predict_peak, predict_run_peak,
+                                           unit_parameters)
 from zero_lab.nano.policies.fetch_policy import FetchRules
 from zero_lab.workload.log_contract.log_lines import MB
 
@@ -31,19 +32,35 @@ def test_the_fetch_rules_decide_the_layers_gathered_at_the_turn():
 
 
 def test_official_stage_3_adds_its_preallocated_buffers():
+    """tiny in fp32 at 2 ranks: official holds its gradient partitions (the parameters' dtype) and, in fp32
+    training, an fp32 copy of its partition from initialization on, and its reduce bucket; its turn holds
+    the largest prefetch twice; its step flattens the gradient partitions into an fp32 copy."""
     tiny = decoder_shape("tiny")
     args = (tiny, 3, "fp32", 2, 32, 2)
     nano = predict_peak(*args, reduce_bucket_size=20_000_000, impl="nano", persistence_threshold=0)
     official = predict_peak(*args, reduce_bucket_size=20_000_000, impl="official", persistence_threshold=0)
     layer, root = unit_parameters(tiny)
-    gradient_partition = (tiny.layers * layer + root) // 2 * 4  # fp32, allocated at initialization
+    partition = -(-(tiny.layers * layer + root) // 2) * 4  # fp32
+    nano_partition = model_state_categories_at("step", 3, "fp32", 2, tiny)["gradient_partition"]  # per unit, padded
     bucket = 20_000_000 * 4  # the reduce bucket, allocated at initialization
-    matrices = tiny.layers * (layer - 2 * tiny.hidden_size - 2 * tiny.head_dim) + root - tiny.hidden_size
-    gradient_buffer = matrices // 2 * 4  # the largest sub-group's zeroed fp32 `.grad`
     prefetch_copy = tiny.layers * layer * 4  # the default prefetch starts every layer at once, in one flat buffer
-    assert official.moments["turn"] - nano.moments["turn"] == (gradient_partition + bucket + gradient_buffer
-                                                               + prefetch_copy - nano_first_bucket(tiny))
-    assert official.moments["optimizer_step"] - nano.moments["optimizer_step"] == bucket + gradient_buffer
+    gradients_and_master = 2 * partition  # gradient partitions and the fp32 copy, both held from the start
+    assert official.moments["turn"] - nano.moments["turn"] == (gradients_and_master + bucket + prefetch_copy
+                                                               - nano_first_bucket(tiny))
+    # at the step the fp32 flat copy of the gradients is added; nano's own fp32 partition is official's too
+    assert official.moments["optimizer_step"] - nano.moments["optimizer_step"] == (gradients_and_master + partition
+                                                                                   - nano_partition + bucket)
+
+
+def test_official_stage_3_on_one_rank_gathers_nothing():
+    """One rank owns every parameter whole: official's gathered parameters are views of its partitions."""
+    tiny = decoder_shape("tiny")
+    nano = predict_peak(tiny, 3, "bf16", 1, 32, 2, reduce_bucket_size=0, impl="nano", persistence_threshold=0)
+    official = predict_peak(tiny, 3, "bf16", 1, 32, 2, reduce_bucket_size=0, impl="official", persistence_threshold=0)
+    gathered = model_state_categories_at("forward", 3, "bf16", 1, tiny)["gathered_parameters"]
+    layer, root = unit_parameters(tiny)
+    gradients = (tiny.layers * layer + root) * 2  # official's, in bf16, from the start
+    assert gathered > 0 and official.moments["turn"] - nano.moments["turn"] == gradients - gathered
 
 
 def test_a_cuda_offload_rows_prediction_is_the_devices_beside_a_device_measurement(tmp_path):

@@ -245,19 +245,16 @@ def layer_parameter_sizes(shape: DecoderShape) -> list[int]:
 
 
 def matrix_parameters(shape: DecoderShape) -> int:
-    """The elements of the model's matrices (the harness's weight-decay group; its other group, the
-    norms' vectors, is small): the largest parameter group an optimizer steps."""
+    """The elements of the model's matrices: the largest parameter group (the harness's decayed one)."""
     sizes = layer_parameter_sizes(shape)
     return (shape.layers * sum(size for size in sizes if size not in (shape.hidden_size, shape.head_dim))
             + shape.vocab_size * shape.hidden_size * (1 if shape.tied_embeddings else 2))
 
 
 def adam_temporaries(optimizer: str | None, device: str | None) -> int:
-    """How many fp32 copies of a parameter group's partition an optimizer's update holds at once:
-    torch's AdamW in its per-tensor loop (its default on CPU) 2 (`exp_avg_sq.sqrt()`, then that
-    divided by the bias correction), in its multi-tensor form (its default on CUDA) 1 (`_foreach_sqrt`,
-    then changed in place); fused updates (FusedAdam, DeepSpeedCPUAdam) and nano's (65,536 elements at
-    a time) none worth counting. `optimizer` is the `[model]` line's name for it."""
+    """fp32 copies of a group's partition the update of the `[model]` line's `optimizer` holds at once:
+    torch's AdamW per tensor (its CPU default) 2 (`exp_avg_sq.sqrt()`, then divided), multi-tensor (its
+    CUDA default) 1 (`_foreach_sqrt`); fused updates and nano's (65,536 elements at a time) none."""
     if optimizer in ("torch.optim.AdamW", "torch.optim.Adam"):
         return 2 if device == "cpu" else 1
     return 0
@@ -266,13 +263,10 @@ def adam_temporaries(optimizer: str | None, device: str | None) -> int:
 def official_step_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int, temporaries: int,
                         offload: Offload = NO_OFFLOAD) -> dict[str, int]:
     """What official DeepSpeed holds at its optimizer step beyond nano's model states, stages 1-2
-    without offload (`stage_1_and_2.py` `step`): its gradient partition is in the parameters' dtype
-    (nano's in fp32), and the step flattens it and casts the flat copy to fp32 while the partition
-    lives. The fp32 copy takes the place of nano's fp32 partition; beside them, the larger of the
-    flat copy before its cast (none in fp32 training, where the flat copy is the fp32 one) and the
-    optimizer's own temporaries (`adam_temporaries`, over the largest group's partition). In fp32
-    training its fp32 partition copy (`official_turn_bytes`) is held too. Measured on CPU (the small
-    preset, bf16, 1 and 2 ranks, stages 1 and 2) and in the committed GPU report (FusedAdam)."""
+    without offload (`stage_1_and_2.py` `step`): its gradient partition in the parameters' dtype,
+    flattened and cast to fp32 (the cast in place of nano's fp32 partition), beside the larger of the
+    flat copy before its cast (none in fp32) and the optimizer's temporaries (`adam_temporaries`); in
+    fp32 training its fp32 partition copy. Measured on CPU (small, bf16, 1 and 2 ranks) and on a GPU."""
     if stage not in (1, 2) or offload.optimizer:
         return placed()
     layer, root = unit_parameters(shape)
@@ -287,31 +281,40 @@ def official_step_bytes(shape: DecoderShape, stage: int, precision: str, world_s
 def official_stage3_bytes(shape: DecoderShape, precision: str, world_size: int, moment: str,
                           reduce_bucket_size: int | None, persistence_threshold: int,
                           communication_precision: str, rules: FetchRules,
-                          offload: Offload = NO_OFFLOAD) -> dict[str, int]:
-    """What official DeepSpeed's stage 3 (0.19) holds beyond nano's model states at a moment:
-    - from initialization on (`stage3.py`): the fp32 gradient partitions (nano's exist from the
-      first gradient on); the reduce bucket, `reduce_bucket_size` elements in the communication
-      dtype; and a zeroed fp32 buffer of the largest sub-group's partition (here the matrices'
-      group, `sub_group_size` being larger), left in place as the fp32 partition's `.grad` by
-      `initialize_optimizer_states`;
+                          offload: Offload = NO_OFFLOAD, temporaries: int = 0) -> dict[str, int]:
+    """What official DeepSpeed's stage 3 (0.19, `stage3.py`) holds beyond nano's model states at a
+    moment (a negative figure: less than nano):
+    - from initialization on: its gradient partitions, in the parameters' dtype (nano's fp32 ones
+      exist from the first gradient on); the reduce bucket, `reduce_bucket_size` elements in the
+      communication dtype; in fp32 training an fp32 copy of the partition (nano's partition is its
+      own master);
     - the persistent parameters whole, beside their partitions;
     - in the forward (`partition_parameters.py`, `AllGatherCoalescedHandle`): a prefetch lands in
       one flat buffer that every parameter is then copied out of; the buffer lives until the last
       of those parameters is used, near the end of the forward, so the turn holds the largest
-      prefetch twice.
-    Per place: the gradient partitions and the fp32 `.grad` buffer are the optimizer's (on the host
-    with `offload_optimizer`), the rest on the device."""
+      prefetch twice. On one rank nothing is gathered: every partition is its whole parameter and
+      `param.data` is a view of it (`_no_gather_coalesced`), so neither the gathered layers nor the
+      prefetch copy are held;
+    - at the step (`_prepare_fp32_grad_for_sub_group`): the gradient partitions flattened and cast
+      to fp32, as at stages 1-2 (`official_step_bytes`).
+    Measured on CPU (tiny and small, fp32 and bf16, 1 and 2 ranks) and on a GPU. The gradient partitions
+    and fp32 copies are the optimizer's (on the host with `offload_optimizer`), the rest the device's."""
     layer, root = unit_parameters(shape)
-    numel = shape.layers * layer + root
     width = BYTES_OF_PRECISION[precision]
-    gradient_partition = model_state_bytes(3, precision, numel, world_size, "step")["gradient_partition"]
-    sizes, matrices = layer_parameter_sizes(shape), matrix_parameters(shape)
-    persistent = (shape.layers * sum(size for size in sizes if size <= persistence_threshold)
+    partition = -(-(shape.layers * layer + root) // world_size)
+    nano = model_state_categories_at(moment, 3, precision, world_size, shape, rules)
+    persistent = (shape.layers * sum(size for size in layer_parameter_sizes(shape) if size <= persistence_threshold)
                   + (shape.hidden_size if shape.hidden_size <= persistence_threshold else 0))
-    prefetched = decoder_micro_step(shape, rules).largest_prefetch if moment == "forward" else 0
-    optimizers = (gradient_partition if moment == "forward" else 0) + -(-matrices // world_size) * FP32_BYTES
-    on_device = ((reduce_bucket_size or 0) * BYTES_OF_PRECISION[communication_precision]
-                 + persistent * width + prefetched * width)
+    optimizers = partition * width - nano["gradient_partition"] + (partition * FP32_BYTES if precision == "fp32" else 0)
+    if moment == "step":
+        update = temporaries * -(-matrix_parameters(shape) // world_size) * FP32_BYTES
+        optimizers += partition * FP32_BYTES + max(partition * width if width != FP32_BYTES else 0, update)
+    on_device = (reduce_bucket_size or 0) * BYTES_OF_PRECISION[communication_precision]
+    if world_size == 1:
+        on_device -= nano["gathered_parameters"]
+    else:
+        prefetched = decoder_micro_step(shape, rules).largest_prefetch if moment == "forward" else 0
+        on_device += persistent * width + prefetched * width
     return added(placed(**{offload.optimizer_place: optimizers}), placed(device=on_device))
 
 
@@ -336,7 +339,8 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
         held = model_states_by_place_at(moment, stage, precision, world_size, shape, fetch_rules, offload)
         if impl == "official" and stage == 3:
             held = added(held, official_stage3_bytes(shape, precision, world_size, moment, reduce_bucket_size,
-                                                     persistence_threshold, communication, fetch_rules, offload))
+                                                     persistence_threshold, communication, fetch_rules, offload,
+                                                     optimizer_temporaries))
         return held
 
     turn = added(states("forward" if accumulation == 1 else "backward"), placed(device=activations.saved))
