@@ -52,7 +52,7 @@ def test_stage_3_against_stage_2_for_qwen3_0_6b():
     capped_live_only = dataclasses.replace(DEEPSPEED_FETCH_RULES, max_live_parameters=capped.max_live_parameters)
     assert layers_whole_after_forward(shape, DEEPSPEED_FETCH_RULES) == shape.layers == 28
     figures = (peak(2), peak(3), layers_whole_after_forward(shape, capped), peak(3, capped))
-    assert figures == (4820, 5224, 2, 4384)
+    assert figures == (5117, 5224, 2, 4384)
     assert (f"official's peak at {figures[0]} MB at stage 2 and {figures[1]} MB at stage 3, where all 28 of 28 layers"
             in TEXT)
     assert f"`stage3_max_live_parameters: {capped.max_live_parameters}` (the root and two layers), 2 layers stay and " \
@@ -71,9 +71,9 @@ def test_the_recorded_comparisons_buffers():
     [finding] = [found for found in diagnose([REPO / "tests" / "fixtures" / "compare-tiny"])
                  if found.code == "buckets-dominate" and Path(found.runs[0]).name == "w2-s2-official"]
     assert finding.evidence[0].endswith("76.3 MB of the measured peak 110.3 MB")
-    assert finding.title.endswith("69% of the peak") and "predicted peak 34.6 MB" in finding.fix
+    assert finding.title.endswith("69% of the peak") and "predicted peak 34.8 MB" in finding.fix
     assert "20000000-element staging buffer: 76.3 MB of its measured 110.3 MB peak (69%), against 8.1 MB" in TEXT
-    assert "`reduce_bucket_size: 16384`" in TEXT and "the predicted peak is 34.6 MB" in TEXT
+    assert "`reduce_bucket_size: 16384`" in TEXT and "the predicted peak is 34.8 MB" in TEXT
 
 
 def parameters(name: str) -> int:

@@ -58,6 +58,31 @@ def activation_figures(model: str, precision: str, seq_len: int, micro_batch: in
     return None
 
 
+def impl_peaks(model: str, precision: str, seq_len: int, micro_batch: int, attention: str, gradient_checkpointing: bool,
+               offload: str, device: str, impls: list[str], rows: list[dict]) -> None:
+    """Add each row's `predicted_peak_mb_by_impl` (impl -> MB) in place: the peak a run of that impl would
+    report as `predicted_peak_mb` on `device` (offload's host bytes apart on CUDA), with the optimizer the
+    harness gives it there (its temporaries); None for an impl without a prediction (FSDP2, an engine
+    of your own) and for a model without an architecture."""
+    from zero_lab.analysis.memory.activation_memory import decoder_shape
+    from zero_lab.analysis.memory.peak_memory import Offload, adam_temporaries, predict_peak
+
+    shape = decoder_shape(model) if parse_param_count(model) is None else None
+    config = harness_defaults()
+    moved = Offload(optimizer=offload != "none", parameters=offload == "param")
+    for row in rows:
+        peaks = {}
+        for impl in impls:
+            temporaries = adam_temporaries(preflight.expected_optimizer(impl, device, config),
+                                           "cpu" if offload != "none" else device)
+            prediction = predict_peak(shape, row["stage"], precision, row["world_size"], seq_len, micro_batch, attention,
+                                      gradient_checkpointing, reduce_bucket_size=config["zero_optimization"][
+                                          "reduce_bucket_size"], impl=impl, offload=moved,
+                                      optimizer_temporaries=temporaries) if shape else None
+            peaks[impl] = prediction.peak_seen_on(device) / MIB if prediction else None
+        row["predicted_peak_mb_by_impl"] = peaks
+
+
 def fsdp2_figures(model: str, numel: int, offload: str, rows: list[dict]) -> None:
     """Add FSDP2's model-state MB after the backward (its sharded gradients beside parameters and states; zero_lab.fsdp2.memory_formula)
     to each row in place: a preset's own parameter shapes (padding counted), else one flat parameter of
@@ -90,6 +115,8 @@ def estimate(
         help="Judge each row against this memory, in GB: per GPU, or the host's for CPU ranks "
              "(default: this machine's free GPU memory, else its available host memory).", metavar="GB")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Also draw the rows as grouped bars in a PNG.", metavar="FILE")] = None,
+    device_kind: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda: where the predicted peak per impl "
+                                                        "(JSON predicted_peak_mb_by_impl) is measured. Default: this machine's.")] = None,
     optimizer: Annotated[Optional[str], typer.Option(help="adamw, or muon: nano's states with Muon's momentum for the hidden matrices (docs/muon.md); needs a preset or model directory. Default: adamw.")] = None,
 ) -> None:
     """Model-state MB per rank (ZeRO paper formula, nano's formula, official DeepSpeed's estimator),
@@ -132,6 +159,8 @@ def estimate(
     if optimizer is not None and check_choice(optimizer, "--optimizer", OPTIMIZERS) == "muon":
         muon_rows(rows, model, dtype, offload)
     note = activation_figures(model, precision, seq_len, micro_batch, attn_impl, gradient_checkpointing, rows)
+    impl_peaks(model, precision, seq_len, micro_batch, attn_impl, gradient_checkpointing, offload,
+               check_choice(device_kind, "--device", ("cpu", "cuda")) if device_kind else device, impl_list, rows)
     offered_name = preflight.add_row_verdicts(rows, device, device_memory, offload)
     with_fsdp2 = "fsdp2" in impl_list
     if with_fsdp2:

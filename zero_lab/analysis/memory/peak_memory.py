@@ -226,15 +226,16 @@ def boundary_bytes(shape: DecoderShape, stage: int, precision: str, world_size: 
 
 def official_turn_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int,
                         reduce_bucket_size: int | None, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
-    """What official DeepSpeed holds at the turn beyond nano's model states, stages 1-2 (module
-    docstring), per place: its fp32 partition copy with the optimizer, the staging buffer on the device."""
+    """What official DeepSpeed holds at the turn beyond nano's model states, stages 1-2, per place: its fp32
+    partition copy; on the device the staging buffer and the head's gradient (the first, whole until staged)."""
     if stage not in (1, 2):
         return placed()
     layer, root = unit_parameters(shape)
-    numel = shape.layers * layer + root
-    master_copy = model_state_bytes(stage, "bf16", numel, world_size)["fp32_master_partition"] if precision == "fp32" else 0
-    staging_width = FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision]
-    return added(placed(**{offload.optimizer_place: master_copy}), placed(device=(reduce_bucket_size or 0) * staging_width))
+    master_copy = model_state_bytes(stage, "bf16", shape.layers * layer + root, world_size)["fp32_master_partition"] \
+        if precision == "fp32" else 0
+    staging = (reduce_bucket_size or 0) * (FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision])
+    head_gradient = shape.vocab_size * shape.hidden_size * BYTES_OF_PRECISION[precision]
+    return added(placed(**{offload.optimizer_place: master_copy}), placed(device=staging + head_gradient))
 
 
 def layer_parameter_sizes(shape: DecoderShape) -> list[int]:
@@ -246,9 +247,8 @@ def layer_parameter_sizes(shape: DecoderShape) -> list[int]:
 
 def matrix_parameters(shape: DecoderShape) -> int:
     """The elements of the model's matrices: the largest parameter group (the harness's decayed one)."""
-    sizes = layer_parameter_sizes(shape)
-    return (shape.layers * sum(size for size in sizes if size not in (shape.hidden_size, shape.head_dim))
-            + shape.vocab_size * shape.hidden_size * (1 if shape.tied_embeddings else 2))
+    return (shape.layers * sum(size for size in layer_parameter_sizes(shape) if size not in (shape.hidden_size,
+            shape.head_dim)) + shape.vocab_size * shape.hidden_size * (1 if shape.tied_embeddings else 2))
 
 
 def adam_temporaries(optimizer: str | None, device: str | None) -> int:
