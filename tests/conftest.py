@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.gpu import REHEARSAL_ENVIRONMENT
+from tests import suite_durations
 
 # What the test modules import beside torch and pytest (pyproject's dependencies that a GPU
 # machine's image may lack: bench/gpu_check.py carries them).
@@ -49,40 +50,12 @@ def no_tracker_left_installed():
     assert not leaked, "this test left a LiveStorageTracker entered (its resize_ hook is still installed)"
 
 
-# The files that take longest (torchrun launches, official DeepSpeed; CPU seconds measured on 2 cores
-# by issue-25t, and the FSDP2 and ZeRO++ launch files added after), longest
-# first. Under xdist a worker takes whole files in collection order; a long file taken last would
-# run alone while the other worker idles, so these go first, then the other slow or official files,
-# then the in-process ones, which fill the gaps. Order only: every test runs, as it would alone.
-LONGEST_FIRST = [
-    "tests/clients/test_clients.py",
-    "tests/labs/test_lab_fp16.py",  # 224 s: launches, and a world of 9-step runs for its mutants
-    "tests/labs/test_lab_zero1.py",  # 142 s
-    "tests/labs/test_lab_offload.py",  # 126 s
-    "tests/labs/test_lab_zero2.py",  # 124 s
-    "tests/labs/test_lab_zero3.py",  # 104 s
-    "tests/harness/test_train_torchrun.py",
-    "tests/cli/test_compare_e2e.py",
-    "tests/analysis/test_peak_memory.py",
-    "tests/diagnosis/test_findings_from_runs.py",
-    "tests/fsdp2/test_harness.py",
-    "tests/learn/test_lesson_8_fsdp2.py",
-    "tests/learn/test_lesson_10_when_a_run_goes_wrong.py",  # about 95 s: seven launches
-    "tests/learn/test_lesson_11_a_step_in_time.py",  # about 75 s: three traced launches
-    "tests/zeropp/test_zeropp_bytes.py",
-    "tests/cli/test_restarts.py",
-    "tests/cli/test_faults.py",
-    "tests/learn/test_lesson_0_first_comparison.py",
-    "tests/clients/test_compare_script.py",
-    "tests/diagnosis/test_mismatch_e2e.py",
-    "tests/cli/test_multinode.py",
-    "tests/clients/test_exec.py",
-    "tests/nano/test_checkpoints.py",
-    "tests/nano/test_official_parity.py",
-    "tests/nano/test_external_parameters.py",
-    "tests/cli/test_trace_e2e.py",
-    "tests/cli/test_own_engine.py",
-]
+# The files that take longest, longest first, as the last measured run found them (tests/suite_durations.json,
+# written by `python -m tests.suite_durations JUNIT.xml` from a whole run's JUnit report). Under xdist a worker
+# takes whole files in collection order; a long file taken last would run alone while the other worker idles,
+# so these go first, then the other slow or official files, then the in-process ones, which fill the gaps.
+# Order only: every test runs, as it would alone.
+LONGEST_FIRST = suite_durations.load()
 
 
 def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
