@@ -261,7 +261,8 @@ def test_a_rank_killed_while_over_the_memory_limit_is_reported_out_of_memory_wit
     script.write_text(OVER_THE_LIMIT_TRAIN)
     cli = subprocess.Popen([sys.executable, "-c", WITH_SCRIPT, str(script), "compare", *WORKLOAD, "--stages", "1",
                             "--impls", "nano", "--device-memory", "0.25", "--out", str(out), "--name", "oom",
-                            "--report", str(report), "--format", "json"],
+                            "--report", str(report), "--format", "json",
+                            "--force"],  # the preflight refuses: tiny's ranks are predicted to hold more than 256 MB
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_sampled_rss(out, rank=0, at_least_mb=300, command=cli)
     wait_for_worker(cli, rank=0).kill()  # SIGKILL, as the out-of-memory killer sends it
@@ -393,7 +394,8 @@ def test_a_rank_the_kernel_kills_in_a_memory_cgroup_is_reported_out_of_memory(tm
     script = tmp_path / "cgroup_train.py"
     script.write_text(CGROUP_TRAIN.format(procs=str(cgroup / "cgroup.procs"), go=str(go)))
     cli = subprocess.Popen([sys.executable, "-c", WITH_SCRIPT_AND_CGROUP, str(script), str(root), "run", *WORKLOAD,
-                            "--out", str(out), "--name", "kernel", "--format", "json"],
+                            "--out", str(out), "--name", "kernel", "--format", "json",
+                            "--force"],  # the preflight refuses: tiny's ranks are predicted to hold more than 300 MB
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_sampled_rss(out, rank=0, at_least_mb=1, command=cli)
     wait_for_first_step(out, cli)

@@ -98,27 +98,44 @@ def predicted_peak(job) -> int | None:
     return prediction.peak_seen_on(spec.device) if prediction is not None else None
 
 
+def needed_per_rank(job, device: str) -> int | None:
+    """One rank's predicted peak in the unit its memory limits: on a CPU host the resident bytes (the
+    tensors and what the process holds beside them: `analysis.memory.resident`), on a GPU the tensors."""
+    from zero_lab.analysis.memory.resident import predicted_resident_bytes
+
+    peak = predicted_peak(job)
+    return predicted_resident_bytes(peak, job.spec.impl, device) if peak is not None else None
+
+
+def measure_name(device: str) -> str:
+    return "predicted peak" if device == "cuda" else "predicted resident"
+
+
 def verdicts(jobs: list, device: str, offered: int | None, offered_name: str) -> list[tuple[object, Fit, str | None]]:
     """(job, verdict, the line with its figures, None without a verdict) for every job."""
     found = []
     for job in jobs:
-        peak = predicted_peak(job)
+        peak = needed_per_rank(job, device)
         ranks = ranks_sharing_a_memory(job, device)
         verdict = fit(peak * ranks if peak is not None else None, offered)
         judged = verdict is not Fit.NO_VERDICT
-        line = fit_line(job.label, peak, ranks, offered, offered_name, verdict) if judged else None
+        line = fit_line(job.label, peak, ranks, offered, offered_name, verdict, measure_name(device)) if judged else None
         found.append((job, verdict, line))
     return found
 
 
 def add_row_verdicts(rows: list[dict], device: str, device_memory_gb: float | None, offload: str) -> str:
-    """`estimate`: each row's `fit` (a Fit's value) for its predicted peak; returns what was offered, in words."""
+    """`estimate`: each row's `fit` (a Fit's value) for its predicted peak, on a CPU host with what a rank
+    holds beside its tensors; returns what was offered, in words."""
+    from zero_lab.analysis.memory.resident import predicted_resident_bytes
+
     offered, offered_name = offered_memory(device, device_memory_gb)
     for row in rows:
         peak = row.get("predicted_peak_mb")
         ranks = 1 if device == "cuda" else row["world_size"]
         judged = peak is not None and not (device == "cuda" and offload != "none")
-        row["fit"] = fit(peak * MIB * ranks if judged else None, offered).value
+        resident = predicted_resident_bytes(int(peak * MIB), "nano", device) if judged else None  # the row's is nano's
+        row["fit"] = fit(resident * ranks if judged else None, offered).value
     return f"{size_text(offered)} ({offered_name})" if offered is not None else offered_name
 
 
@@ -167,7 +184,7 @@ def changes(job, device: str, stage_flag: str = "--stage"):
 def cheapest_fit(job, device: str, offered: int, stage_flag: str = "--stage") -> str | None:
     """The first of `changes` whose predicted peak fits in `offered`, with its figures; None if none does."""
     for flag, candidate in changes(job, device, stage_flag):
-        peak, ranks = predicted_peak(candidate), ranks_sharing_a_memory(candidate, device)
+        peak, ranks = needed_per_rank(candidate, device), ranks_sharing_a_memory(candidate, device)
         if peak is not None and fit(peak * ranks, offered) in (Fit.FITS, Fit.TIGHT):
             needed = f"{ranks} ranks x {size_text(peak)} = {size_text(ranks * peak)}" if ranks > 1 else size_text(peak)
             return f"{flag} ({needed} predicted)"

@@ -40,8 +40,10 @@ def fit(needed: float | None, offered: float | None) -> Fit:
     return Fit.FITS
 
 
-def fit_line(label: str, peak_per_rank: float, ranks: int, offered: float, offered_name: str, verdict: Fit) -> str:
-    """One line with the figures: `nano w2 s3: will not fit: 2 ranks x 6.6 GB predicted peak = 13.2 GB, ...`."""
-    needed = f"{ranks} ranks x {size_text(peak_per_rank)} predicted peak = {size_text(ranks * peak_per_rank)}" \
-        if ranks > 1 else f"{size_text(peak_per_rank)} predicted peak per rank"
+def fit_line(label: str, peak_per_rank: float, ranks: int, offered: float, offered_name: str, verdict: Fit,
+             measure: str = "predicted peak") -> str:
+    """One line with the figures: `nano w2 s3: will not fit: 2 ranks x 6.6 GB predicted peak = 13.2 GB, ...`
+    (`measure`: what the figure is, "predicted resident" on a CPU host)."""
+    needed = f"{ranks} ranks x {size_text(peak_per_rank)} {measure} = {size_text(ranks * peak_per_rank)}" \
+        if ranks > 1 else f"{size_text(peak_per_rank)} {measure} per rank"
     return f"{label}: {verdict.value}: {needed}, {size_text(offered)} offered ({offered_name})"

@@ -228,6 +228,16 @@ def number_or_none(value: object) -> float | None:
     return float(value) if is_number(value) else None
 
 
+def resident_figures(predicted_peak_mb: float | None, impl: str, device: str, measured_mb: float | None) -> dict:
+    """`predicted_resident_mb` and `resident_error_pct` of a CPU run; None on CUDA, or without a prediction."""
+    from zero_lab.analysis.memory.resident import predicted_resident_bytes
+
+    if predicted_peak_mb is None or device == "cuda":
+        return {"predicted_resident_mb": None, "resident_error_pct": None}
+    resident = predicted_resident_bytes(int(predicted_peak_mb * MB), impl, device) / MB
+    return {"predicted_resident_mb": resident, "resident_error_pct": error_percent(resident, measured_mb)}
+
+
 def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dtype: str, offload: str,
               launched_world_size: int, exit_code: int, interrupted_by: str | None, duration_s: float,
               stalled: str | None = None, killed_for_memory: KilledForMemory | None = None,
@@ -278,6 +288,8 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
         "peak_error_pct": error_percent(predicted_peak_mb, measured["peak_alloc_max_mb"]),
         # the host's share of the prediction (offload): inside predicted_peak_mb on CPU, beside it on CUDA
         "predicted_host_peak_mb": prediction.peak_in("host") / MB if prediction else None,
+        # on CPU the resident peak of a rank, predicted (analysis.memory.resident) beside the measured one (VmHWM)
+        **resident_figures(predicted_peak_mb, impl, device_type, measured.get("peak_reserved_max_mb")),
         "exit_code": exit_code,
         **(failure if status in ("failed", "bad_input") else {"failed_rank": None, "rank_exit_code": None}),
         "interrupted_by": interrupted_by,

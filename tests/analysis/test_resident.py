@@ -1,0 +1,21 @@
+"""A CPU rank's predicted resident memory (`analysis.memory.resident`): the tensors' predicted peak plus
+what the process of its impl holds beside them, from the table bench/resident_base.py measures; on
+CUDA the tensors alone. Held against real runs in tests/cli/test_compare_e2e.py."""
+
+from zero_lab.analysis.memory.resident import base_resident_bytes, base_table, predicted_resident_bytes
+
+MB = 2**20
+
+
+def test_the_table_holds_each_impl_a_process_worth_of_memory():
+    assert set(base_table()) == {"nano", "official", "fsdp2"}
+    # the interpreter, torch, transformers and the engine: hundreds of MB, not tens nor gigabytes
+    assert all(200 < mb < 1000 for mb in base_table().values()), base_table()
+    assert base_table()["official"] > base_table()["nano"]  # official imports DeepSpeed besides
+
+
+def test_the_base_is_added_on_a_cpu_host_only():
+    peak = 36 * MB
+    assert predicted_resident_bytes(peak, "official", "cpu") == peak + base_resident_bytes("official")
+    assert predicted_resident_bytes(peak, "official", "cuda") == peak
+    assert base_resident_bytes("mine") == base_resident_bytes("nano")  # an engine of your own: nano's
