@@ -128,7 +128,8 @@ def estimate(
     Activations need the architecture (a preset or a model directory); the predicted peak counts
     every model state as if in one memory, as on a CPU (with offload on a GPU, read nano states MB).
     The last column is the preflight's verdict for the predicted peak (`run` and `compare` refuse
-    "will not fit"): per GPU on a CUDA machine, all of a row's ranks on the host otherwise.
+    "will not fit"): per GPU on a CUDA machine, all of a row's ranks on the host otherwise, each rank
+    there also with what its process holds beside its tensors.
     """
     from zero_lab.analysis.memory.activation_memory import ATTENTION_IMPLEMENTATIONS
 
@@ -203,7 +204,8 @@ def estimate(
                             "and official's columns, and the predicted peak, still count Adam's states", markup=False)
     if device == "cpu":
         output.stderr.print("note: fits: a row's ranks share the host's memory (its world size times the predicted "
-                            "peak); `run` and `compare` refuse \"will not fit\" without --force", markup=False)
+                            "peak and what a rank's process holds beside its tensors); `run` and `compare` refuse "
+                            "\"will not fit\" without --force", markup=False)
 
 
 def check_offload_stages(offload: str, stage_list: list[int]) -> None:
