@@ -2,7 +2,8 @@
 what the process of its impl holds beside them, from the table bench/resident_base.py measures; on
 CUDA the tensors alone. Held against real runs in tests/cli/test_compare_e2e.py."""
 
-from zero_lab.analysis.memory.resident import base_resident_bytes, base_table, predicted_resident_bytes
+from zero_lab.analysis.memory.resident import (base_resident_bytes, base_table, predicted_resident_bytes,
+                                               resident_table)
 
 MB = 2**20
 
@@ -19,3 +20,13 @@ def test_the_base_is_added_on_a_cpu_host_only():
     assert predicted_resident_bytes(peak, "official", "cpu") == peak + base_resident_bytes("official")
     assert predicted_resident_bytes(peak, "official", "cuda") == peak
     assert base_resident_bytes("mine") == base_resident_bytes("nano")  # an engine of your own: nano's
+
+
+def test_a_runs_own_reading_replaces_the_tables_start():
+    """In a summary the rank's own reading after initialize (this machine's libraries) plus what the steps
+    add beside the tensors; the steps add tens of MB, a small part of the whole."""
+    peak, beside = 36 * MB, 500 * MB
+    growth = resident_table()["growth_in_steps_mb"]
+    assert set(growth) == set(base_table()) and all(0 < mb < 0.2 * base_table()[impl] for impl, mb in growth.items())
+    assert predicted_resident_bytes(peak, "nano", "cpu", beside) == peak + beside + int(growth["nano"] * MB)
+    assert predicted_resident_bytes(peak, "nano", "cuda", beside) == peak

@@ -217,7 +217,7 @@ def train_with_meters(args, device: torch.device, config: dict, batches, comm: C
                                    engine.gradient_accumulation_steps()))
     emit(rank, "model", model_header(args.model_name, engine, settings.precision, device, args.seq_len,
                                      config["train_micro_batch_size_per_gpu"], args.gradient_checkpointing, formula,
-                                     memory.peak_bytes()))
+                                     memory.peak_bytes(), memory.resident_beside_tensors()))
 
     for message in getattr(engine, "warnings", []):  # nano's start-up notes (official logs its own)
         emit(rank, "warn", {"kind": "engine", "message": message})

@@ -56,10 +56,12 @@ def parameter_count(module: torch.nn.Module) -> int:
 
 
 def model_header(name: str, engine, precision: str, device: torch.device, seq_len: int, micro_batch: int,
-                 gradient_checkpointing: bool, formula: dict | None, startup_peak: int | None = None) -> dict:
+                 gradient_checkpointing: bool, formula: dict | None, startup_peak: int | None = None,
+                 resident_beside: int | None = None) -> dict:
     """The `[model]` line of an engine's module; formula: nano's model-state bytes per place
     (`state_formula.peak_bytes`), None when it could not be computed (nan in the line); startup_peak:
-    this rank's peak live bytes from before the model was built until now (omitted when None)."""
+    this rank's peak live bytes from before the model was built until now; resident_beside: what the
+    process holds resident beside its live tensors now, on a CPU (each omitted when None)."""
     parameter = next(engine.module.parameters())
     config = getattr(engine.module, "config", None)
     return {
@@ -71,7 +73,8 @@ def model_header(name: str, engine, precision: str, device: torch.device, seq_le
         "gradient_checkpointing": gradient_checkpointing, "optimizer": optimizer_name(engine),
         "states_formula_mb": formula["device"] / MB if formula else float("nan"),
         "states_formula_host_mb": formula["host"] / MB if formula else float("nan"),
-        **({"startup_peak_bytes": startup_peak} if startup_peak is not None else {})}
+        **({"startup_peak_bytes": startup_peak} if startup_peak is not None else {}),
+        **({"rss_beside_tensors_mb": resident_beside / MB} if resident_beside is not None else {})}
 
 
 def states_by_place(breakdown) -> dict:

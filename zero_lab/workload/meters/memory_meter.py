@@ -224,6 +224,13 @@ class MemoryMeter:
             return torch.cuda.memory_allocated(self.device)
         return self.tracker.live_bytes
 
+    def resident_beside_tensors(self) -> int | None:
+        """What the process holds resident beside its live tensors now (the interpreter, its libraries,
+        the engine, the allocator's own); None on CUDA, whose tensors are not in the resident set."""
+        if self.tracker is None:
+            return None
+        return resident_bytes() - self.live_bytes()
+
     def peak_bytes(self) -> int:
         """The peak of live tensor bytes since the previous sample, without resetting it."""
         if self.tracker is None:
