@@ -1,8 +1,8 @@
 """`zero-lab estimate --impls ... --format json` predicts each impl's peak (`predicted_peak_mb_by_impl`),
 held against every peak the committed GPU reports measured that today's code still produces: official's
-rows, and nano's but at stage 2 without offload (nano's gradient norm no longer squares a whole
-partition: tests/nano/test_global_norm_memory.py; a new GPU run is to measure it). FSDP2 has no
-prediction (None). The reports: one GPU, qwen3-0.6b in bf16, micro-batch 1 of 512 tokens."""
+rows, FSDP2's, and nano's but at stage 2 without offload (nano's gradient norm no longer squares a whole
+partition: tests/nano/test_global_norm_memory.py; a new GPU run is to measure it). FSDP2 with offload has
+no prediction (None). The reports: one GPU, qwen3-0.6b in bf16, micro-batch 1 of 512 tokens."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from zero_lab.cli.app import app
 MEASURED = [("gpu-check.md", "none", 2, "official"), ("gpu-check.md", "none", 3, "official"),
             ("gpu-check.md", "none", 3, "nano"), ("gpu-check-offload.md", "optimizer", 2, "official"),
             ("gpu-check-offload.md", "optimizer", 3, "official"), ("gpu-check-offload.md", "optimizer", 2, "nano"),
-            ("gpu-check-offload.md", "optimizer", 3, "nano")]
+            ("gpu-check-offload.md", "optimizer", 3, "nano"), ("gpu-check.md", "none", 2, "fsdp2"),
+            ("gpu-check.md", "none", 3, "fsdp2")]
 
 
 def estimate(stage: int, offload: str, device: str = "cuda") -> dict:
@@ -37,9 +38,9 @@ def test_each_impls_predicted_peak_is_within_5_percent_of_the_gpu_reports(report
     assert abs(predicted - measured) / measured < 0.05, (predicted, measured)
 
 
-def test_fsdp2_has_no_prediction_and_the_device_decides_what_is_counted():
+def test_fsdp2_with_offload_has_no_prediction_and_the_device_decides_what_is_counted():
     on_gpu, on_cpu = estimate(2, "optimizer"), estimate(2, "optimizer", "cpu")
-    assert on_gpu["fsdp2"] is None
+    assert on_gpu["fsdp2"] is None and estimate(2, "none")["fsdp2"] is not None
     # on a CPU every byte is the host's: the offloaded optimizer counts there, not on a GPU
     assert on_cpu["nano"] > on_gpu["nano"] and on_cpu["official"] > on_gpu["official"]
 

@@ -69,3 +69,16 @@ def test_bytes_between_steps_equal_the_formula_exactly(run, model, stage):
     harness = buffers + 3 * 2 * 32 * 8 + FP32
     for step, fields in log["opt_step"]:
         assert fields["alloc_max_bytes"] == moment_bytes(shapes, WORLD_SIZE, "between_steps") + harness, step
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_predicted_peak_is_within_5_percent_of_the_measured_one(run, stage):
+    """`analysis.memory.fsdp2_peak`, from the run's own [model] and [zero] lines as `zero-lab compare` reads them:
+    at stage 2 every group's unsharded parameters at the turn, at stage 3 the layer and the next one in the
+    backward. The steps after the first (whose peak includes building the model)."""
+    from zero_lab.analysis.memory.peak_memory import predict_run_peak
+
+    log = run("fsdp2", stage)
+    predicted = predict_run_peak(log["model"], log["zero"], stage, "fp32", WORLD_SIZE).peak / 2**20
+    measured = max(fields["peak_alloc_max_mb"] for step, fields in log["opt_step"] if step > 1)
+    assert abs(predicted - measured) / measured < 0.05, (predicted, measured)

@@ -47,76 +47,15 @@ the figure to set beside each, so an offload run on a GPU is not judged against 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from zero_lab.analysis.memory.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES, DecoderShape,
                                                 activation_bytes, decoder_shape)
+from zero_lab.analysis.memory.prediction import NO_OFFLOAD, PLACES, Offload, PeakPrediction, added, placed
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.policies.fetch_policy import FetchRules, MicroStep, TracedUse, simulate_micro_step
 from zero_lab.nano.memory.memory_formula import model_state_bytes, model_state_bytes_by_place
 
 DEEPSPEED_FETCH_RULES = FetchRules(50_000_000, 1_000_000_000, 1_000_000_000)  # its stage3_* defaults
-
-
-PLACES = ("device", "host")
-
-
-@dataclass(frozen=True)
-class Offload:
-    """What a run's config moves to the host: `offload_optimizer` (stages 1-3), `offload_param` (stage 3)."""
-
-    optimizer: bool = False
-    parameters: bool = False
-
-    @property
-    def optimizer_place(self) -> str:
-        return "host" if self.optimizer else "device"
-
-    def flags(self) -> dict[str, bool]:
-        """As `memory_formula.model_state_bytes_by_place` takes them."""
-        return {"offload_optimizer": self.optimizer, "offload_parameters": self.parameters}
-
-
-NO_OFFLOAD = Offload()
-
-
-def placed(device: int = 0, host: int = 0) -> dict[str, int]:
-    return {"device": device, "host": host}
-
-
-def added(*figures: dict[str, int]) -> dict[str, int]:
-    """Place by place, the sum of several {"device": bytes, "host": bytes}."""
-    return {place: sum(figure[place] for figure in figures) for place in PLACES}
-
-
-@dataclass(frozen=True)
-class PeakPrediction:
-    """Predicted bytes per rank at each moment of a step, per place, and the peaks among them."""
-
-    places: dict[str, dict[str, int]]  # moment -> {"device": bytes, "host": bytes}
-    activations: int  # saved for the backward (what `turn` adds to the model states, with the loss's temporaries)
-
-    @property
-    def moments(self) -> dict[str, int]:
-        """Each moment's bytes in one memory, device and host together, as a CPU run holds them."""
-        return {moment: sum(figures.values()) for moment, figures in self.places.items()}
-
-    @property
-    def moment(self) -> str:
-        return max(self.moments, key=self.moments.get)
-
-    @property
-    def peak(self) -> int:
-        return self.moments[self.moment]
-
-    def peak_in(self, place: str) -> int:
-        """The most one place holds at any moment (the two places may peak at different moments)."""
-        return max(figures[place] for figures in self.places.values())
-
-    def peak_seen_on(self, device_type: str) -> int:
-        """The peak a run's memory meter on `device_type` measures: CUDA's allocator counts the device
-        alone, the CPU storage tracker every tensor of both places."""
-        return self.peak_in("device") if device_type == "cuda" else self.peak
 
 
 def unit_parameters(shape: DecoderShape) -> tuple[int, int]:
@@ -328,8 +267,13 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
     """Phases 1-2 for one rank of a run, per place. With gradient accumulation the last
     micro-step's forward runs beside the gradients the earlier ones left (nano's "backward"
     moment). At stage 3 `fetch_rules` decide which layers are gathered at the turn (both impls
-    follow official's rules). Activations and buckets are on the device. None for an impl other
-    than nano and official."""
+    follow official's rules). Activations and buckets are on the device. FSDP2's: `fsdp2_peak` (None
+    with offload). None for any other impl."""
+    if impl == "fsdp2":
+        from zero_lab.analysis.memory.fsdp2_peak import predict_fsdp2_peak  # built on this module's figures
+        return None if offload != NO_OFFLOAD else predict_fsdp2_peak(
+            shape, stage, precision, world_size, seq_len, micro_batch, attention, gradient_checkpointing,
+            communication_precision)
     if impl not in ("nano", "official"):
         return None
     activations = activation_bytes(shape, seq_len, micro_batch, precision, attention, gradient_checkpointing)
@@ -365,7 +309,7 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
 def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_size: int) -> PeakPrediction | None:
     """The prediction for a run of the impl its `[zero]` line names, from its `[model]` and `[zero]`
     lines (docs/log-format.md), its offload too; None when the model's architecture cannot be read
-    here, the lines lack a figure, or the impl is neither nano nor official."""
+    here, the lines lack a figure, or the impl has no prediction."""
     try:
         shape = decoder_shape(str(model.get("name")))
     except ValueError:
