@@ -159,6 +159,10 @@ def lesson_4(ran) -> tuple[dict, tuple]:
     assert gathered == sharded
     assert not [item for item in three["collectives"] if item["phase"] == "backward" and item["op"] == "all_gather"]
     assert rows[3]["predicted_peak_mb"] > rows[2]["predicted_peak_mb"]
+    # stage 3 at the turn; stage 2 when its first bucket is reduced, its fp32 gradient partition beside the activations
+    assert (rows[3]["peak_moment"], rows[2]["peak_moment"]) == ("turn", "first_reduce")
+    assert category(two, "gradient_partition", "end_of_backward") == category(three, "gradient_partition",
+                                                                              "end_of_backward")
     assert rows[2]["nano_mb"] - rows[2]["paper_mb"] == (4 - 2) * parameters / 2 / 2**20  # fp32, not 2 bytes, over N
     textbook = 3 * (2 - 1) * 2 * parameters // 2  # 3 (N-1)/N x 2P at N = 2
     root = next(item for item in three["collectives"] if item["what"] == "root")
@@ -206,7 +210,6 @@ def lesson_4(ran) -> tuple[dict, tuple]:
         "bucket": f"{bucket_mb:.2f}", "stage 2 without its bucket": f"{without_bucket:.1f}",
         "stage 3 above that": f"{small[3]['predicted_peak_mb'] - without_bucket:.1f}",
         "stage 2 peak": f"{rows[2]['predicted_peak_mb']:.1f}", "stage 3 peak": f"{rows[3]['predicted_peak_mb']:.1f}",
-        "peak difference": f"{rows[3]['predicted_peak_mb'] - rows[2]['predicted_peak_mb']:.1f}",
         "fp32 gradient partition over the paper's": f"{rows[2]['nano_mb'] - rows[2]['paper_mb']:.1f}",
         "stage 2 nano states": f"{rows[2]['nano_mb']:.1f}", "stage 2 paper": f"{rows[2]['paper_mb']:.1f}",
         "activations": f"{rows[3]['activations_mb']:.1f}", "tokens": shlex.split(estimated)[shlex.split(estimated).index("--seq-len") + 1],

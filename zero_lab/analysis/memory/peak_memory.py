@@ -9,6 +9,8 @@ A step's moments, each with what is alive on the rank (nano's moments, `memory_f
                      its first gradient: the last `reduce_bucket_size` elements of the flat buffer
                      at stage 2, of the root unit at stage 3, in the communication dtype);
     recompute:       with gradient checkpointing, the first layer recomputed in the backward;
+    first reduce:    nano at stage 2, when its first bucket fills (`first_reduce_bytes`); with tied
+                     embeddings also the head's and the embedding's gradients summed (`tied_sum_bytes`);
     end of backward: model states at the "backward" moment (full gradients at stages 0/1, the
                      gradient partition from stage 2), activations gone;
     boundary:        nano at stages 0/1 packs `param.grad` into buckets after the backward: the
@@ -48,8 +50,8 @@ the figure to set beside each, so an offload run on a GPU is not judged against 
 from __future__ import annotations
 
 
-from zero_lab.analysis.memory.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES, DecoderShape,
-                                                activation_bytes, decoder_shape)
+from zero_lab.analysis.memory.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES, ActivationBytes,
+                                                DecoderShape, activation_bytes, decoder_shape)
 from zero_lab.analysis.memory.prediction import NO_OFFLOAD, PLACES, Offload, PeakPrediction, added, placed
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.policies.fetch_policy import FetchRules, MicroStep, TracedUse, simulate_micro_step
@@ -163,6 +165,48 @@ def boundary_bytes(shape: DecoderShape, stage: int, precision: str, world_size: 
                  placed(**{offload.optimizer_place: partition}), placed(device=bucket))
 
 
+def first_reduce_bytes(shape: DecoderShape, precision: str, world_size: int, reduce_bucket_size: int,
+                       communication_precision: str, activations: ActivationBytes, gloo: bool,
+                       offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """nano at stage 2 when its first bucket is reduced, per place, beyond its model states at the turn: the
+    matrices' flat buffer (the largest parameter group) fills its last `reduce_bucket_size` elements first;
+    then rank 0's fp32 gradient partition of it is allocated, its share of the bucket lands there (through
+    a copy unless the bucket is fp32), and gloo's emulated reduce-scatter receives N shares. Alive still:
+    the bucket, the layers' activations the backward has not reached, and a tied head's gradient (its
+    weight accumulates once, after the embedding's backward)."""
+    matrices = matrix_parameters(shape)
+    bucket = min(reduce_bucket_size, matrices)
+    width = BYTES_OF_PRECISION[communication_precision]
+    partition = -(-matrices // world_size)
+    start = matrices - bucket  # the bucket's first element; its layer is the last the bucket waits for
+    embedding = shape.vocab_size * shape.hidden_size
+    layer_matrices = (matrices - embedding * (1 if shape.tied_embeddings else 2)) // shape.layers
+    waiting = max(0, min(shape.layers, (start - embedding) // layer_matrices)) if layer_matrices else 0
+    own = max(0, min(partition, matrices) - start)  # rank 0's share of the bucket
+    copied = own * width if width != FP32_BYTES else 0
+    received = own * world_size * width if gloo and world_size > 1 else 0
+    head = BYTES_OF_PRECISION[precision] * embedding if shape.tied_embeddings else 0
+    return added(placed(**{offload.optimizer_place: partition * FP32_BYTES}),
+                 placed(device=bucket * width + copied + received + waiting * activations.per_layer + head))
+
+
+def tied_sum_bytes(shape: DecoderShape, precision: str, world_size: int, reduce_bucket_size: int,
+                   communication_precision: str, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
+    """nano at stage 2 with tied embeddings, at the embedding's backward, beyond its model states at the turn:
+    autograd adds the head's gradient, held since the backward began, to the embedding's into a third
+    tensor of the weight's size, beside the bucket the layers' last gradients fill and, once a bucket
+    was reduced, the fp32 gradient partition."""
+    if not shape.tied_embeddings:
+        return placed()
+    matrices = matrix_parameters(shape)
+    weight_numel = shape.vocab_size * shape.hidden_size
+    # the partition exists if a bucket was reduced before: one that ends before the embedding's weight starts
+    partition = -(-matrices // world_size) if matrices - reduce_bucket_size >= weight_numel else 0
+    bucket = min(reduce_bucket_size, matrices) * BYTES_OF_PRECISION[communication_precision]
+    weight = BYTES_OF_PRECISION[precision] * weight_numel
+    return added(placed(**{offload.optimizer_place: partition * FP32_BYTES}), placed(device=3 * weight + bucket))
+
+
 def official_turn_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int,
                         reduce_bucket_size: int | None, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
     """What official DeepSpeed holds at the turn beyond nano's model states, stages 1-2, per place: its fp32
@@ -263,11 +307,12 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
                  communication_precision: str | None = None, impl: str = "nano",
                  fetch_rules: FetchRules = DEEPSPEED_FETCH_RULES,
                  persistence_threshold: int = 100_000, offload: Offload = NO_OFFLOAD,
-                 optimizer_temporaries: int = 0) -> PeakPrediction | None:
+                 optimizer_temporaries: int = 0, device: str | None = None) -> PeakPrediction | None:
     """Phases 1-2 for one rank of a run, per place. With gradient accumulation the last
     micro-step's forward runs beside the gradients the earlier ones left (nano's "backward"
     moment). At stage 3 `fetch_rules` decide which layers are gathered at the turn (both impls
-    follow official's rules). Activations and buckets are on the device. FSDP2's: `fsdp2_peak` (None
+    follow official's rules). Activations and buckets are on the device; `device` "cpu": the ranks reduce
+    through gloo (nano's emulated reduce-scatter holds more). FSDP2's: `fsdp2_peak` (None
     with offload). None for any other impl."""
     if impl == "fsdp2":
         from zero_lab.analysis.memory.fsdp2_peak import predict_fsdp2_peak  # built on this module's figures
@@ -288,18 +333,27 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
         return held
 
     turn = added(states("forward" if accumulation == 1 else "backward"), placed(device=activations.saved))
+    bucket = first_bucket_bytes(shape, stage, reduce_bucket_size, communication) if impl == "nano" else 0
     if impl == "nano":
-        turn = added(turn, placed(device=first_bucket_bytes(shape, stage, reduce_bucket_size, communication)))
+        turn = added(turn, placed(device=bucket))
     else:
         turn = added(turn, official_turn_bytes(shape, stage, precision, world_size, reduce_bucket_size, offload))
     step = states("step")
     if impl == "official":
         step = added(step, official_step_bytes(shape, stage, precision, world_size, optimizer_temporaries, offload))
-    places = {"turn": added(turn, placed(device=activations.loss_transient)),
+    # a tied head's gradient waits for the embedding's: nano's first bucket comes after the loss's temporaries
+    loss = max(activations.loss_transient - bucket, 0) if shape.tied_embeddings else activations.loss_transient
+    places = {"turn": added(turn, placed(device=loss)),
               "end_of_backward": states("backward"),
               "optimizer_step": step}
     if gradient_checkpointing:
         places["recompute"] = added(turn, placed(device=activations.recompute))
+    if impl == "nano" and stage == 2 and accumulation == 1 and reduce_bucket_size:
+        places["first_reduce"] = added(states("forward"), first_reduce_bytes(
+            shape, precision, world_size, reduce_bucket_size, communication, activations, device == "cpu", offload))
+        if shape.tied_embeddings:
+            places["tied_sum"] = added(states("forward"), tied_sum_bytes(shape, precision, world_size,
+                                                                         reduce_bucket_size, communication, offload))
     if impl == "nano" and stage in (0, 1):
         places["boundary"] = boundary_bytes(shape, stage, precision, world_size, reduce_bucket_size, communication,
                                             offload)
@@ -334,7 +388,7 @@ def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_
                         communication if communication in BYTES_OF_PRECISION else None, str(zero.get("impl", "nano")),
                         rules, stage3_key("param_persistence_threshold", 100_000),
                         Offload(zero.get("offload_optimizer") == "cpu", zero.get("offload_param") == "cpu"),
-                        adam_temporaries(model.get("optimizer"), model.get("device")))
+                        adam_temporaries(model.get("optimizer"), model.get("device")), model.get("device"))
 
 
 def error_percent(predicted: float | None, measured: float | None) -> float | None:
