@@ -83,3 +83,16 @@ def test_every_number_in_which_one_should_i_pick_is_measured():
     assert len(numbers) >= 10, numbers
     for number in numbers:
         assert number in table or number in (nano_per, fsdp2_per), number
+
+
+def test_fsdp2s_predicted_peaks_are_stated_and_near_the_measured_ones():
+    """The two predictions the text states are `fsdp2_peak`'s for the report's workload (2 ranks, fp32,
+    micro-batch 4 of 128 tokens), each within 2% of the table's measured peak."""
+    from zero_lab.analysis.memory.peak_memory import predict_peak
+
+    runs = report_runs()
+    for stage in (2, 3):
+        predicted = predict_peak(decoder_shape("small"), stage, "fp32", 2, 128, 4, impl="fsdp2").peak / 2**20
+        assert f"{predicted:.1f}" in MEASURED, predicted
+        measured = float(runs[(stage, "fsdp2")]["peak alloc MB"])
+        assert abs(predicted - measured) / measured < 0.02, (stage, predicted, measured)
