@@ -30,3 +30,18 @@ def test_a_runs_own_reading_replaces_the_tables_start():
     assert set(growth) == set(base_table()) and all(0 < mb < 0.2 * base_table()[impl] for impl, mb in growth.items())
     assert predicted_resident_bytes(peak, "nano", "cpu", beside) == peak + beside + int(growth["nano"] * MB)
     assert predicted_resident_bytes(peak, "nano", "cuda", beside) == peak
+
+
+def test_officials_staging_beyond_a_small_models_gradients_is_not_resident():
+    """tiny (854,400 parameters) under official's 20,000,000-element staging buffer: the peak counts the
+    whole buffer, as the storage tracker does; what the gradients never write is left out of the resident
+    figure. small (23.5M parameters) fills its buffer, and nano allocates none."""
+    from zero_lab.analysis.memory.activation_memory import decoder_shape
+    from zero_lab.analysis.memory.peak_memory import predict_peak
+
+    tiny, small = decoder_shape("tiny"), decoder_shape("small")
+    stage_1 = predict_peak(tiny, 1, "fp32", 2, 128, 4, reduce_bucket_size=20_000_000, impl="official")
+    stage_2 = predict_peak(tiny, 2, "bf16", 2, 128, 4, reduce_bucket_size=20_000_000, impl="official")
+    assert stage_1.untouched == (20_000_000 - 854_400) * 4 and stage_2.untouched == (20_000_000 - 854_400) * 2
+    assert predict_peak(small, 2, "fp32", 2, 128, 4, reduce_bucket_size=20_000_000, impl="official").untouched == 0
+    assert predict_peak(tiny, 2, "fp32", 2, 128, 4, reduce_bucket_size=20_000_000, impl="nano").untouched == 0

@@ -32,7 +32,7 @@ Not predicted (None): CPU offload (`CPUOffloadPolicy`), Muon, stages 0 and 1 (no
 from __future__ import annotations
 
 from zero_lab.analysis.memory.activation_memory import FP32_BYTES, DecoderShape, activation_bytes
-from zero_lab.analysis.memory.peak_memory import unit_parameters
+from zero_lab.analysis.memory.decoder_parameters import unit_parameters
 from zero_lab.analysis.memory.prediction import PeakPrediction, placed
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 

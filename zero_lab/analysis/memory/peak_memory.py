@@ -26,14 +26,9 @@ coarser cut than nano's (a unit per module's own parameters, as official fetches
 but for each buffer's padding, and the same layers whole at the turn where the prefetch reaches
 every layer (the harness's small models with the default prefetch).
 
-Official DeepSpeed (0.19, `stage_1_and_2.py`) holds more at stages 1 and 2, and the prediction for
-it adds that to the turn: an fp32 copy of its partition even in fp32 training (nano's fp32
-partition is its own master), and, with `contiguous_gradients` (its default), a staging buffer of
-`reduce_bucket_size` elements from the start of every backward (`setup_buckets`; fp32 at stage 1,
-which accumulates in fp32, the parameters' dtype at stage 2) instead of nano's first bucket. At
-stage 3 (`stage3.py`) it allocates its fp32 gradient partitions and a reduce bucket of
-`reduce_bucket_size` elements when it starts, for good, and keeps the persistent parameters whole
-beside their partitions (`official_stage3_bytes`).
+Official DeepSpeed (0.19) holds more: at the turn of stages 1-2 (`official_turn_bytes`), at their step
+(`official_step_bytes`), at stage 3 from its start (`official_stage3_bytes`); part of it is a buffer
+only partly written on a small model (`untouched_staging`).
 
 At stage 3 both impls gather by official's fetch rules (`zero_lab/nano/policies/fetch_policy.py`): the turn
 holds the root and the layers those rules keep whole after the forward (`layers_whole_after_forward`,
@@ -50,23 +45,16 @@ the figure to set beside each, so an offload run on a GPU is not judged against 
 from __future__ import annotations
 
 
-from zero_lab.analysis.memory.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES, ActivationBytes,
+from zero_lab.analysis.memory.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES,
                                                 DecoderShape, activation_bytes, decoder_shape)
+from zero_lab.analysis.memory.decoder_parameters import layer_parameter_sizes, matrix_parameters, unit_parameters
 from zero_lab.analysis.memory.prediction import NO_OFFLOAD, PLACES, Offload, PeakPrediction, added, placed
+from zero_lab.analysis.memory.stage2_reduce import first_reduce_bytes, tied_sum_bytes
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 from zero_lab.nano.policies.fetch_policy import FetchRules, MicroStep, TracedUse, simulate_micro_step
 from zero_lab.nano.memory.memory_formula import model_state_bytes, model_state_bytes_by_place
 
 DEEPSPEED_FETCH_RULES = FetchRules(50_000_000, 1_000_000_000, 1_000_000_000)  # its stage3_* defaults
-
-
-def unit_parameters(shape: DecoderShape) -> tuple[int, int]:
-    """(parameters of one decoder layer, parameters of the root: embeddings, final norm, head)."""
-    h, i, a, k, d = shape.hidden_size, shape.intermediate_size, shape.heads, shape.kv_heads, shape.head_dim
-    attention = h * a * d + 2 * h * k * d + a * d * h + (2 * d if shape.family == "qwen3" else 0)
-    layer = attention + 3 * h * i + 2 * h
-    root = shape.vocab_size * h * (1 if shape.tied_embeddings else 2) + h
-    return layer, root
 
 
 def decoder_micro_step(shape: DecoderShape, rules: FetchRules) -> MicroStep:
@@ -165,48 +153,6 @@ def boundary_bytes(shape: DecoderShape, stage: int, precision: str, world_size: 
                  placed(**{offload.optimizer_place: partition}), placed(device=bucket))
 
 
-def first_reduce_bytes(shape: DecoderShape, precision: str, world_size: int, reduce_bucket_size: int,
-                       communication_precision: str, activations: ActivationBytes, gloo: bool,
-                       offload: Offload = NO_OFFLOAD) -> dict[str, int]:
-    """nano at stage 2 when its first bucket is reduced, per place, beyond its model states at the turn: the
-    matrices' flat buffer (the largest parameter group) fills its last `reduce_bucket_size` elements first;
-    then rank 0's fp32 gradient partition of it is allocated, its share of the bucket lands there (through
-    a copy unless the bucket is fp32), and gloo's emulated reduce-scatter receives N shares. Alive still:
-    the bucket, the layers' activations the backward has not reached, and a tied head's gradient (its
-    weight accumulates once, after the embedding's backward)."""
-    matrices = matrix_parameters(shape)
-    bucket = min(reduce_bucket_size, matrices)
-    width = BYTES_OF_PRECISION[communication_precision]
-    partition = -(-matrices // world_size)
-    start = matrices - bucket  # the bucket's first element; its layer is the last the bucket waits for
-    embedding = shape.vocab_size * shape.hidden_size
-    layer_matrices = (matrices - embedding * (1 if shape.tied_embeddings else 2)) // shape.layers
-    waiting = max(0, min(shape.layers, (start - embedding) // layer_matrices)) if layer_matrices else 0
-    own = max(0, min(partition, matrices) - start)  # rank 0's share of the bucket
-    copied = own * width if width != FP32_BYTES else 0
-    received = own * world_size * width if gloo and world_size > 1 else 0
-    head = BYTES_OF_PRECISION[precision] * embedding if shape.tied_embeddings else 0
-    return added(placed(**{offload.optimizer_place: partition * FP32_BYTES}),
-                 placed(device=bucket * width + copied + received + waiting * activations.per_layer + head))
-
-
-def tied_sum_bytes(shape: DecoderShape, precision: str, world_size: int, reduce_bucket_size: int,
-                   communication_precision: str, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
-    """nano at stage 2 with tied embeddings, at the embedding's backward, beyond its model states at the turn:
-    autograd adds the head's gradient, held since the backward began, to the embedding's into a third
-    tensor of the weight's size, beside the bucket the layers' last gradients fill and, once a bucket
-    was reduced, the fp32 gradient partition."""
-    if not shape.tied_embeddings:
-        return placed()
-    matrices = matrix_parameters(shape)
-    weight_numel = shape.vocab_size * shape.hidden_size
-    # the partition exists if a bucket was reduced before: one that ends before the embedding's weight starts
-    partition = -(-matrices // world_size) if matrices - reduce_bucket_size >= weight_numel else 0
-    bucket = min(reduce_bucket_size, matrices) * BYTES_OF_PRECISION[communication_precision]
-    weight = BYTES_OF_PRECISION[precision] * weight_numel
-    return added(placed(**{offload.optimizer_place: partition * FP32_BYTES}), placed(device=3 * weight + bucket))
-
-
 def official_turn_bytes(shape: DecoderShape, stage: int, precision: str, world_size: int,
                         reduce_bucket_size: int | None, offload: Offload = NO_OFFLOAD) -> dict[str, int]:
     """What official DeepSpeed holds at the turn beyond nano's model states, stages 1-2, per place: its fp32
@@ -219,19 +165,6 @@ def official_turn_bytes(shape: DecoderShape, stage: int, precision: str, world_s
     staging = (reduce_bucket_size or 0) * (FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision])
     head_gradient = shape.vocab_size * shape.hidden_size * BYTES_OF_PRECISION[precision]
     return added(placed(**{offload.optimizer_place: master_copy}), placed(device=staging + head_gradient))
-
-
-def layer_parameter_sizes(shape: DecoderShape) -> list[int]:
-    """The elements of each parameter of one decoder layer."""
-    h, i, a, k, d = shape.hidden_size, shape.intermediate_size, shape.heads, shape.kv_heads, shape.head_dim
-    norms = [d, d] if shape.family == "qwen3" else []
-    return [h * a * d, h * k * d, h * k * d, a * d * h, *norms, h * i, h * i, i * h, h, h]
-
-
-def matrix_parameters(shape: DecoderShape) -> int:
-    """The elements of the model's matrices: the largest parameter group (the harness's decayed one)."""
-    return (shape.layers * sum(size for size in layer_parameter_sizes(shape) if size not in (shape.hidden_size,
-            shape.head_dim)) + shape.vocab_size * shape.hidden_size * (1 if shape.tied_embeddings else 2))
 
 
 def adam_temporaries(optimizer: str | None, device: str | None) -> int:
@@ -357,7 +290,20 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
     if impl == "nano" and stage in (0, 1):
         places["boundary"] = boundary_bytes(shape, stage, precision, world_size, reduce_bucket_size, communication,
                                             offload)
-    return PeakPrediction(places=places, activations=activations.saved)
+    return PeakPrediction(places=places, activations=activations.saved, untouched=untouched_staging(
+        shape, stage, precision, impl, reduce_bucket_size, communication))
+
+
+def untouched_staging(shape: DecoderShape, stage: int, precision: str, impl: str, reduce_bucket_size: int | None,
+                      communication_precision: str) -> int:
+    """The part of official's `reduce_bucket_size`-element staging buffer (stages 1-2, allocated empty) that
+    the gradients never reach: a model smaller than the buffer writes only its own elements. (Its stage-3
+    reduce bucket is resident whole: measured on tiny.)"""
+    if impl != "official" or stage not in (1, 2) or not reduce_bucket_size:
+        return 0
+    layer, root = unit_parameters(shape)
+    width = FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision]
+    return max(0, reduce_bucket_size - (shape.layers * layer + root)) * width
 
 
 def predict_run_peak(model: dict, zero: dict, stage: int, precision: str, world_size: int) -> PeakPrediction | None:

@@ -45,6 +45,9 @@ class PeakPrediction:
 
     places: dict[str, dict[str, int]]  # moment -> {"device": bytes, "host": bytes}
     activations: int  # saved for the backward (what `turn` adds to the model states, with the loss's temporaries)
+    # allocated and never written (official's staging buffer beyond the gradients it stages): counted in the
+    # peak, as the caching allocator and the storage tracker count it, but never resident in a CPU's memory
+    untouched: int = 0
 
     @property
     def moments(self) -> dict[str, int]:

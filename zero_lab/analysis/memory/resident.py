@@ -11,6 +11,8 @@ read off the run where the run has started, and taken from a table only before l
   tensors, from the same bench: `growth_in_steps_mb`.
 
 On CUDA the device's memory holds tensors alone (and the CUDA context), so there is nothing to add.
+A tensor allocated and never written is not resident: a run's summary leaves out the part of official's
+staging buffer a small model's gradients never reach (`PeakPrediction.untouched`).
 What the prediction leaves out: glibc's allocator keeps freed heap memory for reuse, and a run that
 frees many medium tensors (stage 3's gathered units, a larger model's activations) holds more
 resident than it has live. So the prediction is a floor on the host's bytes, closest on the tiny

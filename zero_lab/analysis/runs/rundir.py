@@ -228,17 +228,17 @@ def number_or_none(value: object) -> float | None:
     return float(value) if is_number(value) else None
 
 
-def resident_figures(predicted_peak_mb: float | None, impl: str, device: str, measured_mb: float | None,
+def resident_figures(prediction, impl: str, device: str, measured_mb: float | None,
                      beside_after_initialize_mb: float | None) -> dict:
-    """`predicted_resident_mb` and `resident_error_pct` of a CPU run, from what the rank held beside its
-    tensors once its engine was built (the `[model]` line) where it says; None on CUDA, or without a
-    prediction."""
+    """`predicted_resident_mb` and `resident_error_pct` of a CPU run: the predicted peak less what it
+    allocates and never writes, plus what the rank held beside its tensors once its engine was built (the
+    `[model]` line) where it says; None on CUDA, or without a prediction."""
     from zero_lab.analysis.memory.resident import predicted_resident_bytes
 
-    if predicted_peak_mb is None or device == "cuda":
+    if prediction is None or device == "cuda":
         return {"predicted_resident_mb": None, "resident_error_pct": None}
     beside = int(beside_after_initialize_mb * MB) if beside_after_initialize_mb is not None else None
-    resident = predicted_resident_bytes(int(predicted_peak_mb * MB), impl, device, beside) / MB
+    resident = predicted_resident_bytes(prediction.peak - prediction.untouched, impl, device, beside) / MB
     return {"predicted_resident_mb": resident, "resident_error_pct": error_percent(resident, measured_mb)}
 
 
@@ -293,7 +293,7 @@ def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dt
         # the host's share of the prediction (offload): inside predicted_peak_mb on CPU, beside it on CUDA
         "predicted_host_peak_mb": prediction.peak_in("host") / MB if prediction else None,
         # on CPU the resident peak of a rank, predicted (analysis.memory.resident) beside the measured one (VmHWM)
-        **resident_figures(predicted_peak_mb, impl, device_type, measured.get("peak_reserved_max_mb"),
+        **resident_figures(prediction, impl, device_type, measured.get("peak_reserved_max_mb"),
                            number_or_none(parsed.model.get("rss_beside_tensors_mb"))),
         # on CPU what a rank held resident beside its tensors once the engine was built ([model] line)
         "rss_beside_tensors_mb": number_or_none(parsed.model.get("rss_beside_tensors_mb")),
