@@ -61,7 +61,9 @@ def test_compare_prints_one_json_object_with_rows_deltas_and_verdict(compare_res
         # machine of our kind (another one's libraries and allocator hold other amounts). Official's staging
         # buffer is allocated, not all of it written, so its prediction runs high
         assert 200 < row["rss_beside_tensors_mb"] < 1000, row["rss_beside_tensors_mb"]
-        assert row["predicted_resident_mb"] > row["predicted_peak_mb"] + row["rss_beside_tensors_mb"]
+        # official's leaves out the part of its staging buffer this small model never writes
+        assert row["predicted_resident_mb"] > row["rss_beside_tensors_mb"] + (row["predicted_peak_mb"]
+                                                                              if row["impl"] == "nano" else 0)
         assert abs(row["resident_error_pct"]) < (20 if row["impl"] == "nano" else 25), (
             f"{row['impl']} stage {row['stage']}: predicted {row['predicted_resident_mb']:.1f} MB resident (of it "
             f"{row['rss_beside_tensors_mb']:.1f} beside the tensors after initialize), measured "
