@@ -3,14 +3,14 @@
 Every module a micro-step calls (containers and modules without parameters too, as
 official traces every sub-module; none inside a leaf module) is a `TracedUse`, in the order the
 forward calls them, the model first; then the backward's uses, in the order their outputs'
-gradients arrive (`full_order`; without a recorded backward: the model, then the rest reversed).
+gradients arrive (the rules' `full_order`; without a recorded backward: the model, then the rest reversed).
 `unit_gathering` records it; `fetch_policy`'s rules (and `zero-lab explain`) read it. No torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import Hashable
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,3 @@ class TracedUse:
         own = (self.unit,) if self.unit is not None else ()
         return own + tuple(unit for unit in self.external if unit != self.unit)
 
-
-def full_order(forward: Sequence[TracedUse], backward: Sequence[TracedUse] | None = None) -> list[TracedUse]:
-    """A micro-step's uses: the forward, then the backward as recorded (when not given, the model
-    first, then the rest reversed)."""
-    if backward is None:
-        backward = list(forward[:1]) + list(forward[:0:-1])
-    return list(forward) + list(backward)

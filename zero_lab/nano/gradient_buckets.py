@@ -68,5 +68,7 @@ class RangeBucket(GradientBucket):
         return [(piece.flat_start - self.start, 0, piece.numel)]
 
     def launch(self, optimizer, accumulate: bool) -> None:
-        optimizer.reducer.launch(optimizer.buffers[self.buffer_index], self.values, self.start, self.end,
-                                 optimizer.gradient_partition(self.buffer_index), accumulate=accumulate)
+        buffer = optimizer.buffers[self.buffer_index]
+        whole = not accumulate and self.numel == buffer.layout.padded_numel  # a window's first share of all of it
+        optimizer.reducer.launch(buffer, self.values, self.start, self.end,
+                                 optimizer.gradient_partition(self.buffer_index, whole), accumulate=accumulate)

@@ -144,7 +144,8 @@ class BucketReducer:
             if reduction.accumulate:
                 destination.add_(piece.to(destination.device, torch.float32).div_(self.divisor))
             else:
-                destination.copy_(piece)  # copy_ onto itself is a no-op
+                if piece.data_ptr() != destination.data_ptr():  # a reduce-scatter into the partition has landed
+                    destination.copy_(piece)
                 if self.divisor != 1:
                     destination.div_(self.divisor)
         for temporary in reduction.temporaries:

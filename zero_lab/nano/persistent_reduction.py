@@ -38,7 +38,7 @@ class SpanningBucket(GradientBucket):
         share = self.layout.share_numel
         rank = optimizer.collectives.rank
         optimizer.reducer.launch_shares(self.values, [share] * self.layout.partition_count, rank * share,
-                                        [optimizer.gradient_partition(index) for index in self.members],
+                                        [optimizer.gradient_partition(index, not accumulate) for index in self.members],
                                         accumulate=accumulate)
 
 

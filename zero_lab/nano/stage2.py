@@ -6,8 +6,8 @@ The diff from stage 1: there is no full gradient buffer. Gradients are collected
 stage 3 adds buckets spanning whole buffers, `persistent_reduction`).
 Per micro-step:
     Phase 1 (hook): when autograd has accumulated a parameter's gradient, its pieces are added into
-             their buckets (allocated on first use, in the communication dtype) and `param.grad` is
-             released at once.
+             their buckets (allocated on first use, in the communication dtype; a gradient that is a
+             whole bucket becomes it) and `param.grad` is released at once.
     Phase 2 (bucket full): once every parameter of a bucket has arrived, the bucket is reduced
              (reduce-scatter, or all-reduce + scatter-back) and this rank adds its share, averaged,
              to its fp32 gradient partition (allocated at the window's first bucket, released after
@@ -27,7 +27,6 @@ from zero_lab.nano.collectives import labelled
 from zero_lab.nano.errors import NanoConfigError
 from zero_lab.nano.gradient_buckets import GradientBucket, RangeBucket
 from zero_lab.nano.gradient_reduction import optional_bytes
-from zero_lab.nano.layout import ParameterPiece
 from zero_lab.nano.placement import TensorKind
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.zero_optimizer import GradientCollection
@@ -42,15 +41,15 @@ class ArrivalPacking(GradientCollection):
         buffers = optimizer.buffers
         # Phase 0 (construction): the buckets, fixed for the engine's life.
         self.buckets: list[GradientBucket] = self.plan_buckets(buffers, bucket_numel)
-        self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, int, ParameterPiece]]] = {}
+        self.pieces_of: dict[torch.nn.Parameter, list[tuple[GradientBucket, tuple[int, int], list]]] = {}
         for bucket in self.buckets:
             expected = set()
             for buffer_index, start, end in bucket.flat_ranges():
                 buffer = buffers[buffer_index]
                 for piece in buffer.layout.pieces(start, end):
-                    self.pieces_of.setdefault(buffer.parameters[piece.parameter_index], []).append(
-                        (bucket, buffer_index, piece))
-                    expected.add((buffer_index, piece.parameter_index))
+                    expected.add(key := (buffer_index, piece.parameter_index))
+                    slots = [(at, piece.parameter_offset + inside, n) for at, inside, n in bucket.slots(buffer_index, piece)]
+                    self.pieces_of.setdefault(buffer.parameters[piece.parameter_index], []).append((bucket, key, slots))
             bucket.expected = frozenset(expected)
         self.hook_handles = [parameter.register_post_accumulate_grad_hook(self._on_gradient_ready)
                              for parameter in self.pieces_of]
@@ -66,18 +65,20 @@ class ArrivalPacking(GradientCollection):
         if parameter.grad is None:  # nothing accumulated (e.g. a hook fired by another engine's use)
             return
         with torch.no_grad():
-            gradient = parameter.grad.reshape(-1)
-            for bucket, buffer_index, piece in self.pieces_of[parameter]:
+            gradient, bucket_dtype = parameter.grad.reshape(-1), self.optimizer.communication_dtype  # reshape: contiguous
+            for bucket, key, slots in self.pieces_of[parameter]:
                 if bucket.launched:
                     raise RuntimeError(f"parameter {self.optimizer.parameter_names.get(parameter, '?')} produced a "
                                        "second gradient after its bucket was reduced in this backward; stage 2 needs "
                                        "one gradient per parameter per backward")
-                values = self._values(bucket)
-                for bucket_offset, piece_offset, numel in bucket.slots(buffer_index, piece):
-                    source = piece.parameter_offset + piece_offset
-                    values[bucket_offset:bucket_offset + numel].add_(gradient[source:source + numel])
-                bucket.arrived.add((buffer_index, piece.parameter_index))
-                if bucket.arrived >= bucket.expected:
+                if slots == [(0, 0, bucket.numel)] == [(0, 0, gradient.numel())] and gradient.dtype == bucket_dtype:
+                    bucket.values = gradient  # stage 3's unit of one parameter: its gradient is the bucket
+                else:
+                    values = self._values(bucket)
+                    for bucket_offset, source, numel in slots:
+                        values[bucket_offset:bucket_offset + numel].add_(gradient[source:source + numel])
+                bucket.arrived.add(key)
+                if len(bucket.arrived) == len(bucket.expected):  # every key arrived is an expected one
                     self._launch(bucket)
         parameter.grad = None
 

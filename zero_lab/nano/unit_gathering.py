@@ -81,24 +81,22 @@ class TracedModule:
     owns_root: bool = False  # some of its own parameters are the root unit's
     backward_holds: list[list[GatheredUnit]] = field(default_factory=list)  # the units its gradients' hook holds
     recompute_holds: list[list[GatheredUnit]] = field(default_factory=list)  # those a recomputation holds
+    known: tuple = (None, None, [])  # (the ids of its external parameters, use, units) as last computed
 
-    def use(self, root: GatheredUnit | None, owner: dict[int, GatheredUnit]) -> TracedUse:
-        """The use as the trace notes it; its external parameters count as its own (official's
-        `iter_params`); `owner` maps a sharded parameter's id to its unit."""
-        unit = self.block if self.block is not None else root if self.owns_root else None
+    def use(self, root: GatheredUnit | None, owner: dict[int, GatheredUnit]) -> tuple[TracedUse, list[GatheredUnit]]:
+        """The use as the trace notes it (its external parameters count as its own: official's `iter_params`)
+        and what it holds: its unit, then its external parameters' units (a new list: reads add to it);
+        `owner` maps a parameter's id to its unit. Cached: a module is used hundreds of times a step."""
         external = external_parameters(self.module)
-        units = dict.fromkeys(owner[id(parameter)].unit.name for parameter in external if id(parameter) in owner)
-        return TracedUse(self.index, unit.unit.name if unit is not None else None,
-                         self.numel + sum(parameter.numel() for parameter in external), tuple(units))
-
-    def units(self, owner: dict[int, GatheredUnit]) -> list[GatheredUnit]:
-        """What a use of the module holds: its unit, then its external parameters' units."""
-        units = [self.block] if self.block is not None else []
-        for parameter in external_parameters(self.module):
-            entry = owner.get(id(parameter))
-            if entry is not None and not any(entry is unit for unit in units):
-                units.append(entry)
-        return units
+        if self.known[0] != tuple(map(id, external)):
+            unit = self.block if self.block is not None else root if self.owns_root else None
+            units = {id(entry): entry for entry in [self.block] + [owner.get(id(parameter)) for parameter in external]
+                     if entry is not None}
+            use = TracedUse(self.index, unit.unit.name if unit is not None else None,
+                            self.numel + sum(parameter.numel() for parameter in external),
+                            tuple(dict.fromkeys(entry.unit.name for entry in list(units.values())[self.block is not None:])))
+            self.known = (tuple(map(id, external)), use, list(units.values()))
+        return self.known[1], list(self.known[2])
 
 
 class _ReleaseAfterBackward(torch.autograd.Function):
@@ -174,8 +172,9 @@ class UnitGathering:
             else:
                 entry.holds += 1
             entry.kept = False
-        with labelled("unit " + ",".join(entry.unit.name for entry in entries)):
-            start_gathers([buffer for entry in entries for buffer in entry.buffers], self.collectives)  # one call (per dtype)
+        if any(buffer.state == BufferState.SHARDED for entry in entries for buffer in entry.buffers):
+            with labelled("unit " + ",".join(entry.unit.name for entry in entries)):
+                start_gathers([buffer for entry in entries for buffer in entry.buffers], self.collectives)  # one call (per dtype)
         for entry in entries:
             for buffer in entry.buffers:
                 buffer.wait()
@@ -203,7 +202,7 @@ class UnitGathering:
             traced.recompute_holds.clear()
         self.in_backward, self.schedule, self.in_forward = False, None, []
         if self.recording:
-            recorded = [self.traced[use.module].use(self.root, self.owner) for use in self.recording]
+            recorded = [self.traced[use.module].use(self.root, self.owner)[0] for use in self.recording]
             forward_uses = self.forward_uses or len(recorded)
             self.trace, self.backward_trace = recorded[:forward_uses], recorded[forward_uses:] or None
             self.recording, self.forward_uses = [], 0
@@ -217,9 +216,10 @@ class UnitGathering:
                    self.schedule.prefetch(position, lambda unit: self.by_name[unit].gathered, self.live.numel)]
         for entry in started:
             entry.prefetched = True
-        with labelled("prefetch " + ",".join(entry.unit.name for entry in started)):
-            start_gathers([buffer for entry in started for buffer in entry.buffers], self.collectives,
-                          asynchronous=True)  # one call (per dtype) for the whole prefetch
+        if started:
+            with labelled("prefetch " + ",".join(entry.unit.name for entry in started)):
+                start_gathers([buffer for entry in started for buffer in entry.buffers], self.collectives,
+                              asynchronous=True)  # one call (per dtype) for the whole prefetch
 
     def _keep(self, entry: GatheredUnit) -> bool:
         """Rule 3 at this moment: official counts the uses begun so far."""
@@ -228,7 +228,7 @@ class UnitGathering:
     def _record(self, traced: TracedModule) -> int:
         """Note a use in the trace being recorded; its position (the schedule is dropped if the use
         is not the recorded one: no rules for the rest of this micro-step)."""
-        use, position = traced.use(self.root, self.owner), len(self.recording)
+        use, position = traced.use(self.root, self.owner)[0], len(self.recording)
         self.recording.append(use)
         if self.schedule is not None and not self.schedule.follows_trace(position, use):
             self.schedule = None
@@ -239,7 +239,7 @@ class UnitGathering:
         def pre_forward(module, args, kwargs):
             if traced.module is self.model:
                 self._start_micro_step()
-            units = traced.units(self.owner)
+            units = traced.use(self.root, self.owner)[1]
             # a recomputation inside backward is outside the trace; post_forward keeps its hold to post_backward
             position = None if self.in_backward else self._record(traced)
             self.acquire(units)  # Phase 1
@@ -266,7 +266,9 @@ class UnitGathering:
             if torch.is_grad_enabled():
                 outputs = [leaf for leaf in tree_flatten(output)[0]
                            if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
-                if outputs:
+                if len(outputs) == 1:  # the same moment as the hook below, at a third of its cost
+                    outputs[0].register_hook(lambda _: self._pre_backward(traced))
+                elif outputs:
                     torch.autograd.graph.register_multi_grad_hook(outputs, lambda _: self._pre_backward(traced),
                                                                   mode="any")
             self._release_use(units)  # Phase 2
@@ -281,7 +283,7 @@ class UnitGathering:
     def _pre_backward(self, traced: TracedModule) -> None:
         """Phase 3: noted in the trace (official records the backward's order as it happens)."""
         position = self._record(traced)
-        units = traced.units(self.owner)
+        units = traced.use(self.root, self.owner)[1]
         self.acquire(units)
         traced.backward_holds.append(units)
         self._prefetch(position)

@@ -167,11 +167,12 @@ class ZeroOptimizer:
         raise NotImplementedError
 
     # ----- gradient partitions --------------------------------------------------------------
-    def gradient_partition(self, index: int) -> torch.Tensor:
-        """Buffer `index`'s fp32 gradient partition, allocated (zeroed) on first use in a window."""
+    def gradient_partition(self, index: int, overwritten: bool = False) -> torch.Tensor:
+        """Buffer `index`'s fp32 gradient partition, allocated on first use in a window (zeroed unless `overwritten`)."""
         if self.gradient_partitions[index] is None:
-            numel = self.buffers[index].layout.partition_numel
-            self.gradient_partitions[index] = self.placement.zeros(TensorKind.OPTIMIZER, numel, torch.float32)
+            allocate = self.placement.empty if overwritten else self.placement.zeros
+            self.gradient_partitions[index] = allocate(TensorKind.OPTIMIZER, self.buffers[index].layout.partition_numel,
+                                                       torch.float32)
         return self.gradient_partitions[index]
 
     def after_backward(self) -> None:

@@ -41,7 +41,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from zero_lab.nano.fetch_trace import TracedUse, full_order
+from zero_lab.nano.fetch_trace import TracedUse
+
+
+def full_order(forward: Sequence[TracedUse], backward: Sequence[TracedUse] | None = None) -> list[TracedUse]:
+    """A micro-step's uses: the forward, then the backward as recorded (when not given, the model
+    first, then the rest reversed)."""
+    if backward is None:
+        backward = list(forward[:1]) + list(forward[:0:-1])
+    return list(forward) + list(backward)
 
 
 @dataclass(frozen=True)
