@@ -1,0 +1,81 @@
+"""Per-rank body: the operations stage 3 adds to a backward, counted against the model's own backward.
+
+Every operation a rank's backward dispatches, counted by name (a `TorchDispatchMode`), once for
+the plain model (`loss.backward()`, no engine) and once for nano's stage 3 on the same model and
+batch; nano's own operations are the difference. The harness's preset `tiny` (Qwen3, two layers)
+has sharded units of one parameter each and persistent norms that reduce in one spanning bucket.
+The checks, per backward:
+    - a sharded unit's gradient is its bucket: nano adds (`add_`) only the persistent pieces into
+      their spanning bucket (one add per partition a piece crosses), none for the sharded units;
+    - a gradient partition written whole is not zeroed first: nano zeroes (`zero_`) only the
+      spanning buckets it fills piece by piece.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import zero_lab.nano as nano
+from zero_lab.workload.models import build_model, parameter_groups
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class OperationCount(TorchDispatchMode):
+    """How many times each aten operation is dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def backward_operations(loss: torch.Tensor, backward) -> collections.Counter:
+    """The operations of `backward(loss)` (the forward that made `loss` not counted)."""
+    with OperationCount() as counter:
+        backward(loss)
+    return counter.counts
+
+
+def host_operations_worker(rank: int, world_size: int) -> list[str]:
+    failures = []
+    initial = build_model("tiny", seed=0)
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(rank))
+    plain = copy.deepcopy(initial)
+    plain(input_ids=tokens, labels=tokens).loss.backward()  # the first backward allocates what later ones reuse
+    plain.zero_grad(set_to_none=True)
+    reference = backward_operations(plain(input_ids=tokens, labels=tokens).loss, torch.Tensor.backward)
+    config = json.loads((REPO / "harness" / "configs" / "zero3.json").read_text())
+    model = copy.deepcopy(initial)
+    engine, *_ = nano.initialize(model=model, model_parameters=parameter_groups(model, 0.1), config=config)
+    optimizer = engine.optimizer
+    sharded = {id(buffer) for entry in optimizer.gathering.entries for buffer in entry.buffers}
+    persistent = [buffer for buffer in optimizer.buffers if id(buffer) not in sharded]
+    spanning = [bucket for bucket in optimizer.gradient_collection.buckets if len(bucket.flat_ranges()) > 1]
+    if not (persistent and spanning and len(sharded) > 2):
+        failures.append(f"the model should have sharded units and a spanning bucket: {len(sharded)} sharded "
+                        f"buffers, {len(persistent)} persistent, {len(spanning)} spanning buckets")
+    slots = sum(len(slots) for pieces in optimizer.gradient_collection.pieces_of.values()
+                for bucket, _, slots in pieces if any(bucket is other for other in spanning))
+    for step in range(2):
+        counts = backward_operations(engine(input_ids=tokens, labels=tokens).loss, engine.backward)
+        engine.step()
+        own = {name: counts[name] - reference[name] for name in ("add_", "zero_")}
+        if own["add_"] != slots:
+            failures.append(f"world size {world_size} step {step}: nano's backward adds {own['add_']} times, "
+                            f"expected one add per persistent piece and partition it crosses ({slots}), "
+                            "none for a sharded unit")
+        if own["zero_"] != len(spanning):
+            failures.append(f"world size {world_size} step {step}: nano's backward zeroes {own['zero_']} tensors, "
+                            f"expected only its {len(spanning)} spanning bucket(s), no gradient partition")
+    engine.destroy()
+    return failures
