@@ -9,6 +9,8 @@ The checks, per backward:
       their spanning bucket (one add per partition a piece crosses), none for the sharded units;
     - a gradient partition written whole is not zeroed first: nano zeroes (`zero_`) only the
       spanning buckets it fills piece by piece.
+A gradient that is only part of its storage (a view autograd cut from a `torch.cat`'s gradient) is
+copied, not adopted: `shared_gradient_worker` checks the partitions of two units read through one cat.
 """
 
 from __future__ import annotations
@@ -77,5 +79,54 @@ def host_operations_worker(rank: int, world_size: int) -> list[str]:
         if own["zero_"] != len(spanning):
             failures.append(f"world size {world_size} step {step}: nano's backward zeroes {own['zero_']} tensors, "
                             f"expected only its {len(spanning)} spanning bucket(s), no gradient partition")
+    engine.destroy()
+    return failures
+
+
+
+class Holder(torch.nn.Module):
+    """A module that owns one parameter (its own unit at stage 3) and is never called."""
+
+    def __init__(self, low: float, high: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(low, high, 64))
+
+
+class Concatenated(torch.nn.Module):
+    """Two units' parameters read through one `torch.cat`: autograd hands each a gradient that is a
+    view of one shared tensor, so neither may become a bucket (freeing it would free the other's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = Holder(-1, 1), Holder(2, 3)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return (torch.cat([self.first.weight, self.second.weight]) * inputs).pow(2).sum()
+
+
+def shared_gradient_worker(rank: int, world_size: int) -> list[str]:
+    """Stage 3 (no persistent parameters) on `Concatenated`: each buffer's gradient partition after one
+    backward equals the plain model's gradients, averaged over ranks, laid out as the buffer."""
+    inputs = torch.linspace(0.5, 1.5, 128) * (rank + 1)
+    plain = Concatenated()
+    plain(inputs).backward()
+    for parameter in plain.parameters():
+        torch.distributed.all_reduce(parameter.grad)
+    config = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    model = Concatenated()
+    engine, *_ = nano.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine.backward(engine(inputs))
+    optimizer, failures = engine.optimizer, []
+    plain_of = dict(zip(model.parameters(), plain.parameters()))
+    if len(optimizer.buffers) != 2:  # one unit per holder
+        failures.append(f"expected a unit per holder, got {len(optimizer.buffers)} buffers")
+    for index, buffer in enumerate(optimizer.buffers):
+        flat = torch.zeros(buffer.layout.padded_numel)
+        for parameter, offset, numel in zip(buffer.parameters, buffer.layout.offsets, buffer.layout.parameter_numels):
+            flat[offset:offset + numel] = plain_of[parameter].grad / world_size
+        mine, theirs = optimizer.gradient_partitions[index], flat[buffer.partition_start:buffer.partition_end]
+        if mine is None or not torch.allclose(mine, theirs, atol=1e-6):
+            failures.append(f"world size {world_size}: buffer {index}'s gradient partition is not the plain gradients'")
     engine.destroy()
     return failures

@@ -65,13 +65,14 @@ class ArrivalPacking(GradientCollection):
         if parameter.grad is None:  # nothing accumulated (e.g. a hook fired by another engine's use)
             return
         with torch.no_grad():
-            gradient, bucket_dtype = parameter.grad.reshape(-1), self.optimizer.communication_dtype  # reshape: contiguous
+            gradient = parameter.grad.reshape(-1)  # contiguous; a bucket only if all of its storage (not a view of a cat's)
+            own = gradient.dtype == self.optimizer.communication_dtype and gradient.untyped_storage().nbytes() == gradient.nbytes
             for bucket, key, slots in self.pieces_of[parameter]:
                 if bucket.launched:
                     raise RuntimeError(f"parameter {self.optimizer.parameter_names.get(parameter, '?')} produced a "
                                        "second gradient after its bucket was reduced in this backward; stage 2 needs "
                                        "one gradient per parameter per backward")
-                if slots == [(0, 0, bucket.numel)] == [(0, 0, gradient.numel())] and gradient.dtype == bucket_dtype:
+                if slots == [(0, 0, bucket.numel)] == [(0, 0, gradient.numel())] and own:
                     bucket.values = gradient  # stage 3's unit of one parameter: its gradient is the bucket
                 else:
                     values = self._values(bucket)

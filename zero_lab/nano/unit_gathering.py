@@ -84,9 +84,8 @@ class TracedModule:
     known: tuple = (None, None, [])  # (the ids of its external parameters, use, units) as last computed
 
     def use(self, root: GatheredUnit | None, owner: dict[int, GatheredUnit]) -> tuple[TracedUse, list[GatheredUnit]]:
-        """The use as the trace notes it (its external parameters count as its own: official's `iter_params`)
-        and what it holds: its unit, then its external parameters' units (a new list: reads add to it);
-        `owner` maps a parameter's id to its unit. Cached: a module is used hundreds of times a step."""
+        """The use as the trace notes it and what it holds (its unit, then its external parameters', which count
+        as its own: official's `iter_params`; a new list), cached: a module is used hundreds of times a step."""
         external = external_parameters(self.module)
         if self.known[0] != tuple(map(id, external)):
             unit = self.block if self.block is not None else root if self.owns_root else None
