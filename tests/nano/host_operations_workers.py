@@ -9,6 +9,8 @@ The checks, per backward:
       their spanning bucket (one add per partition a piece crosses), none for the sharded units;
     - a gradient partition written whole is not zeroed first: nano zeroes (`zero_`) only the
       spanning buckets it fills piece by piece.
+And per step, the global norm's operations: one dot per gradient partition, summed once
+(`step_failures`), not a view, a slice and an add per partition.
 A gradient that is only part of its storage (a view autograd cut from a `torch.cat`'s gradient) is
 copied, not adopted: `shared_gradient_worker` checks the partitions of two units read through one cat.
 """
@@ -70,7 +72,9 @@ def host_operations_worker(rank: int, world_size: int) -> list[str]:
                 for bucket, _, slots in pieces if any(bucket is other for other in spanning))
     for step in range(2):
         counts = backward_operations(engine(input_ids=tokens, labels=tokens).loss, engine.backward)
-        engine.step()
+        with OperationCount() as stepped:
+            engine.step()
+        failures += step_failures(stepped.counts, optimizer, f"world size {world_size} step {step}")
         own = {name: counts[name] - reference[name] for name in ("add_", "zero_")}
         if own["add_"] != slots:
             failures.append(f"world size {world_size} step {step}: nano's backward adds {own['add_']} times, "
@@ -82,6 +86,20 @@ def host_operations_worker(rank: int, world_size: int) -> list[str]:
     engine.destroy()
     return failures
 
+
+def step_failures(counts: collections.Counter, optimizer, where: str) -> list[str]:
+    """The norm's operations in a step: one dot per gradient partition (each under the 2^16 elements a
+    CPU's BLAS sums exactly, so whole), summed once: no slice, view or add per partition."""
+    failures = []
+    if max(buffer.layout.partition_numel for buffer in optimizer.buffers) > 1 << 16:
+        failures.append(f"{where}: a partition over 2^16 elements; the check expects one piece each")
+    if counts["dot"] != len(optimizer.buffers):
+        failures.append(f"{where}: the step's norm takes {counts['dot']} dots for {len(optimizer.buffers)} partitions")
+    for name in ("slice", "add_", "view"):
+        if counts[name] > 1:
+            failures.append(f"{where}: the step issues {counts[name]} {name} operations; the norm should issue "
+                            "none per partition (the sum of the dots is one stack and one sum)")
+    return failures
 
 
 class Holder(torch.nn.Module):

@@ -1,7 +1,8 @@
 """Stage 3's backward adds no copy and no zero-fill of its own where the gradient is already the
 bucket, or the share is the whole partition: nano's operations counted against the plain model's
-backward, on 1 and 2 gloo ranks (`host_operations_workers`). A gradient that shares its storage with
-another (two units read through one `torch.cat`) is copied into its bucket, not adopted."""
+backward, on 1 and 2 gloo ranks (`host_operations_workers`); the step's norm takes one dot per gradient
+partition and sums them once. A gradient that shares its storage with another (two units read through
+one `torch.cat`) is copied into its bucket, not adopted."""
 
 import pytest
 

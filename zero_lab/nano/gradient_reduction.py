@@ -12,12 +12,11 @@ communication dtype. Reducing it runs in two phases:
              not with `gradient_allreduce_op: sum`, which keeps the sum; with `predivide`, as
              official DeepSpeed's stage 1-3 reduce-scatter does, every rank divides its bucket by
              the world size before Phase 1 instead, so N half-precision gradients that each fit
-             do not overflow when summed), and copy the share into
-             the fp32 gradient partition (a window's first reduction) or add it (later ones); a
-             spanning bucket's share is cut into its members' partitions, in order.
-             When copying, a reduce-scatter in fp32 lands straight in the partition: no temporary
-             share at all. Temporaries the reducer was handed (the bucket, a separate share) are
-             freed here.
+             do not overflow when summed), and copy the share into the fp32 gradient partition (a
+             window's first reduction) or add it (later ones); a spanning bucket's share is cut
+             into its members' partitions, in order. When copying, a reduce-scatter in fp32 lands
+             straight in the partition: no temporary share at all. Temporaries the reducer was
+             handed (the bucket, a separate share) are freed here.
 With overlap, Phase 1 is asynchronous and at most `max_in_flight` buckets wait for Phase 2.
 Where the gradient partition is in pinned host memory (offload_optimizer on CUDA), Phase 2 is
 itself split (`Placement.start_landing`): the share's device-to-host copy is queued on the
@@ -80,7 +79,9 @@ class BucketReducer:
         """Phase 1 for the bucket holding flat range [start, end) of `buffer`; with `owns_bucket` the
         bucket is a temporary of its own, freed in Phase 2 (not a view of a lasting buffer)."""
         own_low, own_high = buffer.own_range(start, end)
-        destination = gradient_partition[own_low - buffer.partition_start:own_high - buffer.partition_start]
+        inside_low, inside_high = own_low - buffer.partition_start, own_high - buffer.partition_start  # all: no slice
+        destination = (gradient_partition if inside_high - inside_low == gradient_partition.numel()
+                       else gradient_partition[inside_low:inside_high])
         share_sizes = ([high - low for low, high in buffer.layout.owner_ranges(start, end)]
                        if self.use_reduce_scatter else [])  # an all-reduce has no shares to size
         self.launch_shares(bucket, share_sizes, own_low - start, [destination], accumulate, owns_bucket)
@@ -139,15 +140,15 @@ class BucketReducer:
     def _store(self, reduction: PendingReduction, share: torch.Tensor) -> None:
         """The share, summed over ranks, into (or onto) its slices of the fp32 gradient partitions."""
         reduction.share = share
-        pieces = share.split([destination.numel() for destination in reduction.destinations])
+        sizes = [destination.numel() for destination in reduction.destinations]
+        pieces = share.split(sizes) if len(sizes) > 1 else [share]
         for piece, destination in zip(pieces, reduction.destinations):
             if reduction.accumulate:
                 destination.add_(piece.to(destination.device, torch.float32).div_(self.divisor))
-            else:
-                if piece.data_ptr() != destination.data_ptr():  # a reduce-scatter into the partition has landed
-                    destination.copy_(piece)
-                if self.divisor != 1:
-                    destination.div_(self.divisor)
+            elif piece.data_ptr() != destination.data_ptr():  # else a reduce-scatter into the partition has landed
+                destination.copy_(piece)
+            if not reduction.accumulate and self.divisor != 1:
+                destination.div_(self.divisor)
         for temporary in reduction.temporaries:
             free_storage(temporary)
 

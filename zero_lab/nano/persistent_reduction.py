@@ -36,8 +36,7 @@ class SpanningBucket(GradientBucket):
 
     def launch(self, optimizer, accumulate: bool) -> None:
         share = self.layout.share_numel
-        rank = optimizer.collectives.rank
-        optimizer.reducer.launch_shares(self.values, [share] * self.layout.partition_count, rank * share,
+        optimizer.reducer.launch_shares(self.values, [share] * self.layout.partition_count, optimizer.collectives.rank * share,
                                         [optimizer.gradient_partition(index, not accumulate) for index in self.members],
                                         accumulate=accumulate)
 

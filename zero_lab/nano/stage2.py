@@ -77,7 +77,7 @@ class ArrivalPacking(GradientCollection):
                 else:
                     values = self._values(bucket)
                     for bucket_offset, source, numel in slots:
-                        values[bucket_offset:bucket_offset + numel].add_(gradient[source:source + numel])
+                        values[bucket_offset:bucket_offset + numel].add_(gradient if numel == gradient.numel() else gradient[source:source + numel])
                 bucket.arrived.add(key)
                 if len(bucket.arrived) == len(bucket.expected):  # every key arrived is an expected one
                     self._launch(bucket)
