@@ -20,7 +20,6 @@ from zero_lab.nano.config import load_config
 from zero_lab.nano.stage1 import Stage1Optimizer
 from zero_lab.nano.stage2 import Stage2Optimizer
 from zero_lab.nano.offload.placement import OffloadPlacement, host_threads
-from zero_lab.nano.placement import Placement
 from zero_lab.nano.policies.stage3_units import choose_units
 from tests.nano.reference import build_model, loss_of, micro_batch, parameter_groups
 from tests.nano.workers import nano_config
@@ -136,9 +135,9 @@ def test_host_adam_gets_the_ranks_share_of_the_cores():
     assert host_threads({"LOCAL_WORLD_SIZE": "32"}, cores=16) == 1
 
 
-class QueuedLandings(Placement):
-    """A placement whose device-to-host copies are queued (as with pinned memory on CUDA): each
-    landing's moment is a name, and waiting for it is noted."""
+class QueuedLandings(OffloadPlacement):
+    """The offload placement with its device-to-host copies queued (as with pinned memory on CUDA):
+    each landing's moment is a name, and waiting for it is noted."""
 
     waited: list = []
 
@@ -157,14 +156,14 @@ def test_reduced_shares_land_on_the_host_only_once_their_copy_is_waited_for():
     from zero_lab.nano.gradient_reduction import BucketReducer
 
     QueuedLandings.waited = []
-    reducer = BucketReducer(Collectives(), use_reduce_scatter=False, max_in_flight=2,
-                            placement=QueuedLandings(torch.device("cpu")))
+    placement = QueuedLandings(torch.device("cpu"), offload_optimizer=True)
+    reducer = BucketReducer(Collectives(), use_reduce_scatter=False, max_in_flight=2, placement=placement)
     buffer = SimpleNamespace(own_range=lambda start, end: (start, end), partition_start=0)
     partition = torch.zeros(5)
     for index in range(5):  # five one-element buckets, values 1..5
         reducer.launch(buffer, torch.full((1,), float(index + 1)), index, index + 1, partition)
     # two reductions in flight, two copies queued, and only the first one landed
-    assert len(reducer.pending) == 2 and len(reducer.landings) == 2
+    assert len(reducer.pending) == 2 and len(placement.landings) == 2
     assert partition.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0] and len(QueuedLandings.waited) == 1
     reducer.finish_all()
     assert partition.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0] and len(QueuedLandings.waited) == 5
@@ -178,7 +177,7 @@ def test_a_share_for_several_partitions_lands_in_each_once_its_copy_is_waited_fo
 
     QueuedLandings.waited = []
     reducer = BucketReducer(Collectives(), use_reduce_scatter=False, max_in_flight=1,
-                            placement=QueuedLandings(torch.device("cpu")))
+                            placement=QueuedLandings(torch.device("cpu"), offload_optimizer=True))
     first, second = torch.zeros(2), torch.zeros(3)
     for accumulate in (False, True):
         reducer.launch_shares(torch.arange(1.0, 6.0), [], 0, [first, second], accumulate=accumulate)

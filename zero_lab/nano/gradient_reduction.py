@@ -18,13 +18,8 @@ communication dtype. Reducing it runs in two phases:
              straight in the partition: no temporary share at all. Temporaries the reducer was
              handed (the bucket, a separate share) are freed here.
 With overlap, Phase 1 is asynchronous and at most `max_in_flight` buckets wait for Phase 2.
-Where the gradient partition is in pinned host memory (offload_optimizer on CUDA), Phase 2 is
-itself split (`Placement.start_landing`): the share's device-to-host copy is queued on the
-device's stream and the device temporaries are freed at once (later work on that stream runs
-after the copy), and only when more than `max_in_flight` copies are queued, or at the end of
-backward, does the oldest one get waited for and added into its partition on the host. So the
-backward hook that completed a bucket never waits for a copy, and `overlap_comm` overlaps the
-copies with backward as official DeepSpeed's offload does.
+The share lands where its gradient partition is (`Placement.land`): on the device at once; in
+pinned host memory, CPU offload queues the copy (`OffloadPlacement.land`).
 """
 
 from __future__ import annotations
@@ -50,15 +45,6 @@ class PendingReduction:
     temporaries: list[torch.Tensor]  # freed once the share has landed
 
 
-@dataclass
-class Landing:
-    """A reduced share on its way to a host gradient partition (Phase 2 split in two)."""
-
-    share: torch.Tensor  # on the host once `ready` has passed
-    ready: Any  # Placement.start_landing's event
-    reduction: PendingReduction
-
-
 class BucketReducer:
     """Launches bucket reductions and lands each rank's share in its gradient partition."""
 
@@ -66,7 +52,6 @@ class BucketReducer:
                  predivide: bool = False, placement: Optional[Placement] = None):
         self.collectives = collectives
         self.placement = placement or Placement(collectives.device)
-        self.landings: deque[Landing] = deque()
         self.use_reduce_scatter = use_reduce_scatter
         self.max_in_flight = max_in_flight
         divisor = collectives.world_size if average else 1
@@ -117,25 +102,11 @@ class BucketReducer:
         return self.collectives.reduce_scatter(share, bucket, share_sizes, async_op=asynchronous)
 
     def _finish_oldest(self) -> None:
-        """Phase 2 for the oldest launched bucket (its host part deferred while a copy is queued)."""
+        """Phase 2 for the oldest launched bucket."""
         reduction = self.pending.popleft()
         if reduction.work is not None:
             reduction.work.wait()
-        share, ready = self.placement.start_landing(reduction.share, reduction.destinations[0])
-        if ready is None:
-            self._store(reduction, share)
-            return
-        for temporary in reduction.temporaries:  # the copy is queued before any later use of them
-            free_storage(temporary)
-        reduction.temporaries = []  # the pinned host share is dropped, not shrunk, once stored
-        self.landings.append(Landing(share, ready, reduction))
-        while len(self.landings) > self.max_in_flight:
-            self._land_oldest()
-
-    def _land_oldest(self) -> None:
-        landing = self.landings.popleft()
-        self.placement.finish_landing(landing.ready)
-        self._store(landing.reduction, landing.share)
+        self.placement.land(reduction, self._store, self.max_in_flight)
 
     def _store(self, reduction: PendingReduction, share: torch.Tensor) -> None:
         """The share, summed over ranks, into (or onto) its slices of the fp32 gradient partitions."""
@@ -155,8 +126,7 @@ class BucketReducer:
     def finish_all(self) -> None:
         while self.pending:
             self._finish_oldest()
-        while self.landings:
-            self._land_oldest()
+        self.placement.land_all()
 
     def in_flight_bytes(self) -> int:
         """Bytes of the temporary buckets and shares still waiting for Phase 2 (on the device)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Callable
 
 import torch
 
@@ -54,15 +55,13 @@ class Placement:
         """destination <- source (within the device: one copy)."""
         destination.copy_(source)
 
-    def start_landing(self, source: torch.Tensor, destination: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """Phase 1 of moving a reduced share where its gradient partition is: (the tensor that will
-        hold it, the moment it is there, or None when it already is). On the device it already is;
-        an offloaded partition's copy may be queued (`OffloadPlacement.start_landing`)."""
-        return source, None
+    def land(self, reduction, store: Callable, in_flight: int) -> None:
+        """A reduced share into its gradient partitions (`store(reduction, share)`): here at once, on
+        the device; an offloaded partition's copy may be queued (`OffloadPlacement.land`)."""
+        store(reduction, reduction.share)
 
-    @staticmethod
-    def finish_landing(ready: object) -> None:
-        """Phase 2: wait until `start_landing`'s copy has landed (nothing is ever queued here)."""
+    def land_all(self) -> None:
+        """Store every share `land` queued: none here."""
 
     def stage_in(self, partition: torch.Tensor) -> torch.Tensor:
         """A parameter partition where a gather can send it from: on the device, itself."""

@@ -13,11 +13,13 @@ copies asynchronous; only a CUDA device pins.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Mapping
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 import torch
 
+from zero_lab.nano.collectives import free_storage
 from zero_lab.nano.placement import Placement, TensorKind
 
 HOST = torch.device("cpu")
@@ -39,6 +41,7 @@ class OffloadPlacement(Placement):
     offload_optimizer: bool = False
     offload_parameters: bool = False
     pin_memory: bool = False  # asked for; honoured only when the run's device is a CUDA device
+    landings: deque = field(default_factory=deque, init=False, compare=False, repr=False)  # `land`'s queued copies
 
     def place(self, kind: TensorKind) -> str:
         """'device' or 'host' for a kind of tensor."""
@@ -82,14 +85,43 @@ class OffloadPlacement(Placement):
         """A host temporary, pinned when pinning (an asynchronous copy's other end)."""
         return torch.empty(shape, dtype=dtype, device=HOST, pin_memory=self.pins)
 
+    def land(self, reduction, store: Callable, in_flight: int) -> None:
+        """A reduced share into its gradient partitions (`store(reduction, share)`), in two phases
+        where the partitions are in pinned host memory (offload_optimizer on CUDA):
+            Phase 1 (here): the share's device-to-host copy is queued on the device's stream
+                     (`start_landing`) and the device temporaries are freed at once (later work
+                     on that stream runs after the copy);
+            Phase 2 (`_land_oldest`): only when more than `in_flight` copies are queued, or at the
+                     end of backward (`land_all`), is the oldest waited for and stored on the host.
+        So the backward hook that completed a bucket never waits for a copy, and `overlap_comm`
+        overlaps the copies with backward as official DeepSpeed's offload does."""
+        share, ready = self.start_landing(reduction.share, reduction.destinations[0])
+        if ready is None:
+            store(reduction, share)
+            return
+        for temporary in reduction.temporaries:  # the copy is queued before any later use of them
+            free_storage(temporary)
+        reduction.temporaries = []  # the pinned host share is dropped, not shrunk, once stored
+        self.landings.append((share, ready, reduction, store))
+        while len(self.landings) > in_flight:
+            self._land_oldest()
+
+    def land_all(self) -> None:
+        while self.landings:
+            self._land_oldest()
+
+    def _land_oldest(self) -> None:
+        share, ready, reduction, store = self.landings.popleft()
+        self.finish_landing(ready)
+        store(reduction, share)
+
     def start_landing(self, source: torch.Tensor, destination: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """Phase 1 of moving a device tensor to the host without waiting: (the host tensor that
+        """Phase 1's copy of a device tensor to the host without waiting: (the host tensor that
         will hold it, the moment it is there: a CUDA event, or None when it already is).
 
         With pinned memory the copy is queued on the device's stream into a pinned host buffer
-        and this returns at once (the backward hook that reduced a bucket does not wait for the
-        copy); `finish_landing` waits for it. Anywhere else `source` needs no copy: it is on the
-        destination's device already, or the copy is synchronous anyway."""
+        and this returns at once; `finish_landing` waits for it. Anywhere else `source` needs no
+        copy: it is on the destination's device already, or the copy is synchronous anyway."""
         if not self.pins or source.device == destination.device:
             return source, None
         staged = self.host_empty(source.shape, source.dtype)
