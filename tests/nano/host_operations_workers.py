@@ -8,7 +8,9 @@ The checks, per backward:
     - a sharded unit's gradient is its bucket: nano adds (`add_`) only the persistent pieces into
       their spanning bucket (one add per partition a piece crosses), none for the sharded units;
     - a gradient partition written whole is not zeroed first: nano zeroes (`zero_`) only the
-      spanning buckets it fills piece by piece.
+      spanning buckets it fills piece by piece;
+    - a spanning bucket's members' gradient partitions are views of one tensor, the share the
+      reduce-scatter wrote, not copied into one partition each.
 And per step, the global norm's operations: one dot per gradient partition, summed once
 (`step_failures`), not a view, a slice and an add per partition.
 A gradient that is only part of its storage (a view autograd cut from a `torch.cat`'s gradient) is
@@ -72,6 +74,11 @@ def host_operations_worker(rank: int, world_size: int) -> list[str]:
                 for bucket, _, slots in pieces if any(bucket is other for other in spanning))
     for step in range(2):
         counts = backward_operations(engine(input_ids=tokens, labels=tokens).loss, engine.backward)
+        for bucket in spanning:  # the share the reduce-scatter wrote is every member's partition
+            storages = {optimizer.gradient_partitions[index].untyped_storage().data_ptr() for index in bucket.members}
+            if len(storages) != 1:
+                failures.append(f"world size {world_size} step {step}: a spanning bucket's {len(bucket.members)} "
+                                f"members hold {len(storages)} gradient partitions, expected views of one share")
         with OperationCount() as stepped:
             engine.step()
         failures += step_failures(stepped.counts, optimizer, f"world size {world_size} step {step}")

@@ -4,15 +4,18 @@ Stage 2 cuts every flat buffer into range buckets. The buffers stage 3 has reduc
 (`Stage.reduces_whole_buffer_together`: the always-whole persistent ones, one small parameter each)
 share buckets spanning them whole instead (`spanning_layout`), one reduce-scatter each, as official
 DeepSpeed's `reduce_scatter_coalesced` reduces its bucket of parameters in one call. A
-`SpanningBucket`'s share lands in every member's whole gradient partition, member after member.
+`SpanningBucket`'s share is every member's whole gradient partition, member after member.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from zero_lab.nano.gradient_buckets import GradientBucket, RangeBucket
 from zero_lab.nano.layout import ParameterPiece
+from zero_lab.nano.placement import TensorKind
 from zero_lab.nano.spanning_layout import SpanningLayout, plan_buckets
 from zero_lab.nano.stage2 import ArrivalPacking
 
@@ -35,10 +38,19 @@ class SpanningBucket(GradientBucket):
         return self.layout.positions(self.members.index(buffer_index), piece.flat_start, piece.numel)
 
     def launch(self, optimizer, accumulate: bool) -> None:
+        """The share lands in the members' gradient partitions: added into each in a window's later
+        backwards; in its first, the partitions are born as consecutive views of one tensor, the share
+        itself (the reduce-scatter writes them all, nothing is copied member by member)."""
         share = self.layout.share_numel
-        optimizer.reducer.launch_shares(self.values, [share] * self.layout.partition_count, optimizer.collectives.rank * share,
-                                        [optimizer.gradient_partition(index, not accumulate) for index in self.members],
-                                        accumulate=accumulate)
+        if accumulate:
+            destinations = [optimizer.gradient_partition(index) for index in self.members]
+        else:
+            destinations = [optimizer.placement.empty(TensorKind.OPTIMIZER, share, torch.float32)]
+            members = destinations[0].split([layout.partition_numel for layout in self.layout.members])
+            for index, partition in zip(self.members, members):
+                optimizer.gradient_partitions[index] = partition
+        optimizer.reducer.launch_shares(self.values, [share] * self.layout.partition_count,
+                                        optimizer.collectives.rank * share, destinations, accumulate=accumulate)
 
 
 class SpanningArrivalPacking(ArrivalPacking):
