@@ -76,8 +76,9 @@ class ArrivalPacking(GradientCollection):
                     bucket.values = gradient  # stage 3's unit of one parameter: its gradient is the bucket
                 else:
                     values = self._values(bucket)
-                    for bucket_offset, source, numel in slots:
-                        values[bucket_offset:bucket_offset + numel].add_(gradient if numel == gradient.numel() else gradient[source:source + numel])
+                    for bucket_offset, source, numel in slots:  # a piece that is its whole gradient: no slice
+                        piece = gradient if numel == gradient.numel() else gradient[source:source + numel]
+                        values[bucket_offset:bucket_offset + numel].add_(piece)
                 bucket.arrived.add(key)
                 if len(bucket.arrived) == len(bucket.expected):  # every key arrived is an expected one
                     self._launch(bucket)

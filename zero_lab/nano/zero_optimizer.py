@@ -231,10 +231,11 @@ class ZeroOptimizer:
         self._release_gradients()
 
     def _global_norm(self, partitions: list[torch.Tensor]) -> float:
-        size = 1 << (16 if all(p.is_cpu for p in partitions) else 22)  # a CPU's BLAS sums 2^16 exactly; a dot allocates nothing
-        dots = [torch.dot(piece, piece) for p in partitions  # one view at a time, none for a partition of one piece
-                for piece in ((p,) if p.numel() <= size else (p[start:start + size] for start in range(0, p.numel(), size)))]
-        squares = torch.stack(dots or [torch.zeros(())]).sum(dtype=torch.float64).reshape(1).to(self.placement.device)  # nccl sums device tensors
+        size = 1 << (16 if all(p.is_cpu for p in partitions) else 22)  # a CPU's BLAS sums 2^16 exactly
+        dots = [torch.dot(piece, piece) for p in partitions  # a dot allocates nothing; a short partition is one piece
+                for piece in ((p,) if p.numel() <= size else p.split(size))]
+        squares = torch.stack(dots or [torch.zeros(())]).sum(dtype=torch.float64)  # float64 over the pieces
+        squares = squares.reshape(1).to(self.placement.device)  # nccl sums device tensors
         self._sum_over_ranks(squares := squares.float())  # the ranks' sums: 4 bytes, in float32
         norm = math.sqrt(float(squares.item()))
         free_storage(squares)  # the backend's worker may still hold it
