@@ -10,8 +10,8 @@ reduces them all in one call. So a bucket may also span several whole buffers, l
     Phase 2 (rank-major layout, `SpanningLayout`): rank r's share of the bucket is every member's
              r-th partition, member after member; the shares follow each other in rank order. Every
              share has the same length (a buffer's partitions are equal), so one reduce-scatter
-             hands rank r exactly its own partitions of every member, which it copies into the
-             members' gradient partitions in order.
+             hands rank r exactly its own partitions of every member, in order: the share is
+             the members' gradient partitions (`persistent_reduction` makes them views of it).
 Pure arithmetic: the engine (`persistent_reduction`) and `zero-lab explain` read the same layout.
 """
 
