@@ -9,11 +9,11 @@ two the worker also checks what explains official's bytes, independently of nano
 prefetches at each), one unit per module's own non-persistent parameters, predict official's extra
 bytes over a step that gathers every parameter once.
 
-The calls are equal too: each fetch and each prefetch is one all-gather in both engines, and each
-step gathers the persistent parameters in one call per parameter (official's
-`_allgather_params_coalesced` loops over them; nano's persistent parameters are a unit each). The
-first step differs and is not compared: official records its trace there and, while it does, frees
-and gathers again the persistent parameters at every use."""
+The forward's and backward's calls are equal too: each fetch and each prefetch is one all-gather in
+both engines. After Adam official gathers the persistent parameters in one call per parameter (its
+`_allgather_params_coalesced` loops over them), nano in one call (`nano.coalesced_gather`): the
+same bytes in fewer calls. The first step differs and is not compared: official records its trace
+there and, while it does, frees and gathers again the persistent parameters at every use."""
 
 from __future__ import annotations
 
@@ -164,23 +164,28 @@ def persistent_gathers(counted: dict[str, int]):
 
 
 def differences(label: str, mine: list, theirs: list, persistent: dict[str, int]) -> list[str]:
-    """From the second step on (the first records the trace): equal all-gather calls and wire bytes,
-    in the forward and backward (one call per fetch and per prefetch) and in the step (one per
-    persistent parameter, as many as official keeps)."""
+    """From the second step on (the first records the trace): equal all-gather wire bytes; equal
+    calls in the forward and backward (one per fetch and per prefetch); in the step official's one
+    call per persistent parameter (as many as nano keeps persistent buffers), nano's one for them all."""
     failures = []
-    if mine[1:] != theirs[1:]:
-        failures.append(f"{label}: all-gathers per step nano {mine}, official {theirs} (calls, bytes, calls in step)")
+    if [(calls - in_step, wire) for calls, wire, in_step in mine[1:]] != \
+            [(calls - in_step, wire) for calls, wire, in_step in theirs[1:]]:
+        failures.append(f"{label}: all-gathers per step nano {mine}, official {theirs} (calls, bytes, calls in step)"
+                        f" differ outside the step or in bytes")
     in_step_calls = [in_step for _, _, in_step in theirs]
     if persistent["nano"] != persistent["official"] or in_step_calls != [persistent["official"]] * STEPS:
         failures.append(f"{label}: official's all-gather calls in each step {theirs} are not one per persistent "
                         f"parameter ({persistent}, nano's persistent buffers)")
+    if [in_step for _, _, in_step in mine] != [min(persistent["nano"], 1)] * STEPS:
+        failures.append(f"{label}: nano's all-gather calls in each step {mine} are not one for its "
+                        f"{persistent['nano']} persistent buffers")
     return failures
 
 
 def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
-    """From the second step on (the first records the trace), nano's all-gathers per step equal
-    official's on every config: the same wire bytes, and the same calls in the forward and backward
-    (`differences`); official's bytes equal the per-module prediction on the two finer ones. At every
+    """From the second step on (the first records the trace), nano's all-gathers per step match
+    official's on every config: the same wire bytes, the same calls in the forward and backward, and
+    one call in the step where official makes one per persistent parameter (`differences`); official's bytes equal the per-module prediction on the two finer ones. At every
     phase boundary, and at its peak, nano holds no more bytes than official."""
     meter = CommMeter().install()  # before DeepSpeed keeps references to the collectives
     from tests.nano.official_workers import import_official_deepspeed

@@ -139,7 +139,7 @@ def publish_worker(rank: int, world_size: int) -> list[str]:
         fulls = {buffer.full.untyped_storage().data_ptr() for buffer in optimizer.buffers}
         calls = []
         collectives = optimizer.collectives
-        for name in ("all_gather", "all_gather_into_tensor"):
+        for name in [name for name in ("all_gather", "all_gather_into_tensor") if hasattr(collectives, name)]:
             original = getattr(collectives, name)
 
             def recording(output, local, *args, _name=name, _original=original, **kwargs):

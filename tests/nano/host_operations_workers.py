@@ -96,14 +96,15 @@ def host_operations_worker(rank: int, world_size: int) -> list[str]:
 
 def step_failures(counts: collections.Counter, optimizer, where: str) -> list[str]:
     """The norm's operations in a step: one dot per gradient partition (each under the 2^16 elements a
-    CPU's BLAS sums exactly, so whole), summed once: no slice, view or add per partition."""
+    CPU's BLAS sums exactly, so whole), summed once: no slice, view or add per partition (at most
+    two of each in the whole step)."""
     failures = []
     if max(buffer.layout.partition_numel for buffer in optimizer.buffers) > 1 << 16:
         failures.append(f"{where}: a partition over 2^16 elements; the check expects one piece each")
     if counts["dot"] != len(optimizer.buffers):
         failures.append(f"{where}: the step's norm takes {counts['dot']} dots for {len(optimizer.buffers)} partitions")
-    for name in ("slice", "add_", "view"):
-        if counts[name] > 1:
+    for name in ("slice", "add_", "view"):  # views: the norm's sum as one element, the persistent publish's rows
+        if counts[name] > 2:
             failures.append(f"{where}: the step issues {counts[name]} {name} operations; the norm should issue "
                             "none per partition (the sum of the dots is one stack and one sum)")
     return failures

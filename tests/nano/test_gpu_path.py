@@ -24,7 +24,7 @@ from zero_lab.nano.policies.stage3_units import choose_units
 from tests.nano.reference import build_model, loss_of, micro_batch, parameter_groups
 from tests.nano.workers import nano_config
 
-OPERATIONS = ("all_reduce", "reduce_scatter", "all_gather", "all_gather_into_tensor", "broadcast")
+OPERATIONS = ("all_reduce", "reduce_scatter", "all_gather_into_tensor", "broadcast")
 
 
 def record_devices(collectives, seen: list) -> None:

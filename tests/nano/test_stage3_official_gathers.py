@@ -7,5 +7,5 @@ from tests.spawn import run_distributed
 
 
 @pytest.mark.official
-def test_stage3_all_gather_calls_and_bytes_per_step_equal_officials():
+def test_stage3_all_gather_bytes_and_fetch_calls_per_step_equal_officials():
     assert run_distributed(gather_bytes_worker, 2) == []

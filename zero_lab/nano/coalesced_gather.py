@@ -1,4 +1,5 @@
-"""Stage 3's all-gather calls: what one fetch or one prefetch starts moves in one call per dtype.
+"""Stage 3's all-gather calls: what one fetch or one prefetch starts moves in one call per dtype, and
+so do the persistent parameters after each step.
 
 Official DeepSpeed hands the parameters one fetch (a module's own, not yet whole) or one prefetch
 (every parameter it reaches) starts to one `all_gather_coalesced`, which sends them in one
@@ -15,6 +16,10 @@ The staging tensor is the group's full size, as official's flat tensor is; offic
 each parameter out of it too (`AllGatherCoalescedHandle.wait`). A group of one buffer needs no
 staging: it gathers straight into its `full`. A buffer with a wire format of its own (hpZ's
 secondary partitions, qwZ's int8 blocks: `gathers_with_others` False) is gathered by itself.
+
+After Adam, `gather_persistent` gathers the persistent parameters' always-whole buffers the same
+way, in one call; official makes one call per persistent parameter (`_allgather_params_coalesced`),
+each output allocated before any is waited on: the same bytes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from zero_lab.nano.collectives import Collectives, free_storage
+from zero_lab.nano.flat_buffer import FlatParameterBuffer
 from zero_lab.nano.sharded_flat_buffer import BufferState, ShardedFlatBuffer
 
 
@@ -44,14 +50,10 @@ class GatherTogether:
         self.buffers = buffers
         self.world_size = collectives.world_size
         self.sizes = [buffer.layout.partition_numel for buffer in buffers]
-        first = buffers[0].full
-        self.staging = torch.empty(self.world_size * sum(self.sizes), dtype=first.dtype, device=first.device)
+        self.staging = buffers[0].full.new_empty(self.world_size * sum(self.sizes))
         mine = self.staging.view(self.world_size, -1)[collectives.rank]  # Phase 1
-        offset = 0
-        for buffer, size in zip(buffers, self.sizes):
-            local = buffer.stage_in(buffer.partition)
-            mine[offset:offset + size].copy_(local)
-            offset += size
+        for buffer, piece in zip(buffers, mine.split(self.sizes)):  # (an offloaded partition staged one at a time)
+            piece.copy_(buffer.stage_in(buffer.partition))
         self.work = collectives.all_gather_into_tensor(self.staging, mine, async_op=asynchronous)
         for buffer in buffers:
             buffer.join_gather(self)
@@ -62,10 +64,8 @@ class GatherTogether:
             return
         if self.work is not None:
             self.work.wait()
-        rows, offset = self.staging.view(self.world_size, -1), 0
-        for buffer, size in zip(self.buffers, self.sizes):
-            buffer.full.view(self.world_size, size).copy_(rows[:, offset:offset + size])
-            offset += size
+        rows = self.staging.view(self.world_size, -1).split(self.sizes, dim=1)
+        torch._foreach_copy_([buffer.rows for buffer in self.buffers], rows)
         free_storage(self.staging)  # shrunk, not just dropped: the backend's worker may still hold it
         self.staging = self.work = None
 
@@ -80,3 +80,16 @@ def start_gathers(buffers: list[ShardedFlatBuffer], collectives: Collectives, as
             if not asynchronous:
                 for buffer in group:
                     buffer.wait()
+
+
+def gather_persistent(buffers: list[FlatParameterBuffer], collectives: Collectives) -> None:
+    """After Adam: stage 3's always-whole buffers (one dtype) whole again, in one call (Phases 1-2)."""
+    if collectives.alone or not buffers:
+        return
+    sizes = [buffer.layout.partition_numel for buffer in buffers]
+    staging = buffers[0].full.new_empty(collectives.world_size * sum(sizes))
+    rows = staging.view(collectives.world_size, -1)
+    torch.cat([buffer.partition for buffer in buffers], out=rows[collectives.rank])  # Phase 1
+    collectives.all_gather_into_tensor(staging, rows[collectives.rank])
+    torch._foreach_copy_([buffer.rows for buffer in buffers], rows.split(sizes, dim=1))  # Phase 2
+    free_storage(staging)  # shrunk, not just dropped: the backend's worker may still hold it

@@ -160,14 +160,6 @@ class Collectives:
         self._record("all_to_all", _nbytes([local]))
         torch.distributed.all_to_all_single(output, local, group=self.group)
 
-    def all_gather(self, outputs: list[torch.Tensor], local: torch.Tensor, async_op: bool = False):
-        """Copy every rank's equal-sized `local` into outputs[rank] on all ranks."""
-        if self.alone:
-            outputs[0].copy_(local)
-            return None
-        self._record("all_gather", _nbytes(outputs))
-        return torch.distributed.all_gather(outputs, local, group=self.group, async_op=async_op)
-
     def all_gather_into_tensor(self, output: torch.Tensor, local: torch.Tensor, async_op: bool = False):
         """Every rank's equal-sized `local` into consecutive slices of `output` (may alias: in place)."""
         if self.alone:

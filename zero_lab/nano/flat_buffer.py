@@ -60,6 +60,7 @@ class FlatParameterBuffer:
             parameter.data = view.view(shape)
             parameter.zero_lab_flat_buffer = True
         self.partition = self.partition_of(self.full)
+        self.rows = self.full.view(layout.partition_count, layout.partition_numel)  # row r: rank r's partition
 
     def partition_of(self, buffer: torch.Tensor) -> torch.Tensor:
         """This rank's partition of a full-length flat buffer (parameters or gradients)."""

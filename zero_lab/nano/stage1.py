@@ -38,6 +38,10 @@ class Stage1Optimizer(Stage0Optimizer):
 
     def _publish_parameters(self) -> None:
         super()._publish_parameters()
+        self._gather_updated_partitions()
+
+    def _gather_updated_partitions(self) -> None:
+        """Every buffer whole again after Adam updated this rank's partition of it."""
         in_flight = [buffer.after_step(self.collectives) for buffer in self.buffers]
         for work in in_flight:
             if work is not None:

@@ -12,9 +12,9 @@ The diff from stage 2:
              `initialize` hands over), again for its backward, and frees it after each use (see its
              module for the hooks).
     publish: after Adam, the masters become the partitions (mixed precision) and the persistent
-             buffers are all-gathered as at stage 2, one call each (official's one per persistent
-             parameter); no sharded unit stays gathered, so the next forward gathers the new
-             values.
+             buffers are all-gathered in one call per dtype (`coalesced_gather`; official makes
+             one per persistent parameter); no sharded unit stays gathered, so the next forward
+             gathers the new values.
 Gradients reach their fp32 partitions as at stage 2, bucket by bucket within each sharded unit's
 buffer, reduce-scattered as the unit's backward produces them; the persistent buffers' gradients
 share one bucket spanning them all (`persistent_reduction`; split only past `reduce_bucket_size`),
@@ -30,14 +30,16 @@ Stage 3's rows of the step route (`zero_optimizer.py`'s docstring), besides stag
                                                      freed; `post_backward` frees it once the unit's
                                                      gradients are produced
       optimizer.after_backward()    stage3.py        after stage 2's, releases every unit
-      Phase 5 publish               stage3.py        releases every unit first; a sharded buffer's
-                                                     `after_step` gathers nothing (its next use does)
+      Phase 5 publish               stage3.py        releases every unit first; the persistent buffers
+                                                     in one all-gather per dtype (`coalesced_gather`);
+                                                     a sharded buffer gathers nothing (its next use does)
 """
 
 from __future__ import annotations
 
 import torch
 
+from zero_lab.nano.coalesced_gather import gather_persistent
 from zero_lab.nano.flat_buffer import FlatParameterBuffer, WholeParameters
 from zero_lab.nano.persistent_reduction import SpanningArrivalPacking
 from zero_lab.nano.placement import TensorKind
@@ -89,6 +91,11 @@ class Stage3Optimizer(Stage2Optimizer):
     def _publish_parameters(self) -> None:
         self.gathering.release_all()
         super()._publish_parameters()
+
+    def _gather_updated_partitions(self) -> None:
+        for buffer in [buffer for buffer in self.buffers if buffer.sharded]:  # gathered at its next use, not now
+            buffer.after_step(self.collectives)  # nothing moves (hpZ's drops its secondary partition)
+        gather_persistent([buffer for buffer in self.buffers if not buffer.sharded], self.collectives)
 
     def destroy(self) -> None:
         """The model becomes a plain module again: every unit whole, no hook left."""

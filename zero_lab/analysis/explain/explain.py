@@ -28,8 +28,8 @@ Phase 3 (collectives), phase by phase, as the stage modules describe them:
                       momentum partitions too, a second call;
     unscale_clip      stages 1-3: the squared gradient norm is summed over ranks (4 bytes);
     adam              nothing moves;
-    all_gather        stages 1 and 2, and stage 3's persistent buffers (one per persistent
-                      parameter): each buffer is gathered whole again, in one call per buffer.
+    all_gather        stages 1 and 2: each buffer is gathered whole again, in one call per buffer;
+                      stage 3: its persistent buffers, all in one call (`nano.coalesced_gather`).
 It describes a steady step (stage 3 records the order of uses during the first one). Ops are
 collective families (`all_gather` for `all_gather_into_tensor` too); with one rank nothing moves.
 Phase 4 (peak): a stage-3 call of several buffers holds a staging tensor of its size
@@ -371,15 +371,14 @@ def collectives(buffers: list[Buffer], config: NanoConfig, world_size: int,
             found.append(moved("muon_gather", "all_gather", payload, what, temporary=(call + 1) * payload))
     if stage >= 1:
         found.append(moved("unscale_clip", "all_reduce", FP32_BYTES, "squared gradient norm"))
-    for buffer in buffers:
-        if stage >= 1 and not buffer.sharded:
-            found += publish(buffer, width, moved)
-    return found
-
-
-def publish(buffer: Buffer, width: int, moved) -> list[Collective]:
-    """A whole buffer's all-gather after Adam: one call, in place (`FlatParameterBuffer.gather_partitions`)."""
-    return [moved("all_gather", "all_gather", buffer.layout.padded_numel * width, buffer.name)]
+    whole = [buffer for buffer in buffers if not buffer.sharded] if stage >= 1 else []
+    if stage == 3 and len(whole) > 1:  # the persistent buffers: one call through a staging tensor of its size
+        payload = sum(buffer.layout.padded_numel for buffer in whole) * width
+        return found + [moved("all_gather", "all_gather", payload, f"{len(whole)} persistent buffers",
+                              temporary=payload)]
+    # each whole buffer in one call, in place (`FlatParameterBuffer.gather_partitions`)
+    return found + [moved("all_gather", "all_gather", buffer.layout.padded_numel * width, buffer.name)
+                    for buffer in whole]
 
 
 def explain(model: str, entries: list[ParameterEntry], blocks: list[str], config: NanoConfig,

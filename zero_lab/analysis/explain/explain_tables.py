@@ -54,7 +54,7 @@ def runs(collectives: list[dict]) -> list[list[dict]]:
 
 def tally(collectives: list[dict]) -> Counter:
     """How many calls of each op and payload, in the order each first appears (a phase's summary:
-    stage 3's persistent parameters, one call each, interleave with the units' calls)."""
+    stage 3's calls of different sizes interleave)."""
     return Counter((item["op"], item["payload_bytes"]) for item in collectives)
 
 
