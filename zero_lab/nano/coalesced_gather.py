@@ -1,5 +1,5 @@
 """Stage 3's all-gather calls: what one fetch or one prefetch starts moves in one call per dtype, and
-so do the persistent parameters after each step.
+the persistent parameters after each step in one call.
 
 Official DeepSpeed hands the parameters one fetch (a module's own, not yet whole) or one prefetch
 (every parameter it reaches) starts to one `all_gather_coalesced`, which sends them in one

@@ -12,8 +12,8 @@ The diff from stage 2:
              `initialize` hands over), again for its backward, and frees it after each use (see its
              module for the hooks).
     publish: after Adam, the masters become the partitions (mixed precision) and the persistent
-             buffers are all-gathered in one call per dtype (`coalesced_gather`; official makes
-             one per persistent parameter); no sharded unit stays gathered, so the next forward
+             buffers are all-gathered in one call (`coalesced_gather`; official makes one per
+             persistent parameter); no sharded unit stays gathered, so the next forward
              gathers the new values.
 Gradients reach their fp32 partitions as at stage 2, bucket by bucket within each sharded unit's
 buffer, reduce-scattered as the unit's backward produces them; the persistent buffers' gradients
@@ -31,7 +31,7 @@ Stage 3's rows of the step route (`zero_optimizer.py`'s docstring), besides stag
                                                      gradients are produced
       optimizer.after_backward()    stage3.py        after stage 2's, releases every unit
       Phase 5 publish               stage3.py        releases every unit first; the persistent buffers
-                                                     in one all-gather per dtype (`coalesced_gather`);
+                                                     in one all-gather (`coalesced_gather`);
                                                      a sharded buffer gathers nothing (its next use does)
 """
 
