@@ -287,7 +287,7 @@ def test_nano_stage3_moves_the_formulas_bytes(run):
     the trace, so each unit is gathered twice (its forward, its backward); from the second on,
     zero3.json's prefetch bucket (5e7 elements) reaches every unit ahead of its use and what the
     prefetch fetched is kept for that use, so each is gathered once, even at reuse distance 0.
-    Every step: each persistent parameter's buffer once (published after the step, as at stage 2); every
+    Every step: each persistent parameter's buffer once (published after the step, all in one call); every
     buffer's gradients are reduce-scattered once (on gloo an all-to-all of the shares, counted as
     reduce_scatter); plus the squared norm's fp32 all-reduce."""
     log = run("nano", 3)

@@ -27,7 +27,7 @@ def test_stage_3_units_are_each_modules_own_parameters_the_root_and_the_persiste
     """As official fetches (`recurse=False`): each module's own parameters are a unit; the tied
     embedding/head, owned by two modules, is one parameter of the root; parameters of at most the
     threshold (6-element norms and biases) are persistent, each a unit of its own (official partitions
-    and gathers each persistent parameter on its own)."""
+    each persistent parameter on its own)."""
     model = build_trapnet()
     units = units_of(model, stage=3, stage3_param_persistence_threshold=6)
     small = [name for name, parameter in model.named_parameters() if parameter.numel() <= 6]

@@ -20,8 +20,8 @@ BF16_Optimizer. It partitions what stage 1 partitions (the optimizer states; the
              with no storage of its own.
     Then stage 1's step: the norm over the partitions summed over ranks, a skip on a non-finite
     norm whatever `bf16.check_grad_overflow` says (as official's BF16_Optimizer), clipping, Adam
-    on the fp32 master partition, the partitions all-gathered into the bf16 flat buffers; and
-    Phase 6 releases the fp32 gradients (official keeps them allocated, zeroed, between steps).
+    on the fp32 master partition; Phase 5 releases the fp32 gradients (official keeps them
+    allocated, zeroed, between steps) before the partitions are all-gathered into the bf16 flat buffers.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ Stage 3's rows of the step route (`zero_optimizer.py`'s docstring), besides stag
                                                      freed; `post_backward` frees it once the unit's
                                                      gradients are produced
       optimizer.after_backward()    stage3.py        after stage 2's, releases every unit
-      Phase 5 publish               stage3.py        releases every unit first; the persistent buffers
+      Phase 6 publish               stage3.py        releases every unit first; the persistent buffers
                                                      in one all-gather (`coalesced_gather`);
                                                      a sharded buffer gathers nothing (its next use does)
 """

@@ -46,14 +46,14 @@ comments are the rows below (stage 3 is stage 2 plus the rows `stage3.py`'s docs
                                     loss_scaler.py   `update_scale`; then clip
       Phase 4 Adam                  adamw.py         `PartitionedAdam.step` on the masters (on the
                                                      host with offload_optimizer)
-      Phase 5 publish               zero_optimizer   `_publish_parameters`, the stage's:
+      Phase 5 release               zero_optimizer   `_release_gradients`: no gradient memory until
+                                                     the next window's backward
+      Phase 6 publish               zero_optimizer   `_publish_parameters`, the stage's:
                                     stage0.py        `copy_master_into_partition` per buffer (an
                                     offload/placement offloaded master is converted on the host,
                                                      then moved, asynchronously when pinned)
                                     stage1.py        + each buffer's `after_step`: an all-gather
                                     flat_buffer.py   of the partitions (`gather_partitions`)
-      Phase 6 release               zero_optimizer   `_release_gradients`: no gradient memory until
-                                                     the next window's backward
 """
 
 from __future__ import annotations
@@ -224,11 +224,11 @@ class ZeroOptimizer:
                                if buffer.group_index == index] for index in range(len(self.param_groups))]
         self.partition_optimizer.step(gradients_of_group)
         del partitions, gradients_of_group
-        # Phase 5
+        # Phase 5: no gradient memory until the next backward; a publish's temporary takes its place.
+        self._release_gradients()
+        # Phase 6
         with labelled("all_gather"):
             self._publish_parameters()
-        # Phase 6: no gradient memory between steps.
-        self._release_gradients()
 
     def _global_norm(self, partitions: list[torch.Tensor]) -> float:
         size = 1 << (16 if all(p.is_cpu for p in partitions) else 22)  # a CPU's BLAS sums 2^16 exactly

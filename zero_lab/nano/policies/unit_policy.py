@@ -7,9 +7,9 @@ DeepSpeed fetches (`fetch_sub_module`): each module's own parameters (`recurse=F
 module's (`leaf_module`) whole subtree.
     Phase 1: persistent: each parameter of at most `persistence_threshold` elements, in the
              model's order, while their total stays within `model_persistence_threshold`, is a
-             unit of its own, named "persistent:" and its name (official DeepSpeed partitions and
-             gathers each persistent parameter on its own: one all-gather per parameter after
-             every step, `stage3.py` `_post_step`).
+             unit of its own, named "persistent:" and its name (official DeepSpeed partitions each
+             persistent parameter on its own; after every step it gathers them one call per
+             parameter, `stage3.py` `_post_step`, and nano in one call, `coalesced_gather`).
     Phase 2: one unit per block, with the block's parameters that no other block reaches and that
              are not persistent.
     Phase 3: "root": every other parameter (one owned by two modules, as a tied head's, or by
