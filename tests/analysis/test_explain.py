@@ -205,8 +205,9 @@ def explained_json(*arguments: str) -> dict:
 
 
 def test_what_moves_groups_rows_that_repeat_per_layer_and_the_json_keeps_every_call():
-    """qwen3-0.6b, stage 3, 4 ranks: the reduce-scatters of every layer print once per layer pattern; read in order, each row stands for the JSON's next
-    calls (per layer x layers), and docs/cli.md states the counts."""
+    """qwen3-0.6b, stage 3, 4 ranks: the reduce-scatters of every layer print once per layer pattern;
+    read in order, each row stands for the JSON's next calls (per layer x layers), and docs/cli.md
+    states the counts."""
     from zero_lab.analysis.explain.explain_tables import collectives_table, mb
 
     collectives = explained_json("--model", "qwen3-0.6b", "--stage", "3", "--gpus", "4")["collectives"]

@@ -185,8 +185,9 @@ def differences(label: str, mine: list, theirs: list, persistent: dict[str, int]
 def gather_bytes_worker(rank: int, world_size: int) -> list[str]:
     """From the second step on (the first records the trace), nano's all-gathers per step match
     official's on every config: the same wire bytes, the same calls in the forward and backward, and
-    one call in the step where official makes one per persistent parameter (`differences`); official's bytes equal the per-module prediction on the two finer ones. At every
-    phase boundary, and at its peak, nano holds no more bytes than official."""
+    one call in the step where official makes one per persistent parameter (`differences`); official's
+    bytes equal the per-module prediction on the two finer ones. At every phase boundary, and at its
+    peak, nano holds no more bytes than official."""
     meter = CommMeter().install()  # before DeepSpeed keeps references to the collectives
     from tests.nano.official_workers import import_official_deepspeed
 
