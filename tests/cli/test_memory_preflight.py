@@ -40,14 +40,14 @@ def needed_mb(tmp_path: Path) -> int:
 
 def test_run_refuses_a_run_predicted_over_the_limit_before_anything_starts(tmp_path):
     out = tmp_path / "runs"
-    result = invoke("run", *WORKLOAD, "--device-memory", "0.8", "--out", str(out))
+    result = invoke("run", *WORKLOAD, "--device-memory", "0.7", "--out", str(out))
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
     found = NEEDED.search(lines[0])
     assert lines[0].startswith("error: nano w2 s2: will not fit: ") and found, lines[0]
     per_rank, both, offered = map(int, found.groups())
-    assert abs(2 * per_rank - both) <= 1 and offered == 819 and both > offered
+    assert abs(2 * per_rank - both) <= 1 and offered == 717 and both > 1.1 * offered  # beyond the tight band
     for knob in ("--stage", "--offload", "--batch-size", "--seq-len", "--gradient-checkpointing", "--force"):
         assert knob in lines[0]
     shown = re.search(r"`(the cheapest change that fits: [^`]+)`", " ".join(CLI_DOC.read_text().split()))
@@ -212,16 +212,18 @@ def test_the_changes_come_cheapest_first_and_each_changes_one_thing(tmp_path):
 
 @pytest.mark.slow  # the cell that goes ahead launches torchrun (with a one-step stand-in for the harness)
 def test_compare_runs_the_cells_that_fit_and_reports_the_refused_ones_as_rows(tmp_path, monkeypatch):
-    """Official's stage 2 predicts more than nano's on the tiny model (its staging buffer): at a limit
-    between the two, nano's cell runs and official's is a `refused` row, said on stderr with what would
-    fit (one rank: the process's own memory, not the model, fills the limit); a refusal fails nothing
-    (exit 0)."""
+    """Official's stage 2 predicts more than nano's on the tiny model (DeepSpeed's import, its staging
+    buffer's written part): at a limit where nano's cell is inside the tight band (within 10% over) and
+    official's beyond it, nano's cell runs and official's is a `refused` row, said on stderr with what
+    would fit (one rank: the process's own memory, not the model, fills the limit); a refusal fails
+    nothing (exit 0)."""
     script = tmp_path / "one_step.py"
     script.write_text(ONE_STEP)
     monkeypatch.setattr(torchrun, "TRAIN_SCRIPT", script)
     nano = needed_mb(tmp_path)
     result = invoke("compare", "--gpus", "2", "--device", "cpu", "--model", "tiny", "--steps", "1", "--stages", "2",
-                    "--device-memory", f"{1.1 * nano / 1024:.6f}", "--out", str(tmp_path / "cmp"), "--format", "json")
+                    "--device-memory", f"{1.005 * nano / 1.1 / 1024:.6f}", "--out", str(tmp_path / "cmp"),
+                    "--format", "json")
     assert result.exit_code == 0, result.output
     rows = {row["impl"]: row for row in json.loads(result.stdout)["rows"]}
     assert rows["nano"]["status"] == "ok" and rows["official"]["status"] == "refused", rows

@@ -75,6 +75,14 @@ def test_the_refusal_names_the_change_that_then_fits(ran):
     fits = next(command for command in ran.outputs if "--name fits" in command)
     too_big = next(command for command in ran.outputs if "--name too-big" in command)
     assert set(shlex.split(fits)) - set(shlex.split(too_big)) == {change, "fits"}
+    # "this batch's are large enough to be given back": the heap keeps none of this workload's freed tensors
+    from zero_lab.analysis.memory.activation_memory import decoder_shape
+    from zero_lab.analysis.memory.peak_memory import predict_peak
+
+    argv = shlex.split(too_big)
+    value = {flag: int(argv[argv.index(flag) + 1]) for flag in ("--batch-size", "--seq-len")}
+    assert predict_peak(decoder_shape("tiny"), 0, "fp32", 2, value["--seq-len"], value["--batch-size"]).heap_kept == 0
+    assert "large enough to be given back" in (REPO / "docs/learn/10-when-a-run-goes-wrong.md").read_text().replace("\n", " ")
 
 
 def test_every_number_the_lesson_states_is_what_the_commands_print(ran):

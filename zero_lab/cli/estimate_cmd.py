@@ -53,6 +53,7 @@ def activation_figures(model: str, precision: str, seq_len: int, micro_batch: in
         row["activations_mb"] = prediction.activations / MIB if prediction else None
         row["predicted_peak_mb"] = prediction.peak / MIB if prediction else None
         row["peak_moment"] = prediction.moment if prediction else None
+        row["heap_kept_mb"] = prediction.heap_kept / MIB if prediction else None  # on a CPU: freed, still resident
     if shape is None:
         return "activations need an architecture: give a preset or a Qwen3/Llama model directory"
     return None

@@ -75,7 +75,14 @@ def expected_optimizer(impl: str, device: str, config: dict) -> str | None:
 
 
 def predicted_peak(job) -> int | None:
-    """Phase 2: one rank's predicted peak for a prepared job (zero_lab.cli.jobs.Job)."""
+    """Phase 2: one rank's predicted peak for a prepared job (zero_lab.cli.jobs.Job), in the memory its
+    device's meter counts."""
+    prediction = job_prediction(job)
+    return prediction.peak_seen_on(job.spec.device) if prediction is not None else None
+
+
+def job_prediction(job):
+    """A prepared job's `PeakPrediction` for one rank, None where nothing predicts it."""
     from zero_lab.analysis.memory.peak_memory import predict_run_peak
     from zero_lab.nano.config import load_config, without_official_only_keys
     from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
@@ -94,17 +101,17 @@ def predicted_peak(job) -> int | None:
             "communication_data_type": settings.communication_data_type or "auto",
             "gradient_accumulation_steps": int(job.config.get("gradient_accumulation_steps") or 1),
             "offload_optimizer": sections.offload_optimizer.device, "offload_param": sections.offload_param.device}
-    prediction = predict_run_peak(model, zero, spec.stage, PRECISION_OF_DTYPE_NAME[spec.workload.dtype], world_size)
-    return prediction.peak_seen_on(spec.device) if prediction is not None else None
+    return predict_run_peak(model, zero, spec.stage, PRECISION_OF_DTYPE_NAME[spec.workload.dtype], world_size)
 
 
 def needed_per_rank(job, device: str) -> int | None:
     """One rank's predicted peak in the unit its memory limits: on a CPU host the resident bytes (the
-    tensors and what the process holds beside them: `analysis.memory.resident`), on a GPU the tensors."""
+    tensors, what the heap keeps and what the process holds beside them: `analysis.memory.resident`), on a
+    GPU the tensors."""
     from zero_lab.analysis.memory.resident import predicted_resident_bytes
 
-    peak = predicted_peak(job)
-    return predicted_resident_bytes(peak, job.spec.impl, device) if peak is not None else None
+    prediction = job_prediction(job)
+    return predicted_resident_bytes(prediction, job.spec.impl, device) if prediction is not None else None
 
 
 def measure_name(device: str) -> str:
@@ -125,16 +132,17 @@ def verdicts(jobs: list, device: str, offered: int | None, offered_name: str) ->
 
 
 def add_row_verdicts(rows: list[dict], device: str, device_memory_gb: float | None, offload: str) -> str:
-    """`estimate`: each row's `fit` (a Fit's value) for its predicted peak, on a CPU host with what a rank
-    holds beside its tensors; returns what was offered, in words."""
-    from zero_lab.analysis.memory.resident import predicted_resident_bytes
+    """`estimate`: each row's `fit` (a Fit's value) for its predicted peak, on a CPU host with what the heap
+    keeps and what a rank holds beside its tensors; returns what was offered, in words."""
+    from zero_lab.analysis.memory.resident import resident_bytes
 
     offered, offered_name = offered_memory(device, device_memory_gb)
     for row in rows:
         peak = row.get("predicted_peak_mb")
         ranks = 1 if device == "cuda" else row["world_size"]
         judged = peak is not None and not (device == "cuda" and offload != "none")
-        resident = predicted_resident_bytes(int(peak * MIB), "nano", device) if judged else None  # the row's is nano's
+        resident = resident_bytes(int(peak * MIB), int(row["heap_kept_mb"] * MIB), "nano",  # the row's is nano's
+                                  device) if judged else None
         row["fit"] = fit(resident * ranks if judged else None, offered).value
     return f"{size_text(offered)} ({offered_name})" if offered is not None else offered_name
 
@@ -182,10 +190,11 @@ def changes(job, device: str, stage_flag: str = "--stage"):
 
 
 def cheapest_fit(job, device: str, offered: int, stage_flag: str = "--stage") -> str | None:
-    """The first of `changes` whose predicted peak fits in `offered`, with its figures; None if none does."""
+    """The first of `changes` whose predicted peak fits in `offered` (within it, not merely within the
+    tight band), with its figures; None if none does."""
     for flag, candidate in changes(job, device, stage_flag):
         peak, ranks = needed_per_rank(candidate, device), ranks_sharing_a_memory(candidate, device)
-        if peak is not None and fit(peak * ranks, offered) in (Fit.FITS, Fit.TIGHT):
+        if peak is not None and peak * ranks <= offered:
             needed = f"{ranks} ranks x {size_text(peak)} = {size_text(ranks * peak)}" if ranks > 1 else size_text(peak)
             return f"{flag} ({needed} predicted)"
     return None

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from zero_lab.analysis.memory.activation_memory import FP32_BYTES, DecoderShape, activation_bytes
 from zero_lab.analysis.memory.decoder_parameters import unit_parameters
+from zero_lab.analysis.memory.heap_kept import heap_kept_bytes
 from zero_lab.analysis.memory.prediction import PeakPrediction, placed
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
 
@@ -71,4 +72,5 @@ def predict_fsdp2_peak(shape: DecoderShape, stage: int, precision: str, world_si
               "end_of_backward": placed(device=between + gradient_shards)}
     if gradient_checkpointing:
         places["recompute"] = placed(device=turn - activations.loss_transient + activations.recompute)
-    return PeakPrediction(places=places, activations=activations.saved)
+    return PeakPrediction(places=places, activations=activations.saved,
+                          heap_kept=heap_kept_bytes(shape, precision, seq_len * micro_batch, activations, "layer"))

@@ -48,6 +48,7 @@ from __future__ import annotations
 from zero_lab.analysis.memory.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES,
                                                 DecoderShape, activation_bytes, decoder_shape)
 from zero_lab.analysis.memory.decoder_parameters import layer_parameter_sizes, matrix_parameters, unit_parameters
+from zero_lab.analysis.memory.heap_kept import heap_kept_bytes
 from zero_lab.analysis.memory.prediction import NO_OFFLOAD, PLACES, Offload, PeakPrediction, added, placed
 from zero_lab.analysis.memory.stage2_reduce import first_reduce_bytes, tied_sum_bytes
 from zero_lab.nano.dtypes import BYTES_OF_PRECISION
@@ -290,19 +291,21 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
     if impl == "nano" and stage in (0, 1):
         places["boundary"] = boundary_bytes(shape, stage, precision, world_size, reduce_bucket_size, communication,
                                             offload)
-    return PeakPrediction(places=places, activations=activations.saved, untouched=untouched_staging(
-        shape, stage, precision, impl, reduce_bucket_size, communication))
+    untouched = untouched_staging(shape, stage, precision, impl, reduce_bucket_size, communication)
+    return PeakPrediction(places=places, activations=activations.saved, untouched=untouched,
+                          untouched_at_initialize=untouched if stage == 3 else 0, heap_kept=heap_kept_bytes(
+                              shape, precision, seq_len * micro_batch, activations, "module" if stage == 3 else None))
 
 
 def untouched_staging(shape: DecoderShape, stage: int, precision: str, impl: str, reduce_bucket_size: int | None,
                       communication_precision: str) -> int:
-    """The part of official's `reduce_bucket_size`-element staging buffer (stages 1-2, allocated empty) that
-    the gradients never reach: a model smaller than the buffer writes only its own elements. (Its stage-3
-    reduce bucket is resident whole: measured on tiny.)"""
-    if impl != "official" or stage not in (1, 2) or not reduce_bucket_size:
+    """The part of official's `reduce_bucket_size`-element buffer, allocated empty, that the gradients never
+    reach: a model smaller than the buffer writes only its own elements. Stages 1-2: its staging buffer,
+    allocated at the first reduce; stage 3: its reduce bucket, allocated when the engine is built."""
+    if impl != "official" or stage == 0 or not reduce_bucket_size:
         return 0
     layer, root = unit_parameters(shape)
-    width = FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision]
+    width = FP32_BYTES if stage == 1 else BYTES_OF_PRECISION[precision if stage == 2 else communication_precision]
     return max(0, reduce_bucket_size - (shape.layers * layer + root)) * width
 
 

@@ -48,6 +48,10 @@ class PeakPrediction:
     # allocated and never written (official's staging buffer beyond the gradients it stages): counted in the
     # peak, as the caching allocator and the storage tracker count it, but never resident in a CPU's memory
     untouched: int = 0
+    # of `untouched`, what exists once the engine is built (official's stage-3 reduce bucket)
+    untouched_at_initialize: int = 0
+    # on a CPU, freed bytes the heap keeps at the peak beside the live tensors (`heap_kept`): resident, not allocated
+    heap_kept: int = 0
 
     @property
     def moments(self) -> dict[str, int]:

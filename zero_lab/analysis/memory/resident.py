@@ -1,22 +1,19 @@
-"""A CPU rank's resident memory at its peak, predicted: the live tensors `peak_memory` predicts, plus
-what the process holds beside them - the interpreter, torch and its libraries, the engine, its
-threads' and the allocator's own.
+"""A CPU rank's resident memory at its peak, predicted: the live tensors `peak_memory` predicts, what the
+heap keeps beside them, and what the process holds besides - the interpreter, torch and its libraries,
+the engine, its threads' own.
 
-That second part depends on the machine (its libraries, its kernels' buffers, its allocator), so it is
-read off the run where the run has started, and taken from a table only before launch:
-- before launch (the preflight): the whole of it per impl, as bench/resident_base.py measured it on a
-  tiny run (the rank's resident high-water mark less its tensors' peak): `beside_tensors_mb`;
-- in a run's summary: what the rank held beside its tensors once the engine was built (the `[model]`
-  line's `rss_beside_tensors_mb`, measured on this machine), plus what the steps add beside the
-  tensors, from the same bench: `growth_in_steps_mb`.
+Phase 1: the tensors' peak, less what is allocated and never written (official's staging buffer or
+         stage-3 reduce bucket beyond a small model's gradients, `PeakPrediction.untouched`): never
+         resident.
+Phase 2: what glibc's heap keeps of the freed tensors at the peak (`PeakPrediction.heap_kept`, counted by
+         `heap_kept`: a step's forward temporaries and, where the forward gathers, its released
+         parameters).
+Phase 3: what the process holds beside its tensors once its engine is built. That depends on the machine
+         (its libraries, its kernels' buffers), so it is read off the run once the run has started (the
+         `[model]` line's `rss_beside_tensors_mb`), and before launch (the preflight) taken per impl
+         from the table bench/resident_base.py measures on a tiny run: `at_initialize_mb`.
 
 On CUDA the device's memory holds tensors alone (and the CUDA context), so there is nothing to add.
-A tensor allocated and never written is not resident: a run's summary leaves out the part of official's
-staging buffer a small model's gradients never reach (`PeakPrediction.untouched`).
-What the prediction leaves out: glibc's allocator keeps freed heap memory for reuse, and a run that
-frees many medium tensors (stage 3's gathered units, a larger model's activations) holds more
-resident than it has live. So the prediction is a floor on the host's bytes, closest on the tiny
-model and on large tensors.
 """
 
 from __future__ import annotations
@@ -29,34 +26,37 @@ MB = 2**20
 
 
 @cache
-def resident_table() -> dict[str, dict[str, float]]:
-    """resident_base.json: {"beside_tensors_mb": {impl: MB}, "growth_in_steps_mb": {impl: MB}}."""
-    return json.loads(resources.files("zero_lab.analysis.memory").joinpath("resident_base.json").read_text())
-
-
 def base_table() -> dict[str, float]:
-    """{impl: MB a rank holds resident beside its tensors at its peak}, measured on a tiny run."""
-    return resident_table()["beside_tensors_mb"]
-
-
-def _per_impl(column: str, impl: str) -> int:
-    """One impl's MB of a column in bytes; a script or an engine of your own takes nano's."""
-    table = resident_table()[column]
-    return int(table.get(impl, table["nano"]) * MB)
+    """{impl: MB a rank holds resident beside its tensors once its engine is built}, measured on a tiny
+    run (resident_base.json's `at_initialize_mb`)."""
+    text = resources.files("zero_lab.analysis.memory").joinpath("resident_base.json").read_text()
+    return json.loads(text)["at_initialize_mb"]
 
 
 def base_resident_bytes(impl: str) -> int:
-    """What a rank of `impl` holds resident beside its tensors at its peak, before any run says."""
-    return _per_impl("beside_tensors_mb", impl)
+    """What a rank of `impl` holds beside its tensors once its engine is built, before any run says; a
+    script or an engine of your own takes nano's."""
+    table = base_table()
+    return int(table.get(impl, table["nano"]) * MB)
 
 
-def predicted_resident_bytes(predicted_peak: int, impl: str, device: str,
-                             beside_after_initialize: int | None = None) -> int:
-    """The predicted peak of one rank in the unit its machine limits: resident bytes on a CPU, the
-    tensors' bytes on a GPU. beside_after_initialize: what the rank held beside its tensors once its
-    engine was built (the run's own reading); without it, the table's whole figure."""
+def resident_bytes(tensors: int, heap_kept: int, impl: str, device: str,
+                   beside_after_initialize: int | None = None) -> int:
+    """Phases 2-3 on the tensors' resident peak: in the unit the machine limits, resident bytes on a CPU,
+    the tensors' bytes on a GPU. beside_after_initialize: what the rank held beside its tensors once its
+    engine was built (the run's own reading); without it, the table's."""
     if device == "cuda":
-        return predicted_peak
-    if beside_after_initialize is None:
-        return predicted_peak + base_resident_bytes(impl)
-    return predicted_peak + beside_after_initialize + _per_impl("growth_in_steps_mb", impl)
+        return tensors
+    return tensors + heap_kept + (base_resident_bytes(impl) if beside_after_initialize is None
+                                  else beside_after_initialize)
+
+
+def predicted_resident_bytes(prediction, impl: str, device: str, beside_after_initialize: int | None = None) -> int:
+    """Phases 1-3 for a `PeakPrediction` of one rank. A run's own reading (resident less allocated, once
+    the engine is built) already lacks what was allocated by then and never written: it is added back."""
+    if device == "cuda":
+        return prediction.peak_seen_on(device)
+    if beside_after_initialize is not None:
+        beside_after_initialize += prediction.untouched_at_initialize
+    return resident_bytes(prediction.peak - prediction.untouched, prediction.heap_kept, impl, device,
+                          beside_after_initialize)

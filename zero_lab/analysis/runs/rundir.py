@@ -231,14 +231,14 @@ def number_or_none(value: object) -> float | None:
 def resident_figures(prediction, impl: str, device: str, measured_mb: float | None,
                      beside_after_initialize_mb: float | None) -> dict:
     """`predicted_resident_mb` and `resident_error_pct` of a CPU run: the predicted peak less what it
-    allocates and never writes, plus what the rank held beside its tensors once its engine was built (the
-    `[model]` line) where it says; None on CUDA, or without a prediction."""
+    allocates and never writes, plus what the heap keeps and what the rank held beside its tensors once its
+    engine was built (the `[model]` line) where it says; None on CUDA, or without a prediction."""
     from zero_lab.analysis.memory.resident import predicted_resident_bytes
 
     if prediction is None or device == "cuda":
         return {"predicted_resident_mb": None, "resident_error_pct": None}
     beside = int(beside_after_initialize_mb * MB) if beside_after_initialize_mb is not None else None
-    resident = predicted_resident_bytes(prediction.peak - prediction.untouched, impl, device, beside) / MB
+    resident = predicted_resident_bytes(prediction, impl, device, beside) / MB
     return {"predicted_resident_mb": resident, "resident_error_pct": error_percent(resident, measured_mb)}
 
 
