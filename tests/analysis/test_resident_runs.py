@@ -3,7 +3,9 @@ small model at stage 3, nano, 2 CPU ranks, 4 steps (about 70 s on 2 cores: the h
 the first three steps, then holds; measured high-water marks 747, 936, 1,100, 1,118 MB). Its summary's
 `predicted_resident_mb` (the tensors' predicted peak, what the heap keeps, and the rank's own reading
 once its engine was built) is within the issue's 10% of the rank's resident high-water mark, and the heap's
-share is too large to leave out (bench/peak_vs_predicted.py measures every stage and impl)."""
+share is too large to leave out (bench/peak_vs_predicted.py measures every stage and impl). A launch, not
+a spawned world (tests/README.md, rule 2): what is measured is a launched rank's own resident set, and a
+rank forked from the preloaded forkserver holds its parent's pages and heap too."""
 
 import json
 import subprocess
