@@ -10,9 +10,11 @@ stay alive, so their holes stay resident:
   many bytes as the layers save (`ActivationBytes.per_layer`);
 - the parameters gathered for a layer and released after it (stage 3; FSDP2, whose all-gather output is
   freed once copied into its unsharded parameters): one layer's worth per layer, once.
-Measured (bench/peak_vs_predicted.py: 2 CPU ranks, fp32, 3 steps): a rank's resident high-water mark less
-its tensors' peak and what it held once its engine was built is 0.8-1.2 x the layers' saved activations
-on tiny and small at stages 0-2 (nano and official), and at stage 3 the layers' parameters more.
+Measured (bench/peak_vs_predicted.py: 2 CPU ranks, fp32, 3 and 4 steps; the heap's share grows over the
+first three steps, then holds): a rank's resident high-water mark less its tensors' peak and what it held
+once its engine was built is 0.7-1.2 x the layers' saved activations on tiny and small at stages 0-2
+(nano and official), and at stage 3 about the layers' parameters more. Where one gather or one layer's
+tensors pass the ceiling (qwen3-0.6b's prefetches), the heap keeps less than counted here.
 
 Phase 1: the layers' saved activations, when a layer's largest (the MLP's, tokens x i) is a heap tensor.
 Phase 2: the layers' gathered parameters, when the unit gathered is one (nano and official gather each

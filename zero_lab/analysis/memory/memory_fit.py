@@ -6,11 +6,11 @@ where they share the host's; one on a GPU, which each rank has to itself. Agains
   more than offered by over TIGHT_FRACTION (10%)  -> will not fit (run and compare refuse; --force goes on)
   within TIGHT_FRACTION of the offered, either side -> tight (a warning: it may or may not fit)
   otherwise                                        -> fits
+  no prediction (a model whose architecture cannot be read) or nothing offered
+  known -> no verdict.
 The band is the prediction's own error: the resident prediction is held within 10% of what the ranks
 measure (bench/peak_vs_predicted.py), so a run predicted just over the limit may fit, and only one
 predicted beyond the band is refused as one that cannot.
-  no prediction (a model whose architecture cannot be read) or nothing offered
-  known -> no verdict.
 """
 
 from __future__ import annotations
