@@ -31,4 +31,5 @@ def test_a_stage_3_runs_resident_peak_is_predicted_within_10_percent_with_the_he
     # what the steps added beside the live tensors and the process once built: the heap's, measured
     added = measured - row["peak_alloc_max_mb"] - row["rss_beside_tensors_mb"]
     # docs/cli.md: "about a quarter of a rank's resident peak"
-    assert 0.2 < heap / measured < 0.3 and 0.2 < added / measured < 0.3, (heap, added, measured)
+    # (measured here 0.25 predicted, 0.27-0.28 measured; another machine's libraries move the second)
+    assert 0.15 < heap / measured < 0.35 and 0.15 < added / measured < 0.35, (heap, added, measured)
