@@ -82,7 +82,8 @@ def test_the_refusal_names_the_change_that_then_fits(ran):
     argv = shlex.split(too_big)
     value = {flag: int(argv[argv.index(flag) + 1]) for flag in ("--batch-size", "--seq-len")}
     assert predict_peak(decoder_shape("tiny"), 0, "fp32", 2, value["--seq-len"], value["--batch-size"]).heap_kept == 0
-    assert "large enough to be given back" in (REPO / "docs/learn/10-when-a-run-goes-wrong.md").read_text().replace("\n", " ")
+    prose = (REPO / "docs/learn/10-when-a-run-goes-wrong.md").read_text().replace("\n", " ")
+    assert "large enough to be given back" in prose
 
 
 def test_every_number_the_lesson_states_is_what_the_commands_print(ran):
