@@ -200,9 +200,9 @@ def test_the_changes_come_cheapest_first_and_each_changes_one_thing(tmp_path):
                             "--gpus 1"]
     assert on_cpu["--stage 3"].config["zero_optimization"]["stage"] == on_cpu["--stage 3"].spec.stage == 3
     assert on_cpu["--gpus 1"].spec.nproc == 1 and on_cpu["--batch-size 2"].config["train_micro_batch_size_per_gpu"] == 2
-    peak = preflight.predicted_peak(job)
-    assert preflight.predicted_peak(on_cpu["--gradient-checkpointing"]) < peak
-    assert preflight.predicted_peak(on_cpu["--batch-size 2"]) < peak
+    peak = preflight.job_prediction(job).peak
+    assert preflight.job_prediction(on_cpu["--gradient-checkpointing"]).peak < peak
+    assert preflight.job_prediction(on_cpu["--batch-size 2"]).peak < peak
     assert job.config["train_micro_batch_size_per_gpu"] == 4 and job.spec.stage == 1, "the job itself is unchanged"
     stage3 = jobs.prepare(shared, "nano", 3, 2, tmp_path / "run3")
     on_cuda = [flag for flag, _ in preflight.changes(stage3, "cuda")]

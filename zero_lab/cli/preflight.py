@@ -5,11 +5,12 @@ Phase 1: `offered_memory`: what the device offers - `--device-memory GB` when gi
          (`free_gpu_bytes`: `torch.cuda.mem_get_info`, asked in a child process), or on CPU the
          host's available memory under the tightest of the machine and its container
          (zero_lab.launch.memory_watch).
-Phase 2: `predicted_peak`: each job's predicted peak per rank, the estimate its report will carry
+Phase 2: `job_prediction`: each job's predicted peak per rank, the estimate its report will carry
          (`peak_memory.predict_run_peak`, from the same `[model]` and `[zero]` fields the harness
-         will log, offload included): on CUDA the device's bytes alone (what offload moved to the
-         host is not the GPU's), on CPU every byte; None where there is none (an unreadable
-         architecture, a user's script).
+         will log, offload included); None where there is none (an unreadable architecture, a
+         user's script). `needed_per_rank` reads it in the unit the memory limits: on CUDA the
+         device's bytes alone (what offload moved to the host is not the GPU's), on CPU the resident
+         bytes (analysis.memory.resident).
 Phase 3: the verdict per job (analysis.memory.memory_fit); a tight one is a warning. One that will not
          fit is refused with the cheapest change that fits (`cheapest_fit`: the same prediction for
          each of `changes`, cheapest first), unless --force: `check` (run) stops the command with exit 2;
@@ -74,15 +75,9 @@ def expected_optimizer(impl: str, device: str, config: dict) -> str | None:
     return "torch.optim.AdamW" if device != "cuda" or torch_adam else "FusedAdam"
 
 
-def predicted_peak(job) -> int | None:
-    """Phase 2: one rank's predicted peak for a prepared job (zero_lab.cli.jobs.Job), in the memory its
-    device's meter counts."""
-    prediction = job_prediction(job)
-    return prediction.peak_seen_on(job.spec.device) if prediction is not None else None
-
-
 def job_prediction(job):
-    """A prepared job's `PeakPrediction` for one rank, None where nothing predicts it."""
+    """Phase 2: a prepared job's (zero_lab.cli.jobs.Job) `PeakPrediction` for one rank, None where nothing
+    predicts it."""
     from zero_lab.analysis.memory.peak_memory import predict_run_peak
     from zero_lab.nano.config import load_config, without_official_only_keys
     from zero_lab.workload.model_shapes import DEFAULT_SEQ_LEN
