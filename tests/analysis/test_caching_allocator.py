@@ -1,9 +1,9 @@
-"""The caching allocator's model (zero_lab/analysis/memory/caching_allocator.py) follows the rules torch's
+"""The caching allocator's model (zero_lab/analysis/memory/cuda/caching_allocator.py) follows the rules torch's
 documentation and c10/cuda/CUDACachingAllocator.cpp state: requests rounded to 512 bytes, a small pool of
 2 MiB segments up to 1 MiB, 20 MiB segments up to 10 MiB, a segment of its own (rounded to 2 MiB) beyond,
 the smallest cached block that fits reused and split, freed blocks merged and kept, one pool per stream."""
 
-from zero_lab.analysis.memory.caching_allocator import CachingAllocatorModel
+from zero_lab.analysis.memory.cuda.caching_allocator import CachingAllocatorModel
 
 MiB = 2**20
 

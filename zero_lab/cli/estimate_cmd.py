@@ -54,6 +54,7 @@ def activation_figures(model: str, precision: str, seq_len: int, micro_batch: in
         row["predicted_peak_mb"] = prediction.peak / MIB if prediction else None
         row["peak_moment"] = prediction.moment if prediction else None
         row["heap_kept_mb"] = prediction.heap_kept / MIB if prediction else None  # on a CPU: freed, still resident
+        row["cached_mb"] = prediction.cached / MIB if prediction else None  # on a GPU: freed, still reserved
     if shape is None:
         return "activations need an architecture: give a preset or a Qwen3/Llama model directory"
     return None
@@ -63,16 +64,18 @@ def impl_peaks(model: str, precision: str, seq_len: int, micro_batch: int, atten
                offload: str, device: str, impls: list[str], rows: list[dict]) -> None:
     """Add each row's `predicted_peak_mb_by_impl` (impl -> MB) in place: the peak a run of that impl would
     report as `predicted_peak_mb` on `device` (offload's host bytes apart on CUDA), with the optimizer the
-    harness gives it there (its temporaries); None for an impl without a prediction (FSDP2, an engine
-    of your own) and for a model without an architecture."""
+    harness gives it there (its temporaries); and `predicted_reserved_mb_by_impl`, on CUDA what the caching
+    allocator would reserve (its `predicted_reserved_mb`; on CPU None). None for an impl without a
+    prediction (FSDP2 with offload, an engine of your own) and for a model without an architecture."""
     from zero_lab.analysis.memory.activation_memory import decoder_shape
     from zero_lab.analysis.memory.peak_memory import Offload, adam_temporaries, predict_peak
+    from zero_lab.analysis.memory.resident import predicted_resident_bytes
 
     shape = decoder_shape(model) if parse_param_count(model) is None else None
     config = harness_defaults()
     moved = Offload(optimizer=offload != "none", parameters=offload == "param")
     for row in rows:
-        peaks = {}
+        peaks, reserved = {}, {}
         for impl in impls:
             temporaries = adam_temporaries(preflight.expected_optimizer(impl, device, config),
                                            "cpu" if offload != "none" else device)
@@ -81,7 +84,10 @@ def impl_peaks(model: str, precision: str, seq_len: int, micro_batch: int, atten
                                           "reduce_bucket_size"], impl=impl, offload=moved,
                                       optimizer_temporaries=temporaries) if shape else None
             peaks[impl] = prediction.peak_seen_on(device) / MIB if prediction else None
+            reserved[impl] = (predicted_resident_bytes(prediction, impl, device) / MIB
+                              if prediction and device == "cuda" else None)
         row["predicted_peak_mb_by_impl"] = peaks
+        row["predicted_reserved_mb_by_impl"] = reserved
 
 
 def fsdp2_figures(model: str, numel: int, offload: str, rows: list[dict]) -> None:

@@ -9,8 +9,8 @@ Phase 2: `job_prediction`: each job's predicted peak per rank, the estimate its 
          (`peak_memory.predict_run_peak`, from the same `[model]` and `[zero]` fields the harness
          will log, offload included); None where there is none (an unreadable architecture, a
          user's script). `needed_per_rank` reads it in the unit the memory limits: on CUDA the
-         device's bytes alone (what offload moved to the host is not the GPU's), on CPU the resident
-         bytes (analysis.memory.resident).
+         device's reserved bytes (its tensors, without what offload moved to the host, and what the
+         caching allocator keeps cached), on CPU the resident bytes (analysis.memory.resident).
 Phase 3: the verdict per job (analysis.memory.memory_fit); a tight one is a warning. One that will not
          fit is refused with the cheapest change that fits (`cheapest_fit`: the same prediction for
          each of `changes`, cheapest first), unless --force: `check` (run) stops the command with exit 2;
@@ -102,7 +102,7 @@ def job_prediction(job):
 def needed_per_rank(job, device: str) -> int | None:
     """One rank's predicted peak in the unit its memory limits: on a CPU host the resident bytes (the
     tensors, what the heap keeps and what the process holds beside them: `analysis.memory.resident`), on a
-    GPU the tensors."""
+    GPU the reserved bytes (the tensors and what the caching allocator keeps cached beside them)."""
     from zero_lab.analysis.memory.resident import predicted_resident_bytes
 
     prediction = job_prediction(job)
@@ -110,7 +110,7 @@ def needed_per_rank(job, device: str) -> int | None:
 
 
 def measure_name(device: str) -> str:
-    return "predicted peak" if device == "cuda" else "predicted resident"
+    return "predicted reserved" if device == "cuda" else "predicted resident"
 
 
 def verdicts(jobs: list, device: str, offered: int | None, offered_name: str) -> list[tuple[object, Fit, str | None]]:
@@ -128,7 +128,8 @@ def verdicts(jobs: list, device: str, offered: int | None, offered_name: str) ->
 
 def add_row_verdicts(rows: list[dict], device: str, device_memory_gb: float | None, offload: str) -> str:
     """`estimate`: each row's `fit` (a Fit's value) for its predicted peak, on a CPU host with what the heap
-    keeps and what a rank holds beside its tensors; returns what was offered, in words."""
+    keeps and what a rank holds beside its tensors, on a GPU with what the caching allocator keeps cached;
+    returns what was offered, in words."""
     from zero_lab.analysis.memory.resident import resident_bytes
 
     offered, offered_name = offered_memory(device, device_memory_gb)
@@ -136,9 +137,10 @@ def add_row_verdicts(rows: list[dict], device: str, device_memory_gb: float | No
         peak = row.get("predicted_peak_mb")
         ranks = 1 if device == "cuda" else row["world_size"]
         judged = peak is not None and not (device == "cuda" and offload != "none")
-        resident = resident_bytes(int(peak * MIB), int(row["heap_kept_mb"] * MIB), "nano",  # the row's is nano's
-                                  device) if judged else None
-        row["fit"] = fit(resident * ranks if judged else None, offered).value
+        if judged:  # the row's figures are nano's
+            needed = (int((peak + row["cached_mb"]) * MIB) if device == "cuda"
+                      else resident_bytes(int(peak * MIB), int(row["heap_kept_mb"] * MIB), "nano"))
+        row["fit"] = fit(needed * ranks if judged else None, offered).value
     return f"{size_text(offered)} ({offered_name})" if offered is not None else offered_name
 
 

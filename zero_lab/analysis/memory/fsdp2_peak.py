@@ -23,6 +23,10 @@ A step's moments, each with what is alive:
                      reduce-scatter input, its output, the fp32 cast, and the first layer's input still
                      kept;
     end of backward: every fp32 gradient shard beside the model states (also the step's: fused AdamW).
+On CUDA the caching allocator keeps a pool per stream, and FSDP2 allocates on three (`cuda.cached.fsdp2_pools`):
+its reduce-scatter stream makes each group's reduce output and its fp32 cast, the gradient shards, which live
+until `zero_grad`; its all-gather stream each group's all-gather output, freed once copied out. So the
+device reserves the default stream's peak, which comes when the shards are gone, beside both pools.
 Measured (CPU, one rank, bf16, seq 512; the storage tracker): qwen3-0.6b at stage 2 peaks at the turn,
 9,834.9 MB; at stage 3 at the root's reduce, 9,718.5 MB; one H200 measured 9,946.0 and 9,786.2 MB, the same
 bytes plus about 66 MB of CUDA's own (cuBLAS workspaces) in every sample.
@@ -32,6 +36,7 @@ Not predicted (None): CPU offload (`CPUOffloadPolicy`), Muon, stages 0 and 1 (no
 from __future__ import annotations
 
 from zero_lab.analysis.memory.activation_memory import FP32_BYTES, DecoderShape, activation_bytes
+from zero_lab.analysis.memory.cuda.cached import fsdp2_pools
 from zero_lab.analysis.memory.decoder_parameters import unit_parameters
 from zero_lab.analysis.memory.heap_kept import heap_kept_bytes
 from zero_lab.analysis.memory.prediction import PeakPrediction, placed
@@ -72,5 +77,11 @@ def predict_fsdp2_peak(shape: DecoderShape, stage: int, precision: str, world_si
               "end_of_backward": placed(device=between + gradient_shards)}
     if gradient_checkpointing:
         places["recompute"] = placed(device=turn - activations.loss_transient + activations.recompute)
+    peak = max(figures["device"] for figures in places.values())
+    # the default stream's share of the root's reduce: its reduce-scatter input and the first layer's, kept
+    default_stream = max(turn, first_layer, between + reduce_width * (root + layer))
+    pools = fsdp2_pools([shard(root, world_size)] + [shard(layer, world_size)] * layers, reduce_width, width * root,
+                        width * layer)
     return PeakPrediction(places=places, activations=activations.saved,
-                          heap_kept=heap_kept_bytes(shape, precision, seq_len * micro_batch, activations, "layer"))
+                          heap_kept=heap_kept_bytes(shape, precision, seq_len * micro_batch, activations, "layer"),
+                          cached=default_stream + pools - peak)

@@ -48,6 +48,7 @@ from __future__ import annotations
 from zero_lab.analysis.memory.activation_memory import (ATTENTION_IMPLEMENTATIONS, FP32_BYTES,
                                                 DecoderShape, activation_bytes, decoder_shape)
 from zero_lab.analysis.memory.decoder_parameters import layer_parameter_sizes, matrix_parameters, unit_parameters
+from zero_lab.analysis.memory.cuda.cached import cached_bytes
 from zero_lab.analysis.memory.heap_kept import heap_kept_bytes
 from zero_lab.analysis.memory.prediction import NO_OFFLOAD, PLACES, Offload, PeakPrediction, added, placed
 from zero_lab.analysis.memory.stage2_reduce import first_reduce_bytes, tied_sum_bytes
@@ -292,9 +293,12 @@ def predict_peak(shape: DecoderShape, stage: int, precision: str, world_size: in
         places["boundary"] = boundary_bytes(shape, stage, precision, world_size, reduce_bucket_size, communication,
                                             offload)
     untouched = untouched_staging(shape, stage, precision, impl, reduce_bucket_size, communication)
+    device_moment = max(places, key=lambda moment: places[moment]["device"])
     return PeakPrediction(places=places, activations=activations.saved, untouched=untouched,
                           untouched_at_initialize=untouched if stage == 3 else 0, heap_kept=heap_kept_bytes(
-                              shape, precision, seq_len * micro_batch, activations, "module" if stage == 3 else None))
+                              shape, precision, seq_len * micro_batch, activations, "module" if stage == 3 else None),
+                          cached=cached_bytes(shape, stage, precision, world_size, impl, offload.optimizer,
+                                              activations, device_moment))
 
 
 def untouched_staging(shape: DecoderShape, stage: int, precision: str, impl: str, reduce_bucket_size: int | None,

@@ -52,6 +52,8 @@ class PeakPrediction:
     untouched_at_initialize: int = 0
     # on a CPU, freed bytes the heap keeps at the peak beside the live tensors (`heap_kept`): resident, not allocated
     heap_kept: int = 0
+    # on CUDA, freed bytes the caching allocator keeps reserved beyond the tensors' peak (`cuda.cached`)
+    cached: int = 0
 
     @property
     def moments(self) -> dict[str, int]:

@@ -13,7 +13,9 @@ Phase 3: what the process holds beside its tensors once its engine is built. Tha
          `[model]` line's `rss_beside_tensors_mb`), and before launch (the preflight) taken per impl
          from the table bench/resident_base.py measures on a tiny run: `at_initialize_mb`.
 
-On CUDA the device's memory holds tensors alone (and the CUDA context), so there is nothing to add.
+On CUDA the unit is the caching allocator's reserved memory: the tensors' peak on the device and what the
+allocator keeps cached beyond it (`PeakPrediction.cached`, counted by `cuda.cached`). The CUDA context
+is outside it, and outside what the preflight is offered (free memory, asked once a context exists).
 """
 
 from __future__ import annotations
@@ -40,23 +42,19 @@ def base_resident_bytes(impl: str) -> int:
     return int(table.get(impl, table["nano"]) * MB)
 
 
-def resident_bytes(tensors: int, heap_kept: int, impl: str, device: str,
-                   beside_after_initialize: int | None = None) -> int:
-    """Phases 2-3 on the tensors' resident peak: in the unit the machine limits, resident bytes on a CPU,
-    the tensors' bytes on a GPU. beside_after_initialize: what the rank held beside its tensors once its
-    engine was built (the run's own reading); without it, the table's."""
-    if device == "cuda":
-        return tensors
+def resident_bytes(tensors: int, heap_kept: int, impl: str, beside_after_initialize: int | None = None) -> int:
+    """Phases 2-3 on the tensors' resident peak, resident bytes on a CPU. beside_after_initialize: what the
+    rank held beside its tensors once its engine was built (the run's own reading); without it, the table's."""
     return tensors + heap_kept + (base_resident_bytes(impl) if beside_after_initialize is None
                                   else beside_after_initialize)
 
 
 def predicted_resident_bytes(prediction, impl: str, device: str, beside_after_initialize: int | None = None) -> int:
-    """Phases 1-3 for a `PeakPrediction` of one rank. A run's own reading (resident less allocated, once
-    the engine is built) already lacks what was allocated by then and never written: it is added back."""
+    """Phases 1-3 for a `PeakPrediction` of one rank, in the unit the machine limits: resident bytes on a
+    CPU, reserved bytes on a GPU. A run's own reading (resident less allocated, once the engine is built)
+    already lacks what was allocated by then and never written: it is added back."""
     if device == "cuda":
-        return prediction.peak_seen_on(device)
+        return prediction.peak_seen_on(device) + prediction.cached
     if beside_after_initialize is not None:
         beside_after_initialize += prediction.untouched_at_initialize
-    return resident_bytes(prediction.peak - prediction.untouched, prediction.heap_kept, impl, device,
-                          beside_after_initialize)
+    return resident_bytes(prediction.peak - prediction.untouched, prediction.heap_kept, impl, beside_after_initialize)

@@ -230,16 +230,23 @@ def number_or_none(value: object) -> float | None:
 
 def resident_figures(prediction, impl: str, device: str, measured_mb: float | None,
                      beside_after_initialize_mb: float | None) -> dict:
-    """`predicted_resident_mb` and `resident_error_pct` of a CPU run: the predicted peak less what it
-    allocates and never writes, plus what the heap keeps and what the rank held beside its tensors once its
-    engine was built (the `[model]` line) where it says; None on CUDA, or without a prediction."""
+    """What the machine limits, predicted beside what the run measured (`peak_reserved_max_mb`). On CPU,
+    `predicted_resident_mb` and `resident_error_pct`: the predicted peak less what it allocates and never
+    writes, plus what the heap keeps and what the rank held beside its tensors once its engine was built
+    (the `[model]` line) where it says. On CUDA, `predicted_reserved_mb` and `reserved_error_pct`: the
+    device's predicted peak and what the caching allocator keeps cached beside it. None elsewhere, or
+    without a prediction."""
     from zero_lab.analysis.memory.resident import predicted_resident_bytes
 
-    if prediction is None or device == "cuda":
-        return {"predicted_resident_mb": None, "resident_error_pct": None}
-    beside = int(beside_after_initialize_mb * MB) if beside_after_initialize_mb is not None else None
-    resident = predicted_resident_bytes(prediction, impl, device, beside) / MB
-    return {"predicted_resident_mb": resident, "resident_error_pct": error_percent(resident, measured_mb)}
+    figures = {"predicted_resident_mb": None, "resident_error_pct": None,
+               "predicted_reserved_mb": None, "reserved_error_pct": None}
+    if prediction is None:
+        return figures
+    read = beside_after_initialize_mb is not None and device != "cuda"
+    beside = int(beside_after_initialize_mb * MB) if read else None
+    predicted = predicted_resident_bytes(prediction, impl, device, beside) / MB
+    unit = "reserved" if device == "cuda" else "resident"
+    return figures | {f"predicted_{unit}_mb": predicted, f"{unit}_error_pct": error_percent(predicted, measured_mb)}
 
 
 def summarize(run_dir: Path, rank_logs: list[Path], *, impl: str, stage: int, dtype: str, offload: str,
