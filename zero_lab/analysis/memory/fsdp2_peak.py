@@ -79,7 +79,8 @@ def predict_fsdp2_peak(shape: DecoderShape, stage: int, precision: str, world_si
         places["recompute"] = placed(device=turn - activations.loss_transient + activations.recompute)
     peak = max(figures["device"] for figures in places.values())
     # the default stream's share of the root's reduce: its reduce-scatter input and the first layer's, kept
-    default_stream = max(turn, first_layer, between + reduce_width * (root + layer))
+    default_stream = max(turn, first_layer, between + reduce_width * (root + layer),
+                         places.get("recompute", {"device": 0})["device"])
     pools = fsdp2_pools([shard(root, world_size)] + [shard(layer, world_size)] * layers, reduce_width, width * root,
                         width * layer)
     return PeakPrediction(places=places, activations=activations.saved,
